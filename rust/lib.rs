@@ -3,5 +3,20 @@
 
 pub mod error;
 
+/// Dot products, normalisation, top-k, blocked matrix products, batched assignment.
+pub mod kernels;
+/// The memory-mapped, append-only, crash-safe vector file.
+pub mod vectors;
+/// Spherical k-means (k-means++ seeding) used for cold start and splits.
+pub mod kmeans;
+/// Centres, running sums, member lists and the operations on them.
+pub mod clusters;
+/// The cluster state file (atomic save, checksummed load).
+pub mod state;
+/// Two-stage and flat search.
+pub mod search;
+/// One index directory: vectors + cluster state.
+pub mod index;
+
 #[cfg(feature = "python")]
 mod py;

@@ -1,0 +1,753 @@
+//! Cluster state: centres with running sums, primary and secondary member lists, and the
+//! operations that change them (assign, unassign, new/set/drop, k-means, split, merge).
+//!
+//! Layout choices (why):
+//! - Clusters live in dense *slots* (`Vec<Cluster>`) with a contiguous centre matrix, so
+//!   stage 1 of search and batched assignment read one `c x dim` block. Cluster ids are
+//!   stable; the id -> slot map changes only on drop (swap-remove).
+//! - Member lists are sorted `u32` row ids: stage 2 then walks the memory map in
+//!   increasing address order, removal is a binary search, and 1M rows cost 4 MB.
+//! - Running sums are f64, so adding and removing members for years does not drift.
+//! - Per row: the primary slot (`u32`, with PENDING / DETACHED sentinels) and up to two
+//!   secondary slots inline (8 bytes), overflowing to a hash map for rare wider rows.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::kmeans::{self, KMeansConfig};
+
+/// Row appended but never assigned: two-stage search scans these rows directly.
+pub const PENDING: u32 = u32::MAX;
+/// Row removed with `unassign` (deleted / archived): only flat search sees it.
+pub const DETACHED: u32 = u32::MAX - 1;
+const EMPTY: u32 = u32::MAX;
+
+#[inline]
+pub fn is_slot(s: u32) -> bool {
+    s < DETACHED
+}
+
+pub struct Cluster {
+    pub id: i64,
+    /// Normalised anchor (a centre given from outside) and its weight.
+    pub anchor: Option<Vec<f32>>,
+    pub weight: f32,
+    /// Sum of the primary members' vectors.
+    pub sum: Vec<f64>,
+    pub primary: Vec<u32>,
+    pub secondary: Vec<u32>,
+    /// False until the cluster has an anchor or members (its centre row is then zero and
+    /// stage 1 / soft assignment skip it).
+    pub has_centre: bool,
+}
+
+/// Secondary memberships per row: two inline slots, overflow in a map.
+#[derive(Default)]
+pub struct Secondary {
+    inline: Vec<[u32; 2]>,
+    overflow: HashMap<u32, Vec<u32>>,
+}
+
+impl Secondary {
+    fn grow(&mut self, n: usize) {
+        self.inline.resize(n, [EMPTY, EMPTY]);
+    }
+    pub fn get(&self, r: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = self.inline[r as usize].iter().copied().filter(|&s| s != EMPTY).collect();
+        if let Some(o) = self.overflow.get(&r) {
+            v.extend_from_slice(o);
+        }
+        v
+    }
+    #[inline]
+    pub fn contains(&self, r: u32, s: u32) -> bool {
+        let i = self.inline[r as usize];
+        if i[0] == s || i[1] == s {
+            return true;
+        }
+        i[1] != EMPTY && self.overflow.get(&r).is_some_and(|o| o.contains(&s))
+    }
+    /// Does row r have a secondary slot among `probed[..upto]`?
+    #[inline]
+    pub fn any_in(&self, r: u32, probed: &[u32]) -> bool {
+        let i = self.inline[r as usize];
+        if i[0] == EMPTY {
+            return false;
+        }
+        if probed.contains(&i[0]) || (i[1] != EMPTY && probed.contains(&i[1])) {
+            return true;
+        }
+        i[1] != EMPTY && self.overflow.get(&r).is_some_and(|o| o.iter().any(|s| probed.contains(s)))
+    }
+    pub fn set(&mut self, r: u32, slots: &[u32]) {
+        let e = &mut self.inline[r as usize];
+        e[0] = slots.first().copied().unwrap_or(EMPTY);
+        e[1] = slots.get(1).copied().unwrap_or(EMPTY);
+        if slots.len() > 2 {
+            self.overflow.insert(r, slots[2..].to_vec());
+        } else {
+            self.overflow.remove(&r);
+        }
+    }
+}
+
+pub struct Clusters {
+    dim: usize,
+    pub(crate) slots: Vec<Cluster>,
+    /// slots x dim, normalised centres (zero rows where `has_centre` is false).
+    pub(crate) centres: Vec<f32>,
+    slot_of: HashMap<i64, usize>,
+    pub(crate) next_id: i64,
+    pub(crate) primary_of: Vec<u32>,
+    pub(crate) sec: Secondary,
+    /// Rows that may be PENDING (stale entries are skipped and compacted lazily).
+    pub(crate) pending: Vec<u32>,
+    n_pending: usize,
+}
+
+impl Clusters {
+    pub fn new(dim: usize) -> Self {
+        Clusters {
+            dim,
+            slots: Vec::new(),
+            centres: Vec::new(),
+            slot_of: HashMap::new(),
+            next_id: 0,
+            primary_of: Vec::new(),
+            sec: Secondary::default(),
+            pending: Vec::new(),
+            n_pending: 0,
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    pub fn n_rows(&self) -> usize {
+        self.primary_of.len()
+    }
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+    pub fn slots(&self) -> &[Cluster] {
+        &self.slots
+    }
+    pub fn centre_matrix(&self) -> &[f32] {
+        &self.centres
+    }
+    pub fn has_centres(&self) -> Vec<bool> {
+        self.slots.iter().map(|c| c.has_centre).collect()
+    }
+    pub fn n_pending(&self) -> usize {
+        self.n_pending
+    }
+    /// Rows that are PENDING right now.
+    pub fn pending_rows(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pending.iter().copied().filter(|&r| self.primary_of[r as usize] == PENDING)
+    }
+
+    /// Register rows appended to the vector file (they start PENDING).
+    pub fn grow_rows(&mut self, n: usize) {
+        let old = self.primary_of.len();
+        if n <= old {
+            return;
+        }
+        self.primary_of.resize(n, PENDING);
+        self.sec.grow(n);
+        self.pending.extend(old as u32..n as u32);
+        self.n_pending += n - old;
+    }
+
+    pub fn slot(&self, id: i64) -> Result<usize> {
+        self.slot_of.get(&id).copied().ok_or_else(|| Error::Key(format!("unknown cluster id {id}")))
+    }
+
+    pub fn cluster(&self, id: i64) -> Result<&Cluster> {
+        Ok(&self.slots[self.slot(id)?])
+    }
+
+    /// Cluster id of a slot value (-1 for PENDING / DETACHED).
+    #[inline]
+    pub fn id_of_slot(&self, s: u32) -> i64 {
+        if is_slot(s) {
+            self.slots[s as usize].id
+        } else {
+            -1
+        }
+    }
+
+    /// Ids ordered ascending, with their slots.
+    pub fn ordered(&self) -> Vec<(i64, usize)> {
+        let mut v: Vec<(i64, usize)> = self.slots.iter().enumerate().map(|(s, c)| (c.id, s)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    pub fn check_row(&self, r: i64) -> Result<u32> {
+        if r < 0 || r as usize >= self.primary_of.len() {
+            return Err(Error::Key(format!("unknown row id {r} (the index has {} rows)", self.primary_of.len())));
+        }
+        Ok(r as u32)
+    }
+
+    pub fn cluster_of(&self, r: i64) -> Result<i64> {
+        let r = self.check_row(r)?;
+        Ok(self.id_of_slot(self.primary_of[r as usize]))
+    }
+
+    /// Secondary cluster ids of a row.
+    pub fn secondary_of(&self, r: i64) -> Result<Vec<i64>> {
+        let r = self.check_row(r)?;
+        Ok(self.sec.get(r).into_iter().map(|s| self.id_of_slot(s)).collect())
+    }
+
+    fn check_anchor(&self, v: &[f32], weight: f32) -> Result<Vec<f32>> {
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(Error::Value(format!("weight must be finite and >= 0, got {weight}")));
+        }
+        if v.len() != self.dim {
+            return Err(Error::Value(format!("centre has {} values, expected dim {}", v.len(), self.dim)));
+        }
+        kernels::normalized(v, self.dim, "centre")
+    }
+
+    /// New cluster, optionally anchored at `centre` with `weight`; returns its id.
+    pub fn new_cluster(&mut self, centre: Option<&[f32]>, weight: f32) -> Result<i64> {
+        let anchor = match centre {
+            Some(v) => Some(self.check_anchor(v, weight)?),
+            None => None,
+        };
+        let id = self.push_slot(anchor, weight, None);
+        Ok(id)
+    }
+
+    fn push_slot(&mut self, anchor: Option<Vec<f32>>, weight: f32, centre: Option<&[f32]>) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let s = self.slots.len();
+        self.slots.push(Cluster {
+            id,
+            anchor,
+            weight,
+            sum: vec![0.0; self.dim],
+            primary: Vec::new(),
+            secondary: Vec::new(),
+            has_centre: false,
+        });
+        self.centres.resize((s + 1) * self.dim, 0.0);
+        if let Some(c) = centre {
+            self.centres[s * self.dim..(s + 1) * self.dim].copy_from_slice(c);
+            self.slots[s].has_centre = true;
+        }
+        self.slot_of.insert(id, s);
+        self.refresh_centre(s);
+        id
+    }
+
+    /// Anchor an existing cluster: centre = normalise(weight * anchor + sum(members)).
+    pub fn set_centre(&mut self, id: i64, v: &[f32], weight: f32) -> Result<()> {
+        let s = self.slot(id)?;
+        let a = self.check_anchor(v, weight)?;
+        self.slots[s].anchor = Some(a);
+        self.slots[s].weight = weight;
+        self.refresh_centre(s);
+        Ok(())
+    }
+
+    /// Recompute a centre from its anchor and running sum. With neither (an emptied k-means
+    /// cluster) the previous centre is kept, so the cluster can still attract rows.
+    pub(crate) fn refresh_centre(&mut self, s: usize) {
+        let dim = self.dim;
+        let c = &self.slots[s];
+        let mut v = c.sum.clone();
+        if let Some(a) = &c.anchor {
+            for (x, &y) in v.iter_mut().zip(a) {
+                *x += c.weight as f64 * y as f64;
+            }
+        }
+        let dst = &mut self.centres[s * dim..(s + 1) * dim];
+        if kernels::normalize_f64_into(&v, dst) {
+            self.slots[s].has_centre = true;
+        }
+    }
+
+    /// Drop an empty cluster (secondary links to it are removed). Error if it still has
+    /// primary members.
+    pub fn drop_cluster(&mut self, id: i64) -> Result<()> {
+        let s = self.slot(id)?;
+        let n = self.slots[s].primary.len();
+        if n > 0 {
+            return Err(Error::Value(format!("cluster {id} still has {n} members; move or unassign them first")));
+        }
+        for r in std::mem::take(&mut self.slots[s].secondary) {
+            let mut v = self.sec.get(r);
+            v.retain(|&x| x != s as u32);
+            self.sec.set(r, &v);
+        }
+        self.remove_slot(s);
+        Ok(())
+    }
+
+    /// Swap-remove slot `s`, renumbering the moved last slot in every row that names it.
+    fn remove_slot(&mut self, s: usize) {
+        let last = self.slots.len() - 1;
+        let dim = self.dim;
+        let removed = self.slots.swap_remove(s);
+        self.slot_of.remove(&removed.id);
+        if s != last {
+            let (old, new) = (last as u32, s as u32);
+            let moved = &self.slots[s];
+            for &r in &moved.primary {
+                self.primary_of[r as usize] = new;
+            }
+            for &r in &moved.secondary {
+                let mut v = self.sec.get(r);
+                v.iter_mut().filter(|x| **x == old).for_each(|x| *x = new);
+                self.sec.set(r, &v);
+            }
+            self.slot_of.insert(moved.id, s);
+            self.centres.copy_within(last * dim..(last + 1) * dim, s * dim);
+        }
+        self.centres.truncate(last * dim);
+    }
+
+    /// Set memberships of `rows` (deduplicated: the last occurrence wins).
+    /// `prim[i]` is a slot, PENDING or DETACHED; `secs` replaces the secondary slots when
+    /// given, else they are kept (minus the new primary). `data` holds every row's vector.
+    fn apply(&mut self, rows: &[u32], prim: &[u32], secs: Option<&[Vec<u32>]>, data: &[f32]) {
+        let dim = self.dim;
+        let ns = self.slots.len();
+        let mut touched_p = vec![false; ns];
+        let mut touched_s = vec![false; ns];
+        let mut push_p: Vec<(u32, u32)> = Vec::new();
+        let mut push_s: Vec<(u32, u32)> = Vec::new();
+        // Last occurrence wins: walk backwards and skip rows already handled.
+        let mut seen = std::collections::HashSet::with_capacity(rows.len());
+        for i in (0..rows.len()).rev() {
+            let r = rows[i];
+            if !seen.insert(r) {
+                continue;
+            }
+            let (old, new) = (self.primary_of[r as usize], prim[i]);
+            let v = &data[r as usize * dim..(r as usize + 1) * dim];
+            if old != new {
+                if is_slot(old) {
+                    let o = old as usize;
+                    touched_p[o] = true;
+                    for (a, &x) in self.slots[o].sum.iter_mut().zip(v) {
+                        *a -= x as f64;
+                    }
+                }
+                if is_slot(new) {
+                    let n = new as usize;
+                    touched_p[n] = true;
+                    push_p.push((new, r));
+                    for (a, &x) in self.slots[n].sum.iter_mut().zip(v) {
+                        *a += x as f64;
+                    }
+                }
+                if old == PENDING {
+                    self.n_pending -= 1;
+                }
+                if new == PENDING {
+                    self.n_pending += 1;
+                    self.pending.push(r);
+                }
+                self.primary_of[r as usize] = new;
+            }
+            let old_sec = self.sec.get(r);
+            let mut new_sec: Vec<u32> = match secs {
+                Some(s) => s[i].clone(),
+                None => old_sec.clone(),
+            };
+            new_sec.retain(|&s| s != new);
+            let mut dedup = Vec::with_capacity(new_sec.len());
+            for s in new_sec {
+                if !dedup.contains(&s) {
+                    dedup.push(s);
+                }
+            }
+            for &s in &old_sec {
+                if !dedup.contains(&s) {
+                    touched_s[s as usize] = true;
+                }
+            }
+            for &s in &dedup {
+                if !old_sec.contains(&s) {
+                    touched_s[s as usize] = true;
+                    push_s.push((s, r));
+                }
+            }
+            if dedup != old_sec {
+                self.sec.set(r, &dedup);
+            }
+        }
+        let mut add_p: Vec<Vec<u32>> = vec![Vec::new(); ns];
+        for (s, r) in push_p {
+            add_p[s as usize].push(r);
+        }
+        let mut add_s: Vec<Vec<u32>> = vec![Vec::new(); ns];
+        for (s, r) in push_s {
+            add_s[s as usize].push(r);
+        }
+        for s in 0..ns {
+            if touched_p[s] {
+                let po = &self.primary_of;
+                let list = &mut self.slots[s].primary;
+                list.retain(|&r| po[r as usize] == s as u32);
+                list.append(&mut add_p[s]);
+                list.sort_unstable();
+                list.dedup();
+            }
+            if touched_s[s] {
+                let sec = &self.sec;
+                let list = &mut self.slots[s].secondary;
+                list.retain(|&r| sec.contains(r, s as u32));
+                list.append(&mut add_s[s]);
+                list.sort_unstable();
+                list.dedup();
+            }
+        }
+        for s in 0..ns {
+            if touched_p[s] {
+                self.refresh_centre(s);
+            }
+        }
+        if self.pending.len() > 2 * self.n_pending + 1024 {
+            let po = &self.primary_of;
+            self.pending.retain(|&r| po[r as usize] == PENDING);
+            self.pending.sort_unstable();
+            self.pending.dedup();
+        }
+    }
+
+    /// Public assignment: `targets` is rows x width cluster ids; column 0 is the primary
+    /// (-1: the row is unassigned, and then every column must be -1), the other columns are
+    /// secondary memberships (-1 = none). Everything is validated before any change.
+    pub fn assign(&mut self, rows: &[i64], targets: &[i64], width: usize, data: &[f32]) -> Result<()> {
+        if width == 0 || targets.len() != rows.len() * width {
+            return Err(Error::Value(format!(
+                "cluster_ids must have one row per row id: got {} ids for {} rows",
+                targets.len(),
+                rows.len()
+            )));
+        }
+        let mut rr = Vec::with_capacity(rows.len());
+        let mut prim = Vec::with_capacity(rows.len());
+        let mut secs = Vec::with_capacity(rows.len());
+        for (i, &r) in rows.iter().enumerate() {
+            rr.push(self.check_row(r)?);
+            let t = &targets[i * width..(i + 1) * width];
+            if t[0] < 0 {
+                if t[0] != -1 || t[1..].iter().any(|&x| x != -1) {
+                    return Err(Error::Value(format!(
+                        "row {r}: a row without a primary cluster (column 0 = -1) cannot have secondary ones; got {t:?}"
+                    )));
+                }
+                prim.push(DETACHED);
+                secs.push(Vec::new());
+                continue;
+            }
+            prim.push(self.slot(t[0])? as u32);
+            let mut s = Vec::new();
+            for &c in &t[1..] {
+                if c == -1 {
+                    continue;
+                }
+                if c < 0 {
+                    return Err(Error::Value(format!("row {r}: bad cluster id {c}")));
+                }
+                s.push(self.slot(c)? as u32);
+            }
+            secs.push(s);
+        }
+        self.apply(&rr, &prim, Some(&secs), data);
+        Ok(())
+    }
+
+    /// Remove rows from every cluster (they become DETACHED: only flat search sees them).
+    pub fn unassign(&mut self, rows: &[i64], data: &[f32]) -> Result<()> {
+        let rr = rows.iter().map(|&r| self.check_row(r)).collect::<Result<Vec<u32>>>()?;
+        let empty = vec![Vec::new(); rr.len()];
+        self.apply(&rr, &vec![DETACHED; rr.len()], Some(&empty), data);
+        Ok(())
+    }
+
+    /// Primary members of a cluster (sorted row ids).
+    pub fn members(&self, id: i64) -> Result<&[u32]> {
+        Ok(&self.cluster(id)?.primary)
+    }
+
+    /// Move every primary member of `absorb` into `keep` (sums add up, no rescan), move its
+    /// secondary links too, then drop `absorb`.
+    pub fn merge(&mut self, keep: i64, absorb: i64, data: &[f32]) -> Result<()> {
+        if keep == absorb {
+            return Err(Error::Value(format!("cannot merge cluster {keep} into itself")));
+        }
+        let (k, a) = (self.slot(keep)?, self.slot(absorb)?);
+        let rows = self.slots[a].primary.clone();
+        self.apply(&rows, &vec![k as u32; rows.len()], None, data);
+        let srows = self.slots[a].secondary.clone();
+        let secs: Vec<Vec<u32>> = srows
+            .iter()
+            .map(|&r| self.sec.get(r).into_iter().map(|s| if s == a as u32 { k as u32 } else { s }).collect())
+            .collect();
+        let prims: Vec<u32> = srows.iter().map(|&r| self.primary_of[r as usize]).collect();
+        self.apply(&srows, &prims, Some(&secs), data);
+        self.drop_cluster(absorb)
+    }
+
+    /// Pairs of clusters whose centres have cosine >= threshold: (a, b, cos), a < b, best first.
+    pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
+        let c = self.slots.len();
+        let mut g = vec![0.0f32; c * c];
+        kernels::gemm_nt(&self.centres, &self.centres, self.dim, &mut g);
+        let mut out = Vec::new();
+        for i in 0..c {
+            if !self.slots[i].has_centre {
+                continue;
+            }
+            for j in i + 1..c {
+                if self.slots[j].has_centre && g[i * c + j] >= threshold {
+                    let (a, b) = (self.slots[i].id, self.slots[j].id);
+                    out.push((a.min(b), a.max(b), g[i * c + j]));
+                }
+            }
+        }
+        out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
+        out
+    }
+
+    /// Spherical k-means over `rows` (default: every row that is not DETACHED) into k new
+    /// clusters; returns their ids. Secondary links are kept. Clusters that lose all their
+    /// primary members here and have no anchor are dropped.
+    pub fn kmeans(&mut self, k: usize, rows: Option<&[i64]>, seed: u64, data: &[f32]) -> Result<Vec<i64>> {
+        let mut ids: Vec<u32> = match rows {
+            Some(r) => r.iter().map(|&x| self.check_row(x)).collect::<Result<_>>()?,
+            None => (0..self.n_rows() as u32).filter(|&r| self.primary_of[r as usize] != DETACHED).collect(),
+        };
+        ids.sort_unstable();
+        ids.dedup();
+        let km = kmeans::fit(data, &ids, self.dim, k, seed, &KMeansConfig::default())?;
+        self.install(&ids, km, data)
+    }
+
+    /// Create clusters from a k-means result and move the rows into them.
+    fn install(&mut self, ids: &[u32], km: kmeans::KMeans, data: &[f32]) -> Result<Vec<i64>> {
+        let dim = self.dim;
+        let k = km.centres.len() / dim;
+        let before: Vec<(i64, bool)> = self.slots.iter().map(|c| (c.id, !c.primary.is_empty())).collect();
+        let first_slot = self.slots.len() as u32;
+        let new_ids: Vec<i64> =
+            (0..k).map(|j| self.push_slot(None, 0.0, Some(&km.centres[j * dim..(j + 1) * dim]))).collect();
+        let prim: Vec<u32> = km.labels.iter().map(|&l| first_slot + l).collect();
+        self.apply(ids, &prim, None, data);
+        for (id, had) in before {
+            let s = self.slot(id)?;
+            let c = &self.slots[s];
+            if had && c.primary.is_empty() && c.anchor.is_none() {
+                self.drop_cluster(id)?;
+            }
+        }
+        Ok(new_ids)
+    }
+
+    /// 2-means on one cluster's primary members: two new clusters, the old one is dropped
+    /// (its anchor with it). Returns the new ids.
+    pub fn split(&mut self, id: i64, seed: u64, data: &[f32]) -> Result<(i64, i64)> {
+        let s = self.slot(id)?;
+        let rows = self.slots[s].primary.clone();
+        if rows.len() < 2 {
+            return Err(Error::Value(format!("cluster {id} has {} members; a split needs at least 2", rows.len())));
+        }
+        let km = kmeans::fit(data, &rows, self.dim, 2, seed, &KMeansConfig::default())?;
+        let ids = self.install(&rows, km, data)?;
+        if self.slot_of.contains_key(&id) {
+            self.drop_cluster(id)?;
+        }
+        Ok((ids[0], ids[1]))
+    }
+
+    /// Drop memberships of rows >= n (after the vector file lost rows) and rebuild the
+    /// affected sums from the remaining members.
+    pub fn truncate_rows(&mut self, n: usize, data: &[f32]) {
+        if self.primary_of.len() <= n {
+            return;
+        }
+        let dim = self.dim;
+        for s in 0..self.slots.len() {
+            let c = &mut self.slots[s];
+            let before = c.primary.len();
+            c.primary.retain(|&r| (r as usize) < n);
+            c.secondary.retain(|&r| (r as usize) < n);
+            if c.primary.len() != before {
+                c.sum.iter_mut().for_each(|x| *x = 0.0);
+                for &r in &c.primary {
+                    for (a, &x) in c.sum.iter_mut().zip(&data[r as usize * dim..(r as usize + 1) * dim]) {
+                        *a += x as f64;
+                    }
+                }
+                self.refresh_centre(s);
+            }
+        }
+        self.primary_of.truncate(n);
+        self.sec.inline.truncate(n);
+        self.sec.overflow.retain(|&r, _| (r as usize) < n);
+        self.pending.retain(|&r| (r as usize) < n);
+        self.n_pending = self.pending.iter().filter(|&&r| self.primary_of[r as usize] == PENDING).count();
+    }
+
+    /// Rebuild per-row state from the member lists (used after loading a saved state).
+    /// Rows `< saved_rows` not in `pending` and not primary anywhere are DETACHED.
+    pub(crate) fn from_parts(
+        dim: usize,
+        slots: Vec<Cluster>,
+        centres: Vec<f32>,
+        next_id: i64,
+        saved_rows: usize,
+        pending: Vec<u32>,
+    ) -> Result<Self> {
+        let mut c = Clusters::new(dim);
+        c.next_id = next_id;
+        c.primary_of = vec![DETACHED; saved_rows];
+        c.sec.grow(saved_rows);
+        for (s, cl) in slots.iter().enumerate() {
+            if c.slot_of.insert(cl.id, s).is_some() || cl.id >= next_id || cl.id < 0 {
+                return Err(Error::Io(format!("corrupt cluster state: bad or duplicate cluster id {}", cl.id)));
+            }
+            for &r in &cl.primary {
+                let p = c.primary_of.get_mut(r as usize).ok_or_else(|| Error::Io(format!("corrupt cluster state: row {r} out of range")))?;
+                if *p != DETACHED {
+                    return Err(Error::Io(format!("corrupt cluster state: row {r} has two primary clusters")));
+                }
+                *p = s as u32;
+            }
+        }
+        let mut secs: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (s, cl) in slots.iter().enumerate() {
+            for &r in &cl.secondary {
+                if r as usize >= saved_rows {
+                    return Err(Error::Io(format!("corrupt cluster state: row {r} out of range")));
+                }
+                secs.entry(r).or_default().push(s as u32);
+            }
+        }
+        for (r, v) in secs {
+            c.sec.set(r, &v);
+        }
+        for &r in &pending {
+            match c.primary_of.get_mut(r as usize) {
+                Some(p) if *p == DETACHED => *p = PENDING,
+                _ => return Err(Error::Io(format!("corrupt cluster state: bad pending row {r}"))),
+            }
+        }
+        c.n_pending = pending.len();
+        c.pending = pending;
+        c.slots = slots;
+        c.centres = centres;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(dim: usize, hot: usize, noise: f32, seed: &mut kmeans::Rng) -> Vec<f32> {
+        let mut v: Vec<f32> = (0..dim).map(|_| (seed.next_f64() as f32 - 0.5) * noise).collect();
+        v[hot] += 1.0;
+        kernels::normalized(&v, dim, "t").unwrap()
+    }
+
+    fn setup(n: usize) -> (Clusters, Vec<f32>) {
+        let dim = 6;
+        let mut rng = kmeans::Rng::new(1);
+        let mut data = Vec::new();
+        for i in 0..n {
+            data.extend(unit(dim, i % 3, 0.2, &mut rng));
+        }
+        let mut c = Clusters::new(dim);
+        c.grow_rows(n);
+        (c, data)
+    }
+
+    fn check_sums(c: &Clusters, data: &[f32]) {
+        let dim = c.dim();
+        for cl in c.slots() {
+            let mut s = vec![0.0f64; dim];
+            for &r in &cl.primary {
+                for (a, &x) in s.iter_mut().zip(&data[r as usize * dim..][..dim]) {
+                    *a += x as f64;
+                }
+            }
+            for (a, b) in s.iter().zip(&cl.sum) {
+                assert!((a - b).abs() < 1e-9);
+            }
+            assert!(cl.primary.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    #[test]
+    fn assign_move_unassign_keep_sums_and_lists() {
+        let (mut c, data) = setup(30);
+        let a = c.new_cluster(None, 1.0).unwrap();
+        let b = c.new_cluster(Some(&[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2.0).unwrap();
+        assert_eq!(c.n_pending(), 30);
+        let rows: Vec<i64> = (0..30).collect();
+        let t: Vec<i64> = (0..30).flat_map(|r| if r % 2 == 0 { [a, b] } else { [b, -1] }).collect();
+        c.assign(&rows, &t, 2, &data).unwrap();
+        assert_eq!(c.n_pending(), 0);
+        assert_eq!(c.members(a).unwrap().len(), 15);
+        assert_eq!(c.cluster(b).unwrap().secondary.len(), 15);
+        check_sums(&c, &data);
+        c.unassign(&[0, 1], &data).unwrap();
+        assert_eq!(c.cluster_of(0).unwrap(), -1);
+        assert_eq!(c.cluster(b).unwrap().secondary.len(), 14);
+        check_sums(&c, &data);
+        assert!(matches!(c.drop_cluster(a), Err(Error::Value(_))));
+        c.merge(b, a, &data).unwrap();
+        assert!(matches!(c.members(a), Err(Error::Key(_))));
+        assert_eq!(c.members(b).unwrap().len(), 28);
+        assert!(c.cluster(b).unwrap().secondary.is_empty());
+        check_sums(&c, &data);
+        assert!(matches!(c.assign(&[99], &[b], 1, &data), Err(Error::Key(_))));
+        assert!(matches!(c.assign(&[2], &[-1, b], 2, &data), Err(Error::Value(_))));
+    }
+
+    #[test]
+    fn kmeans_and_split() {
+        let (mut c, data) = setup(300);
+        let ids = c.kmeans(3, None, 0, &data).unwrap();
+        assert_eq!(ids.len(), 3);
+        let sizes: Vec<usize> = ids.iter().map(|&i| c.members(i).unwrap().len()).collect();
+        assert_eq!(sizes, vec![100, 100, 100]);
+        check_sums(&c, &data);
+        let (x, y) = c.split(ids[0], 0, &data).unwrap();
+        assert!(matches!(c.members(ids[0]), Err(Error::Key(_))));
+        assert_eq!(c.members(x).unwrap().len() + c.members(y).unwrap().len(), 100);
+        check_sums(&c, &data);
+        // Re-clustering everything drops the emptied, unanchored clusters.
+        let again = c.kmeans(3, None, 0, &data).unwrap();
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.ordered().iter().map(|p| p.0).collect::<Vec<_>>(), again);
+    }
+
+    #[test]
+    fn drop_renumbers_moved_slot() {
+        let (mut c, data) = setup(9);
+        let a = c.new_cluster(None, 1.0).unwrap();
+        let b = c.new_cluster(None, 1.0).unwrap();
+        let d = c.new_cluster(None, 1.0).unwrap();
+        c.assign(&[0, 1], &[d, b, d, -1], 2, &data).unwrap();
+        c.drop_cluster(a).unwrap();
+        assert_eq!(c.cluster_of(0).unwrap(), d);
+        assert_eq!(c.secondary_of(0).unwrap(), vec![b]);
+        c.drop_cluster(b).unwrap();
+        assert!(c.secondary_of(0).unwrap().is_empty());
+        assert_eq!(c.members(d).unwrap(), &[0, 1]);
+    }
+}

@@ -1,0 +1,185 @@
+//! The on-disk index: one directory with `vectors.f32` and `clusters.bin`, tying the vector
+//! file and the cluster state together (rows appended since the last save are PENDING).
+
+use std::path::{Path, PathBuf};
+
+use crate::clusters::Clusters;
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::search::{self, Params, Results};
+use crate::state;
+use crate::vectors::VectorFile;
+
+pub const VECTORS: &str = "vectors.f32";
+pub const CLUSTERS: &str = "clusters.bin";
+
+pub struct Index {
+    dir: PathBuf,
+    pub vf: VectorFile,
+    pub cl: Clusters,
+}
+
+impl Index {
+    /// Create or reopen the index in `dir`. `dim` is required to create it and checked
+    /// against an existing one. Read-only opens never modify anything.
+    pub fn open(dir: &Path, dim: Option<usize>, read_only: bool) -> Result<Self> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(Error::Io(format!("{}: not a directory", dir.display())));
+        }
+        if !dir.exists() {
+            if read_only {
+                return Err(Error::Io(format!("{}: no such index directory", dir.display())));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
+        }
+        let vf = VectorFile::open(&dir.join(VECTORS), dim, !read_only)?;
+        let cpath = dir.join(CLUSTERS);
+        let mut cl = if cpath.exists() {
+            let (mut cl, rows) = state::load(&cpath, vf.dim())?;
+            if rows > vf.len() {
+                // The vector file lost rows the state knew (e.g. power loss before a sync).
+                cl.truncate_rows(vf.len(), vf.rows());
+            }
+            cl
+        } else {
+            Clusters::new(vf.dim())
+        };
+        cl.grow_rows(vf.len());
+        Ok(Index { dir: dir.to_path_buf(), vf, cl })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn dim(&self) -> usize {
+        self.vf.dim()
+    }
+    pub fn len(&self) -> usize {
+        self.vf.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.vf.is_empty()
+    }
+
+    /// Append rows; returns the first new row id.
+    pub fn append(&mut self, data: &[f32]) -> Result<usize> {
+        let first = self.vf.append(data)?;
+        self.cl.grow_rows(self.vf.len());
+        Ok(first)
+    }
+
+    /// Durable point: rows synced first, then the cluster state replaced atomically.
+    pub fn flush(&mut self) -> Result<()> {
+        if !self.vf.writable() {
+            return Ok(());
+        }
+        self.vf.sync()?;
+        state::save(&self.cl, &self.dir.join(CLUSTERS))
+    }
+
+    pub fn close(mut self) -> Result<()> {
+        self.flush()?;
+        self.vf.close()
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.vf.writable() {
+            Ok(())
+        } else {
+            Err(Error::Io(format!("{}: index opened read-only", self.dir.display())))
+        }
+    }
+
+    /// Top-k centres per vector (n x dim, any scale) without changing state.
+    pub fn soft_assign(&self, vectors: &[f32], k: usize) -> Result<(Vec<i64>, Vec<f32>)> {
+        let dim = self.dim();
+        let x = kernels::normalized(vectors, dim, "vectors")?;
+        let n = x.len() / dim;
+        if k == 0 {
+            return Err(Error::Value("k must be >= 1".into()));
+        }
+        let mut ids = vec![-1i64; n * k];
+        let mut sc = vec![f32::NEG_INFINITY; n * k];
+        let valid = self.cl.has_centres();
+        kernels::top_centres(&x, self.cl.centre_matrix(), dim, k, Some(&valid), &mut ids, &mut sc);
+        for v in ids.iter_mut() {
+            if *v >= 0 {
+                *v = self.cl.slots()[*v as usize].id;
+            }
+        }
+        Ok((ids, sc))
+    }
+
+    pub fn assign(&mut self, rows: &[i64], targets: &[i64], width: usize) -> Result<()> {
+        self.check_writable()?;
+        self.cl.assign(rows, targets, width, self.vf.rows())
+    }
+
+    pub fn unassign(&mut self, rows: &[i64]) -> Result<()> {
+        self.check_writable()?;
+        self.cl.unassign(rows, self.vf.rows())
+    }
+
+    pub fn new_cluster(&mut self, centre: Option<&[f32]>, weight: f32) -> Result<i64> {
+        self.check_writable()?;
+        self.cl.new_cluster(centre, weight)
+    }
+
+    pub fn set_centre(&mut self, id: i64, v: &[f32], weight: f32) -> Result<()> {
+        self.check_writable()?;
+        self.cl.set_centre(id, v, weight)
+    }
+
+    pub fn drop_cluster(&mut self, id: i64) -> Result<()> {
+        self.check_writable()?;
+        self.cl.drop_cluster(id)
+    }
+
+    pub fn kmeans(&mut self, k: usize, rows: Option<&[i64]>, seed: u64) -> Result<Vec<i64>> {
+        self.check_writable()?;
+        self.cl.kmeans(k, rows, seed, self.vf.rows())
+    }
+
+    pub fn split(&mut self, id: i64, seed: u64) -> Result<(i64, i64)> {
+        self.check_writable()?;
+        self.cl.split(id, seed, self.vf.rows())
+    }
+
+    pub fn merge(&mut self, keep: i64, absorb: i64) -> Result<()> {
+        self.check_writable()?;
+        self.cl.merge(keep, absorb, self.vf.rows())
+    }
+
+    /// Search; `queries` (q x dim, any non-zero scale) are normalised first.
+    pub fn search(&self, queries: &[f32], p: &Params) -> Result<Results> {
+        let q = kernels::normalized(queries, self.dim(), "queries")?;
+        search::search(&self.cl, self.vf.rows(), self.dim(), &q, p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persistence_round_trip_and_pending_after_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("idx");
+        let mut ix = Index::open(&dir, Some(2), false).unwrap();
+        ix.append(&[1.0, 0.0, 0.9, 0.1, 0.0, 1.0, 0.1, 0.9]).unwrap();
+        let ids = ix.kmeans(2, None, 0).unwrap();
+        ix.flush().unwrap();
+        ix.append(&[1.0, 1.0]).unwrap();
+        drop(ix); // no flush: row 4 is committed in the vector file but not in the state
+        let mut ix = Index::open(&dir, Some(2), true).unwrap();
+        assert_eq!(ix.len(), 5);
+        let mut got: Vec<i64> = ix.cl.ordered().iter().map(|p| p.0).collect();
+        got.sort();
+        assert_eq!(got, ids);
+        assert_eq!(ix.cl.cluster_of(4).unwrap(), -1);
+        assert_eq!(ix.cl.n_pending(), 1);
+        assert_eq!(ix.cl.cluster_of(0).unwrap(), ix.cl.cluster_of(1).unwrap());
+        assert!(ix.assign(&[4], &[ids[0]], 1).is_err()); // read-only
+        assert!(Index::open(&dir, Some(3), true).is_err());
+    }
+}

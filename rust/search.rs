@@ -1,0 +1,315 @@
+//! Two-stage and flat search.
+//!
+//! Two-stage: stage 1 scores every centre (c x dim, contiguous) and keeps the top
+//! `n_probe`; stage 2 scores the members of those clusters exactly, plus the PENDING rows
+//! (appended but not yet assigned, so they stay findable). Primary lists are disjoint, so
+//! only secondary entries need de-duplication: a secondary entry is skipped when the row's
+//! primary cluster is probed too, or when an earlier-probed cluster also lists it. That
+//! avoids a per-query "seen" bitmap over all rows.
+//!
+//! Flat: every committed row (used as baseline and as fallback when there are no centres).
+//! A single flat query is split over row chunks in parallel; batches run one query per task.
+
+use rayon::prelude::*;
+
+use crate::clusters::{is_slot, Clusters};
+use crate::error::{Error, Result};
+use crate::kernels::{self, TopK};
+
+pub struct Params<'a> {
+    pub k: usize,
+    pub n_probe: usize,
+    pub flat: bool,
+    /// One byte per row, non-zero = eligible (numpy bool layout).
+    pub mask: Option<&'a [u8]>,
+    /// Per-row score multiplier.
+    pub weights: Option<&'a [f32]>,
+}
+
+/// Preallocated batch results (q x k, row-major) plus per-query counts.
+pub struct Results {
+    pub k: usize,
+    pub ids: Vec<i64>,
+    pub scores: Vec<f32>,
+    pub clusters: Vec<i64>,
+    pub counts: Vec<i64>,
+    pub scanned: Vec<i64>,
+}
+
+impl Results {
+    fn new(q: usize, k: usize) -> Self {
+        Results {
+            k,
+            ids: vec![-1; q * k],
+            scores: vec![f32::NEG_INFINITY; q * k],
+            clusters: vec![-1; q * k],
+            counts: vec![0; q],
+            scanned: vec![0; q],
+        }
+    }
+}
+
+/// Rows per parallel task for a single flat query (~6 MB of rows at dim 384).
+const FLAT_CHUNK: usize = 4096;
+
+/// Validate parameters against the store size before any indexing.
+pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Result<()> {
+    if params.k == 0 {
+        return Err(Error::Value("k must be >= 1".into()));
+    }
+    if params.n_probe == 0 && !params.flat {
+        return Err(Error::Value("n_probe must be >= 1".into()));
+    }
+    if dim == 0 || queries.len() % dim != 0 {
+        return Err(Error::Value(format!("queries must have {dim} columns")));
+    }
+    if let Some(m) = params.mask {
+        if m.len() != n_rows {
+            return Err(Error::Value(format!("mask has {} entries but the index has {n_rows} rows", m.len())));
+        }
+    }
+    if let Some(w) = params.weights {
+        if w.len() != n_rows {
+            return Err(Error::Value(format!("weights has {} entries but the index has {n_rows} rows", w.len())));
+        }
+        if let Some(i) = w.iter().position(|x| !x.is_finite() || *x < 0.0) {
+            return Err(Error::Value(format!("weights[{i}] = {} is not a finite value >= 0", w[i])));
+        }
+    }
+    Ok(())
+}
+
+/// Search `queries` (q x dim, already normalised) over `data` (the committed rows).
+pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Result<Results> {
+    let n_rows = data.len() / dim.max(1);
+    check(p, n_rows, dim, queries)?;
+    if cl.n_rows() < n_rows {
+        return Err(Error::Value("internal: cluster state does not cover every row".into()));
+    }
+    let q = queries.len() / dim;
+    let mut res = Results::new(q, p.k);
+    let use_flat = p.flat || !cl.slots().iter().any(|c| c.has_centre);
+    let one = |qi: usize, ids: &mut [i64], sc: &mut [f32], cs: &mut [i64]| -> (i64, i64) {
+        let qv = &queries[qi * dim..(qi + 1) * dim];
+        let (top, scanned) = if use_flat {
+            flat_one(data, dim, qv, p, q == 1)
+        } else {
+            two_stage_one(cl, data, dim, qv, p)
+        };
+        let best = top.into_sorted();
+        for (j, s) in best.iter().enumerate() {
+            ids[j] = s.id as i64;
+            sc[j] = s.score;
+            cs[j] = cl.id_of_slot(cl.primary_of[s.id as usize]);
+        }
+        (best.len() as i64, scanned as i64)
+    };
+    let k = p.k;
+    let Results { ids, scores, clusters, counts, scanned, .. } = &mut res;
+    if q == 1 {
+        let (c, s) = one(0, ids, scores, clusters);
+        counts[0] = c;
+        scanned[0] = s;
+    } else {
+        ids.par_chunks_mut(k)
+            .zip(scores.par_chunks_mut(k))
+            .zip(clusters.par_chunks_mut(k))
+            .zip(counts.par_iter_mut().zip(scanned.par_iter_mut()))
+            .enumerate()
+            .for_each(|(qi, (((i, s), c), (cnt, scn)))| {
+                let (a, b) = one(qi, i, s, c);
+                *cnt = a;
+                *scn = b;
+            });
+    }
+    Ok(res)
+}
+
+#[inline]
+fn score_row(data: &[f32], dim: usize, q: &[f32], r: usize, p: &Params) -> Option<f32> {
+    if let Some(m) = p.mask {
+        if m[r] == 0 {
+            return None;
+        }
+    }
+    let s = kernels::dot(q, &data[r * dim..(r + 1) * dim]);
+    Some(match p.weights {
+        Some(w) => s * w[r],
+        None => s,
+    })
+}
+
+fn scan_range(data: &[f32], dim: usize, q: &[f32], p: &Params, lo: usize, hi: usize) -> (TopK, usize) {
+    let mut top = TopK::new(p.k);
+    let mut scanned = 0;
+    for r in lo..hi {
+        if let Some(s) = score_row(data, dim, q, r, p) {
+            top.push(s, r as u32);
+            scanned += 1;
+        }
+    }
+    (top, scanned)
+}
+
+fn flat_one(data: &[f32], dim: usize, q: &[f32], p: &Params, parallel: bool) -> (TopK, usize) {
+    let n = data.len() / dim;
+    if !parallel || n <= 2 * FLAT_CHUNK {
+        return scan_range(data, dim, q, p, 0, n);
+    }
+    let parts: Vec<(TopK, usize)> = (0..n.div_ceil(FLAT_CHUNK))
+        .into_par_iter()
+        .map(|c| scan_range(data, dim, q, p, c * FLAT_CHUNK, ((c + 1) * FLAT_CHUNK).min(n)))
+        .collect();
+    let mut top = TopK::new(p.k);
+    let mut scanned = 0;
+    for (t, s) in parts {
+        top.merge(t);
+        scanned += s;
+    }
+    (top, scanned)
+}
+
+/// Stage 1: the `n_probe` best slots for `q` (slots without a centre are skipped).
+pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize) -> Vec<u32> {
+    let cm = cl.centre_matrix();
+    let mut top = TopK::new(n_probe);
+    for (s, c) in cl.slots().iter().enumerate() {
+        if c.has_centre {
+            top.push(kernels::dot(q, &cm[s * dim..(s + 1) * dim]), s as u32);
+        }
+    }
+    top.into_sorted().into_iter().map(|s| s.id).collect()
+}
+
+fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params) -> (TopK, usize) {
+    let probed = probe(cl, dim, q, p.n_probe);
+    let mut top = TopK::new(p.k);
+    let mut scanned = 0usize;
+    for (j, &s) in probed.iter().enumerate() {
+        let c = &cl.slots()[s as usize];
+        for &r in &c.primary {
+            if let Some(v) = score_row(data, dim, q, r as usize, p) {
+                top.push(v, r);
+                scanned += 1;
+            }
+        }
+        for &r in &c.secondary {
+            let prim = cl.primary_of[r as usize];
+            if (is_slot(prim) && probed.contains(&prim)) || cl.sec.any_in(r, &probed[..j]) {
+                continue;
+            }
+            if let Some(v) = score_row(data, dim, q, r as usize, p) {
+                top.push(v, r);
+                scanned += 1;
+            }
+        }
+    }
+    for r in cl.pending_rows() {
+        if (r as usize) < data.len() / dim {
+            if let Some(v) = score_row(data, dim, q, r as usize, p) {
+                top.push(v, r);
+                scanned += 1;
+            }
+        }
+    }
+    (top, scanned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kmeans::Rng;
+
+    fn data(n: usize, dim: usize, seed: u64) -> Vec<f32> {
+        let mut rng = Rng::new(seed);
+        let raw: Vec<f32> = (0..n * dim).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        kernels::normalized(&raw, dim, "t").unwrap()
+    }
+
+    fn brute(d: &[f32], dim: usize, q: &[f32], k: usize) -> Vec<u32> {
+        let mut v: Vec<(f32, u32)> =
+            d.chunks_exact(dim).enumerate().map(|(i, r)| (kernels::dot(q, r), i as u32)).collect();
+        v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        v.into_iter().take(k).map(|x| x.1).collect()
+    }
+
+    #[test]
+    fn flat_equals_brute_force_and_pads() {
+        let (dim, n) = (16, 20_000);
+        let d = data(n, dim, 5);
+        let q = data(3, dim, 9);
+        let cl = {
+            let mut c = Clusters::new(dim);
+            c.grow_rows(n);
+            c
+        };
+        let p = Params { k: 10, n_probe: 1, flat: true, mask: None, weights: None };
+        let r = search(&cl, &d, dim, &q, &p).unwrap();
+        for qi in 0..3 {
+            let want = brute(&d, dim, &q[qi * dim..(qi + 1) * dim], 10);
+            let got: Vec<u32> = r.ids[qi * 10..(qi + 1) * 10].iter().map(|&x| x as u32).collect();
+            assert_eq!(got, want);
+            assert_eq!(r.scanned[qi], n as i64);
+        }
+        // Single query takes the parallel path; same answer.
+        let r1 = search(&cl, &d, dim, &q[..dim], &p).unwrap();
+        assert_eq!(&r1.ids[..], &r.ids[..10]);
+        // k larger than the store.
+        let small = &d[..5 * dim];
+        let p = Params { k: 8, n_probe: 1, flat: true, mask: None, weights: None };
+        let r = search(&cl, small, dim, &q[..dim], &p).unwrap();
+        assert_eq!(r.counts[0], 5);
+        assert_eq!(r.ids[5..], [-1, -1, -1]);
+    }
+
+    #[test]
+    fn two_stage_with_all_probes_equals_flat_and_dedups() {
+        let (dim, n) = (8, 3000);
+        let d = data(n, dim, 2);
+        let mut cl = Clusters::new(dim);
+        cl.grow_rows(n);
+        let ids = cl.kmeans(10, Some(&(0..2900).collect::<Vec<i64>>()), 0, &d).unwrap();
+        // Give every row a secondary membership too: results must not repeat a row.
+        let rows: Vec<i64> = (0..2900).collect();
+        let t: Vec<i64> = rows
+            .iter()
+            .flat_map(|&r| {
+                let p = cl.cluster_of(r).unwrap();
+                let s = ids[(ids.iter().position(|&x| x == p).unwrap() + 1) % ids.len()];
+                [p, s]
+            })
+            .collect();
+        cl.assign(&rows, &t, 2, &d).unwrap();
+        let q = data(4, dim, 7);
+        let mask: Vec<u8> = (0..n).map(|r| (r % 3 != 0) as u8).collect();
+        let w: Vec<f32> = (0..n).map(|r| 0.5 + (r % 5) as f32 * 0.1).collect();
+        let flat = Params { k: 20, n_probe: 1, flat: true, mask: Some(&mask), weights: Some(&w) };
+        let all = Params { k: 20, n_probe: 10, flat: false, mask: Some(&mask), weights: Some(&w) };
+        let a = search(&cl, &d, dim, &q, &flat).unwrap();
+        let b = search(&cl, &d, dim, &q, &all).unwrap();
+        assert_eq!(a.ids, b.ids);
+        assert_eq!(b.scanned[0], mask.iter().filter(|&&m| m != 0).count() as i64);
+        // Pending rows (2900..3000) are findable in two-stage mode with one probe.
+        let one = Params { k: 1, n_probe: 1, flat: false, mask: None, weights: None };
+        let r = search(&cl, &d, dim, &d[2950 * dim..2951 * dim], &one).unwrap();
+        assert_eq!(r.ids[0], 2950);
+        assert_eq!(r.clusters[0], -1);
+    }
+
+    #[test]
+    fn bad_params_are_errors() {
+        let cl = Clusters::new(4);
+        let q = [1.0, 0.0, 0.0, 0.0];
+        let mk = |k, n_probe| Params { k, n_probe, flat: false, mask: None, weights: None };
+        assert!(search(&cl, &[], 4, &q, &mk(0, 1)).is_err());
+        assert!(search(&cl, &[], 4, &q, &mk(1, 0)).is_err());
+        let r = search(&cl, &[], 4, &q, &mk(3, 1)).unwrap();
+        assert_eq!(r.counts, vec![0]);
+        let w = [f32::NAN];
+        let one = [1.0, 0.0, 0.0, 0.0];
+        let mut c1 = Clusters::new(4);
+        c1.grow_rows(1);
+        let p = Params { k: 1, n_probe: 1, flat: true, mask: None, weights: Some(&w) };
+        assert!(search(&c1, &one, 4, &q, &p).is_err());
+    }
+}

@@ -1,0 +1,197 @@
+//! Cluster state file (`clusters.bin`): written to a temp file, fsynced, renamed over the
+//! old one and the directory fsynced, so a crash leaves either the old or the new state.
+//!
+//! Layout (little endian), followed by an FNV-1a 64 checksum of everything before it:
+//! ```text
+//! magic "CLAGCLU\0" | version u32 | dim u32 | rows covered u64 | next id i64 | clusters u64
+//! per cluster: id i64 | weight f32 | has_anchor u8 | has_centre u8 | 2 pad bytes
+//!              [anchor dim x f32] | centre dim x f32 | sum dim x f64
+//!              n_primary u64 | primary u32... | n_secondary u64 | secondary u32...
+//! n_pending u64 | pending u32...
+//! ```
+//! Rows appended after the save are simply PENDING on reload.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use crate::clusters::{Cluster, Clusters};
+use crate::error::{Error, Result};
+use crate::vectors::fnv1a;
+
+pub const MAGIC: [u8; 8] = *b"CLAGCLU\0";
+pub const VERSION: u32 = 1;
+
+fn put_u32s(b: &mut Vec<u8>, v: &[u32]) {
+    b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+    for x in v {
+        b.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+pub fn encode(c: &Clusters) -> Vec<u8> {
+    let dim = c.dim();
+    let mut b = Vec::with_capacity(64 + c.n_rows() * 12);
+    b.extend_from_slice(&MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&(dim as u32).to_le_bytes());
+    b.extend_from_slice(&(c.n_rows() as u64).to_le_bytes());
+    b.extend_from_slice(&c.next_id.to_le_bytes());
+    b.extend_from_slice(&(c.len() as u64).to_le_bytes());
+    for (s, cl) in c.slots().iter().enumerate() {
+        b.extend_from_slice(&cl.id.to_le_bytes());
+        b.extend_from_slice(&cl.weight.to_le_bytes());
+        b.extend_from_slice(&[cl.anchor.is_some() as u8, cl.has_centre as u8, 0, 0]);
+        if let Some(a) = &cl.anchor {
+            a.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        }
+        c.centre_matrix()[s * dim..(s + 1) * dim].iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        cl.sum.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        put_u32s(&mut b, &cl.primary);
+        put_u32s(&mut b, &cl.secondary);
+    }
+    let mut pending: Vec<u32> = c.pending_rows().collect();
+    pending.sort_unstable();
+    pending.dedup();
+    put_u32s(&mut b, &pending);
+    let sum = fnv1a(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    b
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.b.len() - self.at < n {
+            return Err(Error::Io("corrupt cluster state: truncated".into()));
+        }
+        let s = &self.b[self.at..self.at + n];
+        self.at += n;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
+        Ok(self.take(n * 4)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+    }
+    fn f64s(&mut self, n: usize) -> Result<Vec<f64>> {
+        Ok(self.take(n * 8)?.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
+    }
+    fn u32s(&mut self) -> Result<Vec<u32>> {
+        let n = self.u64()? as usize;
+        if n > (self.b.len() - self.at) / 4 {
+            return Err(Error::Io("corrupt cluster state: list longer than the file".into()));
+        }
+        Ok(self.take(n * 4)?.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect())
+    }
+}
+
+/// Decode a state file; returns the clusters and the number of rows the state covered.
+pub fn decode(b: &[u8], dim: usize) -> Result<(Clusters, usize)> {
+    if b.len() < 44 || b[..8] != MAGIC {
+        return Err(Error::Io("not a clag_fast cluster state file (bad magic or too short)".into()));
+    }
+    let (body, tail) = b.split_at(b.len() - 8);
+    if fnv1a(body) != u64::from_le_bytes(tail.try_into().unwrap()) {
+        return Err(Error::Io("corrupt cluster state: checksum mismatch".into()));
+    }
+    let mut r = Reader { b: body, at: 8 };
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(Error::Io(format!("cluster state version {version} is not supported (this build reads {VERSION})")));
+    }
+    let fdim = r.u32()? as usize;
+    if fdim != dim {
+        return Err(Error::Io(format!("cluster state has dim {fdim} but the vectors have dim {dim}")));
+    }
+    let rows = r.u64()? as usize;
+    let next_id = r.u64()? as i64;
+    let n = r.u64()? as usize;
+    if n > body.len() / (dim * 12).max(1) {
+        return Err(Error::Io("corrupt cluster state: cluster count".into()));
+    }
+    let mut slots = Vec::with_capacity(n);
+    let mut centres = Vec::with_capacity(n * dim);
+    for _ in 0..n {
+        let id = r.u64()? as i64;
+        let weight = f32::from_le_bytes(r.take(4)?.try_into().unwrap());
+        let flags = r.take(4)?;
+        let (has_anchor, has_centre) = (flags[0] != 0, flags[1] != 0);
+        let anchor = if has_anchor { Some(r.f32s(dim)?) } else { None };
+        centres.extend(r.f32s(dim)?);
+        let sum = r.f64s(dim)?;
+        let primary = r.u32s()?;
+        let secondary = r.u32s()?;
+        slots.push(Cluster { id, anchor, weight, sum, primary, secondary, has_centre });
+    }
+    let pending = r.u32s()?;
+    if r.at != body.len() {
+        return Err(Error::Io("corrupt cluster state: trailing bytes".into()));
+    }
+    Ok((Clusters::from_parts(dim, slots, centres, next_id, rows, pending)?, rows))
+}
+
+/// Atomically replace `path` with the encoded state.
+pub fn save(c: &Clusters, path: &Path) -> Result<()> {
+    let bytes = encode(c);
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".clusters.bin.tmp{}", std::process::id()));
+    let io = |e: std::io::Error| Error::Io(format!("{}: {e}", tmp.display()));
+    {
+        let mut f = File::create(&tmp).map_err(io)?;
+        f.write_all(&bytes).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Load `path`; errors name the file.
+pub fn load(path: &Path, dim: usize) -> Result<(Clusters, usize)> {
+    let b = std::fs::read(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    decode(&b, dim).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let dim = 3;
+        let data: Vec<f32> = vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.6, 0.8, 0.0];
+        let mut c = Clusters::new(dim);
+        c.grow_rows(4);
+        let a = c.new_cluster(Some(&[1.0, 0.0, 0.0]), 0.5).unwrap();
+        let b = c.new_cluster(None, 1.0).unwrap();
+        c.assign(&[0, 1], &[a, b, b, -1], 2, &data).unwrap();
+        c.unassign(&[2], &data).unwrap();
+        let bytes = encode(&c);
+        let (d, rows) = decode(&bytes, dim).unwrap();
+        assert_eq!(rows, 4);
+        assert_eq!(encode(&d), bytes);
+        assert_eq!(d.cluster_of(0).unwrap(), a);
+        assert_eq!(d.secondary_of(0).unwrap(), vec![b]);
+        assert_eq!(d.cluster_of(2).unwrap(), -1);
+        assert_eq!(d.n_pending(), 1); // row 3
+        assert_eq!(d.centre_matrix(), c.centre_matrix());
+        for i in [0, 9, 20, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[i] ^= 1;
+            assert!(decode(&bad, dim).is_err());
+        }
+        assert!(decode(&bytes[..bytes.len() - 3], dim).is_err());
+        assert!(decode(&bytes, 4).is_err());
+    }
+}
