@@ -1,0 +1,552 @@
+"""Organizer: the small language model's decisions about how memory is organised.
+
+Each decision is one prompt plus one answer schema (see :mod:`clag_fast.prompts`). Vectors
+decide first and the SLM is asked only where vectors are unsure, so most memories cost no LLM
+call. Any LLM failure or unusable answer (server down, timeout, HTTP error, garbage, an id that
+was not offered, empty topic lists) degrades to the vector decision: the error is counted in
+:attr:`Organizer.errors`, logged once per kind at WARNING (then at DEBUG), and never raised.
+
+The organiser holds no store state: the caller passes cluster briefs and similarity scores in
+and applies the decisions it gets back. That keeps it testable with a fake server and lets the
+store call it without holding its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from clag_fast import prompts
+from clag_fast.llm import LLMClient, LLMError
+
+log = logging.getLogger("clag_fast.organizer")
+
+__all__ = ["Organizer", "OrganizerConfig", "ClusterBrief", "Profile", "Route", "Evolution"]
+
+
+@dataclass
+class OrganizerConfig:
+    """Thresholds and switches of the organiser (and of :class:`~clag_fast.triggers.Triggers`).
+
+    Similarities are cosines between a memory and a cluster centre (the normalised mean of
+    its members) with all-MiniLM-L6-v2: related sentences score about 0.4-0.7 with each
+    other and unrelated ones 0.0-0.2; a centre scores higher than a typical member does.
+
+    Routing:
+      route_candidates: nearest clusters (by centre) considered for a new memory.
+      assign_threshold: at or above this, with ``assign_margin`` over the runner-up, the
+        nearest cluster is taken without asking the SLM.
+      assign_margin: lead over the second candidate that makes the vector choice clear.
+      slm_window: only candidates within this much of the best are offered to the SLM (a
+        distant runner-up is not a real alternative); with fewer than two left, vectors decide.
+      slm_max_options: at most this many candidates per memory in the SLM prompt.
+      new_cluster_threshold: below this even the nearest cluster is unrelated: open a new one
+        (its profile is written later, in a batch). None = never (templated labels mode).
+      route_batch: ambiguous memories routed in one SLM prompt.
+    Cold start and triggers:
+      min_memories_to_cluster: flat store until this many memories.
+      organize_every: periodic re-organisation every N new memories (0 = never).
+      confusion_window / confusion_threshold: re-organise when the last ``window`` searches
+        all had a best score below the threshold.
+      drift_window / drift_drop: re-organise when the mean affinity of the last ``window``
+        assignments fell by ``drop`` versus the ``window`` before it.
+    Profiles:
+      profile_examples: member texts (nearest the centre) shown when writing a profile.
+      profile_drift_share: rewrite a profile when this share of the members joined since it
+        was written (inertia: not on every insert).
+      profile_centre_similarity: ... or when the centre moved below this cosine to the centre
+        the profile was written for.
+    Other:
+      labels: templated labels mode: a fixed label set instead of invented topics.
+      evolution: localized evolution (link a new memory to neighbours; off for speed).
+      slm_select_clusters: let the SLM pick clusters at query time (off: vectors pick, search
+        makes no LLM call).
+      topic_samples, min_topics, max_topics: topic proposal from a sample of recent memories.
+      max_note_chars: memory text is cut to this many characters in prompts.
+    """
+
+    route_candidates: int = 5
+    assign_threshold: float = 0.45
+    assign_margin: float = 0.05
+    slm_window: float = 0.05
+    slm_max_options: int = 3
+    new_cluster_threshold: float | None = 0.2
+    route_batch: int = 4
+    min_memories_to_cluster: int = 100
+    organize_every: int = 50
+    confusion_window: int = 5
+    confusion_threshold: float = 0.3
+    drift_window: int = 25
+    drift_drop: float = 0.08
+    profile_examples: int = 5
+    profile_drift_share: float = 0.5
+    profile_centre_similarity: float = 0.95
+    labels: list[str] | None = None
+    evolution: bool = False
+    slm_select_clusters: bool = False
+    topic_samples: int = 12
+    min_topics: int = 3
+    max_topics: int = 5
+    max_note_chars: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("route_candidates", "slm_max_options", "route_batch", "confusion_window",
+                     "drift_window", "profile_examples", "topic_samples", "min_topics", "max_topics",
+                     "max_note_chars"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"OrganizerConfig.{name} must be an int >= 1, got {v!r}")
+        for name in ("min_memories_to_cluster", "organize_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"OrganizerConfig.{name} must be an int >= 0, got {v!r}")
+        if self.min_topics > self.max_topics:
+            raise ValueError(f"OrganizerConfig.min_topics ({self.min_topics}) > max_topics ({self.max_topics})")
+        if not 0.0 < self.profile_drift_share <= 1.0:
+            raise ValueError(f"OrganizerConfig.profile_drift_share must be in (0, 1], got {self.profile_drift_share}")
+        if self.labels is not None:
+            labels = [str(x).strip() for x in self.labels]
+            if not labels or any(not x for x in labels):
+                raise ValueError("OrganizerConfig.labels must be a non-empty list of non-empty strings")
+            self.labels = labels
+            # A fixed label set: every memory goes under one of the labels, none is opened.
+            self.new_cluster_threshold = None
+
+
+@dataclass
+class ClusterBrief:
+    """What the SLM is shown about a cluster: its profile, a few member texts, its size."""
+
+    id: int
+    summary: str = ""
+    tags: list[str] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass
+class Profile:
+    """A cluster's description: one-sentence summary and three one-word tags."""
+
+    summary: str
+    tags: list[str]
+
+
+@dataclass
+class Route:
+    """Where a memory goes. ``cluster_id`` None means "open a new cluster".
+
+    ``by``: "vector" (clear vector choice, or no SLM), "slm" (the SLM picked among the
+    candidates), "new" (nothing related: new cluster), "fallback" (the SLM was asked but
+    failed or answered outside the candidates: vector choice).
+    """
+
+    cluster_id: int | None
+    by: str
+
+
+@dataclass
+class Evolution:
+    """Localized evolution of one new memory: neighbour ids to link, tags for the memory."""
+
+    links: list[int]
+    tags: list[str]
+
+
+_WORD_RE = re.compile(r"[a-z][a-z0-9'-]*")
+# Words a small model offers as "tags" that describe the prompt rather than the notes.
+_BAD_TAGS = frozenset(
+    "note notes tag tags topic topics group groups summary word words one two three single "
+    "lowercase different json text data sentence subtitle".split()
+)
+_STOPWORDS = frozenset(
+    "a about after again all also am an and any are as at be because been before being but by "
+    "can could did do does doing don't for from had has have having he her here hers him his how "
+    "i i'm i've if in into is it it's its just me more most my no not now of off on once only or "
+    "other our out over own same she should so some such than that that's the their them then "
+    "there these they this those through to too under until up very was we we're were what when "
+    "where which while who why will with would you you're your yours yeah oh really so yes "
+    "thanks thank going get got like know think much many lot well great good".split()
+)
+
+
+def keywords(texts: Sequence[str], n: int = 3, exclude: Sequence[str] = ()) -> list[str]:
+    """The ``n`` most frequent content words of ``texts`` (fills tags the SLM left out)."""
+    skip = set(exclude) | _STOPWORDS | _BAD_TAGS
+    counts: Counter[str] = Counter()
+    for t in texts:
+        for w in _WORD_RE.findall(str(t).lower()):
+            if len(w) >= 3 and w not in skip:
+                counts[w] += 1
+    return [w for w, _ in counts.most_common(n)]
+
+
+def _clean_tag(tag: Any) -> str | None:
+    words = _WORD_RE.findall(str(tag).lower().replace("_", " "))
+    for w in words:
+        if len(w) >= 2 and w not in _BAD_TAGS and w not in _STOPWORDS:
+            return w[:24]
+    return None
+
+
+class Organizer:
+    """The SLM's decisions on memory organisation, with vector fallbacks.
+
+    Args:
+        llm: an :class:`~clag_fast.llm.LLMClient`, or None for vector-only decisions.
+        config: thresholds; default :class:`OrganizerConfig()`.
+
+    Thread-safe: decisions may be taken from a background worker while the store searches.
+    """
+
+    def __init__(self, llm: LLMClient | None, config: OrganizerConfig | None = None):
+        self.llm = llm
+        self.config = config if config is not None else OrganizerConfig()
+        self._lock = threading.Lock()
+        self._errors: Counter[str] = Counter()
+        self._decisions: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"Organizer(llm={self.llm!r}, errors={self.errors})"
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    @property
+    def errors(self) -> int:
+        """LLM failures and unusable answers so far (each fell back to vectors)."""
+        with self._lock:
+            return sum(self._errors.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of decisions by kind ("route_vector", "route_slm", ...) and errors by kind."""
+        with self._lock:
+            return {
+                "errors": sum(self._errors.values()),
+                "errors_by_kind": dict(self._errors),
+                "decisions": dict(self._decisions),
+            }
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._decisions[key] += n
+
+    def _fail(self, decision: str, err: BaseException | str) -> None:
+        """Count an error; the first of each kind is a WARNING, repeats are DEBUG."""
+        kind = f"{decision}:{type(err).__name__ if isinstance(err, BaseException) else 'invalid'}"
+        with self._lock:
+            first = self._errors[kind] == 0
+            self._errors[kind] += 1
+        msg = "SLM %s failed, using the vector decision (%s); further failures of this kind are logged at DEBUG"
+        if first:
+            log.warning(msg, decision, err)
+        else:
+            log.debug("SLM %s failed again: %s", decision, err)
+
+    def _ask(self, decision: str, system: str, user: str, schema: dict, max_tokens: int) -> dict | None:
+        """One SLM call; None (error counted) when it fails."""
+        if self.llm is None:
+            return None
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        try:
+            return self.llm.chat_json(messages, schema, max_tokens=max_tokens)
+        except LLMError as e:
+            self._fail(decision, e)
+        except Exception as e:  # a user-supplied client may raise anything; never propagate
+            self._fail(decision, e)
+        return None
+
+    # ------------------------------------------------------------------ routing
+
+    def _slm_options(self, scores: Sequence[float]) -> list[int]:
+        """Indices (into the candidate list, best first) worth offering to the SLM."""
+        cfg = self.config
+        if not scores:
+            return []
+        best = scores[0]
+        thr = cfg.new_cluster_threshold if cfg.new_cluster_threshold is not None else float("-inf")
+        out = [i for i, s in enumerate(scores) if s >= best - cfg.slm_window and s >= thr]
+        return out[: cfg.slm_max_options]
+
+    def vector_route(self, scores: Sequence[float]) -> str:
+        """The vector-only verdict for candidates with these scores (sorted best first):
+        "new" (open a cluster), "clear" (take the best), or "ambiguous" (the SLM may pick)."""
+        cfg = self.config
+        if len(scores) == 0:
+            return "new"
+        best = float(scores[0])
+        if cfg.new_cluster_threshold is not None and best < cfg.new_cluster_threshold:
+            return "new"
+        second = float(scores[1]) if len(scores) > 1 else float("-inf")
+        if best >= cfg.assign_threshold and best - second >= cfg.assign_margin:
+            return "clear"
+        if len(self._slm_options(list(map(float, scores)))) < 2:
+            return "clear"
+        return "ambiguous"
+
+    def needs_slm(self, scores: Sequence[float]) -> bool:
+        """True when these candidate scores (best first) leave the choice to the SLM."""
+        return self.llm is not None and self.vector_route(scores) == "ambiguous"
+
+    def route(self, items: Sequence[tuple[str, Sequence[ClusterBrief], Sequence[float]]]) -> list[Route]:
+        """Route new memories: ``items`` are (text, candidate briefs, their similarities).
+
+        Candidates may come in any order; they are sorted by similarity. Clear cases and
+        new clusters are decided by vectors; ambiguous ones go to the SLM ``route_batch`` at
+        a time, which must answer one of the offered candidates for each (else: fallback to
+        the nearest).
+        """
+        out: list[Route | None] = [None] * len(items)
+        ambiguous: list[tuple[int, str, list[ClusterBrief], list[float]]] = []
+        for i, item in enumerate(items):
+            text, cands, scores = item
+            if len(cands) != len(scores):
+                raise ValueError(f"route item {i}: {len(cands)} candidates but {len(scores)} scores")
+            order = sorted(range(len(cands)), key=lambda j: -float(scores[j]))
+            cands = [cands[j] for j in order][: self.config.route_candidates]
+            scores = [float(scores[j]) for j in order][: self.config.route_candidates]
+            verdict = self.vector_route(scores)
+            if verdict == "new":
+                out[i] = Route(None, "new")
+                self._count("route_new")
+            elif verdict == "clear" or self.llm is None:
+                out[i] = Route(cands[0].id, "vector")
+                self._count("route_vector")
+            else:
+                ambiguous.append((i, text, cands, scores))
+        step = self.config.route_batch
+        for b in range(0, len(ambiguous), step):
+            batch = ambiguous[b : b + step]
+            for (i, _, _, _), route in zip(batch, self._route_batch(batch)):
+                out[i] = route
+        return [r for r in out if r is not None]
+
+    def _route_batch(self, batch: list[tuple[int, str, list[ClusterBrief], list[float]]]) -> list[Route]:
+        cfg = self.config
+        # Number the union of offered clusters 1..n, in order of first appearance.
+        number: dict[int, int] = {}
+        briefs: dict[int, ClusterBrief] = {}
+        options: list[list[int]] = []
+        for _, _, cands, scores in batch:
+            opts = []
+            for j in self._slm_options(scores):
+                c = cands[j]
+                if c.id not in number:
+                    number[c.id] = len(number) + 1
+                    briefs[c.id] = c
+                opts.append(number[c.id])
+            options.append(opts)
+        by_number = {n: cid for cid, n in number.items()}
+        lines = [
+            prompts.group_line(n, briefs[cid].summary, briefs[cid].tags,
+                               briefs[cid].examples[0] if briefs[cid].examples else "", 120)
+            for cid, n in number.items()
+        ]
+        notes = [
+            prompts.note(text, cfg.max_note_chars, str(k + 1)) + f" (groups {', '.join(map(str, opts))})"
+            for k, ((_, text, _, _), opts) in enumerate(zip(batch, options))
+        ]
+        schema = prompts.route_schema(options)
+        answer = self._ask("routing", prompts.ROUTE_SYSTEM, prompts.route_user(lines, notes), schema,
+                           max_tokens=12 * len(batch) + 16)
+        routes = []
+        for k, (_, _, cands, _) in enumerate(batch):
+            picked = answer.get(f"note{k + 1}") if answer is not None else None
+            if isinstance(picked, int) and picked in options[k]:
+                routes.append(Route(by_number[picked], "slm"))
+                self._count("route_slm")
+            else:
+                if answer is not None:
+                    # Only reachable with a client that skips validation: count it all the same.
+                    self._fail("routing", f"note{k + 1}: {picked!r} is not among {options[k]}")
+                routes.append(Route(cands[0].id, "fallback"))
+                self._count("route_fallback")
+        return routes
+
+    # ------------------------------------------------------------------ topics
+
+    def propose_topics(self, task_context: str | None, samples: Sequence[str]) -> list[str]:
+        """3-5 short topic descriptions for a sample of memories; [] when the SLM fails.
+
+        Their embeddings become cluster centres. Topics are cleaned (whitespace, length,
+        duplicates); fewer than two usable topics count as a failure.
+        """
+        cfg = self.config
+        samples = [s for s in samples if str(s).strip()][: cfg.topic_samples]
+        if self.llm is None or not samples:
+            return []
+        notes = [prompts.note(s, cfg.max_note_chars) for s in samples]
+        answer = self._ask(
+            "topics", prompts.TOPICS_SYSTEM, prompts.topics_user(task_context, notes, 300),
+            prompts.topics_schema(cfg.min_topics, cfg.max_topics), max_tokens=24 * cfg.max_topics + 16,
+        )
+        if answer is None:
+            return []
+        seen: set[str] = set()
+        topics = []
+        for t in answer.get("topics", []):
+            t = prompts.clip(t, 80).strip(" .,;:-")
+            words = t.split()
+            if not words:
+                continue
+            t = " ".join(words[:8])
+            if t.lower() not in seen:
+                seen.add(t.lower())
+                topics.append(t)
+        if len(topics) < 2:
+            self._fail("topics", f"only {len(topics)} usable topic(s) in {answer.get('topics')!r:.120}")
+            return []
+        self._count("topics")
+        return topics
+
+    # ------------------------------------------------------------------ profiles
+
+    def write_profiles(self, clusters: Sequence[ClusterBrief]) -> dict[int, Profile]:
+        """A profile per cluster (one SLM call each); ids where the SLM failed are missing.
+
+        Tags are cleaned to single lowercase words; when the SLM gives fewer than three
+        distinct usable ones the rest are the most frequent content words of the examples.
+        """
+        out: dict[int, Profile] = {}
+        if self.llm is None:
+            return out
+        cfg = self.config
+        for c in clusters:
+            examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
+            if not examples:
+                continue
+            user = "\n".join(prompts.note(e, cfg.max_note_chars) for e in examples)
+            answer = self._ask("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA, max_tokens=80)
+            if answer is None:
+                continue
+            summary = prompts.clip(answer.get("summary", ""), 200)
+            if not summary:
+                self._fail("profile", f"cluster {c.id}: empty summary")
+                continue
+            tags: list[str] = []
+            for t in answer.get("tags", []):
+                w = _clean_tag(t)
+                if w and w not in tags:
+                    tags.append(w)
+            if len(tags) < 3:
+                tags += keywords(examples, 3 - len(tags), exclude=tags)
+            out[c.id] = Profile(summary=summary, tags=tags[:3])
+            self._count("profile")
+        return out
+
+    def needs_profile_refresh(
+        self,
+        *,
+        has_profile: bool,
+        size_at_profile: int,
+        members_added: int,
+        centre_similarity: float = 1.0,
+    ) -> bool:
+        """Inertia for profiles: rewrite only a missing profile, or one whose cluster gained
+        ``profile_drift_share`` of its members since (relative to the size it had then), or
+        whose centre moved below ``profile_centre_similarity`` of where it was."""
+        if not has_profile:
+            return True
+        cfg = self.config
+        base = max(1, size_at_profile)
+        if members_added / base >= cfg.profile_drift_share:
+            return True
+        return centre_similarity < cfg.profile_centre_similarity
+
+    # ------------------------------------------------------------------ labels
+
+    def choose_label(self, text: str, labels: Sequence[str], scores: Sequence[float] | None = None) -> int | None:
+        """Index of the label ``text`` belongs under (templated labels mode).
+
+        With ``scores`` (similarities of the text to each label's embedding) a clear vector
+        winner is taken without a call; otherwise the SLM picks. Without an SLM, or when it
+        fails, the best-scoring label; None when there are neither scores nor an SLM answer.
+        """
+        labels = list(labels)
+        if not labels:
+            raise ValueError("choose_label needs at least one label")
+        if scores is not None and len(scores) != len(labels):
+            raise ValueError(f"{len(labels)} labels but {len(scores)} scores")
+        best = max(range(len(labels)), key=lambda i: scores[i]) if scores is not None else None
+        if scores is not None and (self.llm is None or self.vector_route(sorted(map(float, scores), reverse=True)) != "ambiguous"):
+            self._count("label_vector")
+            return best
+        if self.llm is None:
+            return None
+        cfg = self.config
+        lines = "\n".join(f"Label {i + 1}: {prompts.clip(l, 80)}" for i, l in enumerate(labels))
+        user = f"Labels:\n{lines}\n\n{prompts.note(text, cfg.max_note_chars)}"
+        answer = self._ask("label", prompts.LABEL_SYSTEM, user, prompts.label_schema(len(labels)), max_tokens=16)
+        n = answer.get("label") if answer is not None else None
+        if isinstance(n, int) and 1 <= n <= len(labels):
+            self._count("label_slm")
+            return n - 1
+        if answer is not None:
+            self._fail("label", f"{n!r} is not a label number 1..{len(labels)}")
+        return best
+
+    # ------------------------------------------------------------------ query-time selection
+
+    def select_clusters(self, query: str, candidates: Sequence[ClusterBrief]) -> list[int]:
+        """Cluster ids a query should search, from ``candidates`` (best vector match first).
+
+        Default (``slm_select_clusters`` off, or no SLM, or it fails): all candidates, i.e.
+        the vector choice, with no LLM call. With it on, the SLM's picks first; the vector
+        order is kept for ties and the best vector candidate is always included so a weak
+        SLM cannot make recall collapse.
+        """
+        ids = [c.id for c in candidates]
+        if not self.config.slm_select_clusters or self.llm is None or len(ids) <= 1:
+            return ids
+        lines = [
+            prompts.group_line(i + 1, c.summary, c.tags, c.examples[0] if c.examples else "", 120)
+            for i, c in enumerate(candidates)
+        ]
+        user = "Groups:\n" + "\n".join(lines) + f"\n\nQuestion: {prompts.note(query, self.config.max_note_chars)}"
+        answer = self._ask("select", prompts.SELECT_SYSTEM, user, prompts.select_schema(len(ids)),
+                           max_tokens=8 * len(ids) + 16)
+        if answer is None:
+            return ids
+        picked: list[int] = []
+        for n in answer.get("groups", []):
+            # Re-checked although the schema enforces it: a user-supplied client may not validate.
+            if isinstance(n, int) and 1 <= n <= len(ids) and ids[n - 1] not in picked:
+                picked.append(ids[n - 1])
+        if ids[0] not in picked:
+            picked.append(ids[0])
+        self._count("select_slm")
+        return picked
+
+    # ------------------------------------------------------------------ evolution
+
+    def evolve(self, text: str, neighbours: Sequence[tuple[int, str]]) -> Evolution | None:
+        """Localized evolution (paper, optional): which ``neighbours`` (memory id, text) of a
+        new memory in its cluster it should link to, and tags for it.
+
+        None when evolution is off, there is no SLM, no neighbours, or the SLM failed: the
+        caller then changes nothing.
+        """
+        if not self.config.evolution or self.llm is None or not neighbours:
+            return None
+        cfg = self.config
+        neighbours = list(neighbours)[:5]
+        older = "\n".join(prompts.note(t, 150, str(i + 1)) for i, (_, t) in enumerate(neighbours))
+        user = f"Older notes:\n{older}\n\nNew note: {prompts.note(text, cfg.max_note_chars)}"
+        answer = self._ask("evolution", prompts.EVOLVE_SYSTEM, user, prompts.evolve_schema(len(neighbours)),
+                           max_tokens=60)
+        if answer is None:
+            return None
+        links: list[int] = []
+        for n in answer.get("links", []):
+            if isinstance(n, int) and 1 <= n <= len(neighbours) and neighbours[n - 1][0] not in links:
+                links.append(neighbours[n - 1][0])
+        tags: list[str] = []
+        for t in answer.get("tags", []):
+            w = _clean_tag(t)
+            if w and w not in tags:
+                tags.append(w)
+        self._count("evolution")
+        return Evolution(links=links, tags=tags[:3])

