@@ -34,12 +34,18 @@ pub struct Results {
     pub clusters: Vec<i64>,
     pub counts: Vec<i64>,
     pub scanned: Vec<i64>,
+    /// Cluster ids probed in stage 1 (q x n_probe, best first, -1 padding); width 0 for a
+    /// flat search.
+    pub probed: Vec<i64>,
+    pub probe_width: usize,
 }
 
 impl Results {
-    fn new(q: usize, k: usize) -> Self {
+    fn new(q: usize, k: usize, probe_width: usize) -> Self {
         Results {
             k,
+            probed: vec![-1; q * probe_width],
+            probe_width,
             ids: vec![-1; q * k],
             scores: vec![f32::NEG_INFINITY; q * k],
             clusters: vec![-1; q * k],
@@ -87,14 +93,19 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
         return Err(Error::Value("internal: cluster state does not cover every row".into()));
     }
     let q = queries.len() / dim;
-    let mut res = Results::new(q, p.k);
     let use_flat = p.flat || !cl.slots().iter().any(|c| c.has_centre);
-    let one = |qi: usize, ids: &mut [i64], sc: &mut [f32], cs: &mut [i64]| -> (i64, i64) {
+    let pw = if use_flat { 0 } else { p.n_probe.min(cl.len()) };
+    let mut res = Results::new(q, p.k, pw);
+    let one = |qi: usize, ids: &mut [i64], sc: &mut [f32], cs: &mut [i64], pr: &mut [i64]| -> (i64, i64) {
         let qv = &queries[qi * dim..(qi + 1) * dim];
         let (top, scanned) = if use_flat {
             flat_one(data, dim, qv, p, q == 1)
         } else {
-            two_stage_one(cl, data, dim, qv, p)
+            let probed = probe(cl, dim, qv, p.n_probe);
+            for (o, &s) in pr.iter_mut().zip(&probed) {
+                *o = cl.id_of_slot(s);
+            }
+            two_stage_one(cl, data, dim, qv, p, &probed)
         };
         let best = top.into_sorted();
         for (j, s) in best.iter().enumerate() {
@@ -105,19 +116,24 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
         (best.len() as i64, scanned as i64)
     };
     let k = p.k;
-    let Results { ids, scores, clusters, counts, scanned, .. } = &mut res;
+    let Results { ids, scores, clusters, counts, scanned, probed, .. } = &mut res;
     if q == 1 {
-        let (c, s) = one(0, ids, scores, clusters);
+        let (c, s) = one(0, ids, scores, clusters, probed);
         counts[0] = c;
         scanned[0] = s;
     } else {
+        // Width-0 probe rows (flat search) still need one chunk per query.
+        let mut dummy = vec![0i64; if pw == 0 { q } else { 0 }];
+        let (pr, pwc) = if pw == 0 { (&mut dummy[..], 1) } else { (&mut probed[..], pw) };
         ids.par_chunks_mut(k)
             .zip(scores.par_chunks_mut(k))
             .zip(clusters.par_chunks_mut(k))
             .zip(counts.par_iter_mut().zip(scanned.par_iter_mut()))
+            .zip(pr.par_chunks_mut(pwc))
             .enumerate()
-            .for_each(|(qi, (((i, s), c), (cnt, scn)))| {
-                let (a, b) = one(qi, i, s, c);
+            .for_each(|(qi, ((((i, s), c), (cnt, scn)), prq))| {
+                let prq = if pw == 0 { &mut prq[..0] } else { prq };
+                let (a, b) = one(qi, i, s, c, prq);
                 *cnt = a;
                 *scn = b;
             });
@@ -181,8 +197,7 @@ pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize) -> Vec<u32> {
     top.into_sorted().into_iter().map(|s| s.id).collect()
 }
 
-fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params) -> (TopK, usize) {
-    let probed = probe(cl, dim, q, p.n_probe);
+fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params, probed: &[u32]) -> (TopK, usize) {
     let mut top = TopK::new(p.k);
     let mut scanned = 0usize;
     for (j, &s) in probed.iter().enumerate() {

@@ -3,9 +3,12 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod index;
 
 #[pymodule]
 fn _clag_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<index::PyVectorIndex>()?;
+    m.add_class::<index::PyMapGuard>()?;
     Ok(())
 }

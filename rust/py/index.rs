@@ -1,0 +1,300 @@
+//! `VectorIndex` binding: arrays in, arrays out, errors through `errors.rs`.
+//!
+//! Every call that touches many rows runs inside `py.detach` (the GIL is released) and takes
+//! the index lock *inside* the detached closure, so a thread waiting for the lock never
+//! holds the GIL. Input arrays are borrowed read-only from numpy for the duration of the
+//! call: callers must not mutate them from another thread meanwhile.
+//! The Python facade (`clag_fast.index`) coerces dtypes / layout before calling in here.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use numpy::ndarray::{Array2, ArrayView2};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::error::Error;
+use crate::index::Index;
+use crate::search::Params;
+use crate::vectors::{Map, HEADER_LEN};
+
+/// Keeps a memory mapping alive for as long as a numpy view of it exists.
+#[pyclass(name = "_MapGuard", module = "clag_fast._clag_fast", frozen)]
+pub struct PyMapGuard {
+    _map: Map,
+}
+
+#[pyclass(name = "VectorIndex", module = "clag_fast._clag_fast", frozen)]
+pub struct PyVectorIndex {
+    inner: RwLock<Option<Index>>,
+    path: PathBuf,
+}
+
+fn closed() -> Error {
+    Error::Io("the index is closed".into())
+}
+
+fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| PyValueError::new_err(format!("{what} must be C-contiguous")))
+}
+
+fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, what: &str) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| PyValueError::new_err(format!("{what} must be C-contiguous")))
+}
+
+impl PyVectorIndex {
+    fn read(&self) -> Result<RwLockReadGuard<'_, Option<Index>>, Error> {
+        // A panic while holding the lock poisons it; the data is still consistent enough to
+        // read (every mutation validates before changing state), so recover the guard.
+        Ok(self.inner.read().unwrap_or_else(|p| p.into_inner()))
+    }
+    fn write(&self) -> Result<RwLockWriteGuard<'_, Option<Index>>, Error> {
+        Ok(self.inner.write().unwrap_or_else(|p| p.into_inner()))
+    }
+    fn with<T>(&self, f: impl FnOnce(&Index) -> Result<T, Error>) -> Result<T, Error> {
+        let g = self.read()?;
+        f(g.as_ref().ok_or_else(closed)?)
+    }
+    fn with_mut<T>(&self, f: impl FnOnce(&mut Index) -> Result<T, Error>) -> Result<T, Error> {
+        let mut g = self.write()?;
+        f(g.as_mut().ok_or_else(closed)?)
+    }
+}
+
+#[pymethods]
+impl PyVectorIndex {
+    /// open(path, dim=None, read_only=False)
+    #[staticmethod]
+    #[pyo3(signature = (path, dim=None, read_only=false))]
+    fn open(py: Python<'_>, path: PathBuf, dim: Option<usize>, read_only: bool) -> PyResult<Self> {
+        let p = path.clone();
+        let ix = py.detach(move || Index::open(&p, dim, read_only))?;
+        Ok(PyVectorIndex { inner: RwLock::new(Some(ix)), path })
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    #[getter]
+    fn dim(&self) -> PyResult<usize> {
+        Ok(self.with(|ix| Ok(ix.dim()))?)
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.read().map(|g| g.is_none()).unwrap_or(true)
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.with(|ix| Ok(ix.len()))?)
+    }
+
+    /// Number of rows neither assigned nor detached (scanned directly by two-stage search).
+    fn n_pending(&self) -> PyResult<usize> {
+        Ok(self.with(|ix| Ok(ix.cl.n_pending()))?)
+    }
+
+    fn append<'py>(&self, py: Python<'py>, vectors: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let x = slice2(&vectors, "vectors")?;
+        let n = vectors.shape()[0];
+        let first = py.detach(|| self.with_mut(|ix| ix.append(x)))?;
+        Ok(PyArray1::from_vec(py, (first as i64..(first + n) as i64).collect()))
+    }
+
+    /// Zero-copy view of the committed rows (the caller marks it read-only).
+    fn vectors<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let py = slf.py();
+        let (map, n, dim) = slf.get().with(|ix| Ok((ix.vf.map(), ix.len(), ix.dim())))?;
+        let guard = Bound::new(py, PyMapGuard { _map: Arc::clone(&map) })?;
+        // SAFETY: rows 0..n lie inside `map` (the committed prefix), are never written again,
+        // and `guard` (the array's base object) keeps the mapping alive. An empty store
+        // still points inside the header page, which is mapped.
+        let view = unsafe { ArrayView2::from_shape_ptr((n, dim), map.as_ptr().add(HEADER_LEN) as *const f32) };
+        Ok(unsafe { PyArray2::borrow_from_array(&view, guard.into_any()) })
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        Ok(py.detach(|| self.with_mut(|ix| ix.flush()))?)
+    }
+
+    /// Flush and release the files; later calls raise OSError. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        Ok(py.detach(|| {
+            let ix = self.write()?.take();
+            match ix {
+                Some(ix) => ix.close(),
+                None => Ok(()),
+            }
+        })?)
+    }
+
+    fn cluster_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let v = self.with(|ix| Ok(ix.cl.ordered().into_iter().map(|p| p.0).collect::<Vec<i64>>()))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn centres<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let (v, c, dim) = self.with(|ix| {
+            let dim = ix.dim();
+            let o = ix.cl.ordered();
+            let cm = ix.cl.centre_matrix();
+            let mut v = Vec::with_capacity(o.len() * dim);
+            for (_, s) in &o {
+                v.extend_from_slice(&cm[s * dim..(s + 1) * dim]);
+            }
+            Ok((v, o.len(), dim))
+        })?;
+        Ok(Array2::from_shape_vec((c, dim), v).expect("shape").into_pyarray(py))
+    }
+
+    fn cluster_sizes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let v = self.with(|ix| {
+            Ok(ix.cl.ordered().into_iter().map(|(_, s)| ix.cl.slots()[s].primary.len() as i64).collect::<Vec<_>>())
+        })?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn members<'py>(&self, py: Python<'py>, cid: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let v = self.with(|ix| Ok(ix.cl.members(cid)?.iter().map(|&r| r as i64).collect::<Vec<_>>()))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn secondary_members<'py>(&self, py: Python<'py>, cid: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let v = self.with(|ix| Ok(ix.cl.cluster(cid)?.secondary.iter().map(|&r| r as i64).collect::<Vec<_>>()))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn cluster_of<'py>(&self, py: Python<'py>, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let r = slice(&rows, "rows")?;
+        let v = py.detach(|| self.with(|ix| r.iter().map(|&x| ix.cl.cluster_of(x)).collect::<Result<Vec<_>, _>>()))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn secondary_of<'py>(&self, py: Python<'py>, row: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let v = self.with(|ix| ix.cl.secondary_of(row))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn soft_assign<'py>(
+        &self,
+        py: Python<'py>,
+        vectors: PyReadonlyArray2<'py, f32>,
+        k: usize,
+    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+        let x = slice2(&vectors, "vectors")?;
+        let n = vectors.shape()[0];
+        let (ids, sc) = py.detach(|| self.with(|ix| ix.soft_assign(x, k)))?;
+        Ok((
+            Array2::from_shape_vec((n, k), ids).expect("shape").into_pyarray(py),
+            Array2::from_shape_vec((n, k), sc).expect("shape").into_pyarray(py),
+        ))
+    }
+
+    fn assign(&self, py: Python<'_>, rows: PyReadonlyArray1<'_, i64>, cluster_ids: PyReadonlyArray2<'_, i64>) -> PyResult<()> {
+        let r = slice(&rows, "rows")?;
+        let width = cluster_ids.shape()[1];
+        let t = slice2(&cluster_ids, "cluster_ids")?;
+        Ok(py.detach(|| self.with_mut(|ix| ix.assign(r, t, width)))?)
+    }
+
+    fn unassign(&self, py: Python<'_>, rows: PyReadonlyArray1<'_, i64>) -> PyResult<()> {
+        let r = slice(&rows, "rows")?;
+        Ok(py.detach(|| self.with_mut(|ix| ix.unassign(r)))?)
+    }
+
+    #[pyo3(signature = (centre=None, weight=1.0))]
+    fn new_cluster(&self, centre: Option<PyReadonlyArray1<'_, f32>>, weight: f32) -> PyResult<i64> {
+        let c = match &centre {
+            Some(a) => Some(slice(a, "centre")?),
+            None => None,
+        };
+        Ok(self.with_mut(|ix| ix.new_cluster(c, weight))?)
+    }
+
+    #[pyo3(signature = (cid, vector, weight=1.0))]
+    fn set_centre(&self, cid: i64, vector: PyReadonlyArray1<'_, f32>, weight: f32) -> PyResult<()> {
+        let v = slice(&vector, "vector")?;
+        Ok(self.with_mut(|ix| ix.set_centre(cid, v, weight))?)
+    }
+
+    fn drop_cluster(&self, cid: i64) -> PyResult<()> {
+        Ok(self.with_mut(|ix| ix.drop_cluster(cid))?)
+    }
+
+    #[pyo3(signature = (k, rows=None, seed=0))]
+    fn kmeans<'py>(
+        &self,
+        py: Python<'py>,
+        k: usize,
+        rows: Option<PyReadonlyArray1<'py, i64>>,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let r = match &rows {
+            Some(a) => Some(slice(a, "rows")?),
+            None => None,
+        };
+        let v = py.detach(|| self.with_mut(|ix| ix.kmeans(k, r, seed)))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    #[pyo3(signature = (cid, seed=0))]
+    fn split(&self, py: Python<'_>, cid: i64, seed: u64) -> PyResult<(i64, i64)> {
+        Ok(py.detach(|| self.with_mut(|ix| ix.split(cid, seed)))?)
+    }
+
+    fn merge(&self, py: Python<'_>, keep: i64, absorb: i64) -> PyResult<()> {
+        Ok(py.detach(|| self.with_mut(|ix| ix.merge(keep, absorb)))?)
+    }
+
+    #[pyo3(signature = (threshold=0.9))]
+    fn merge_candidates(&self, py: Python<'_>, threshold: f32) -> PyResult<Vec<(i64, i64, f32)>> {
+        Ok(py.detach(|| self.with(|ix| Ok(ix.cl.merge_candidates(threshold))))?)
+    }
+
+    /// Returns (ids, scores, clusters, counts, scanned, probed).
+    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None))]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn search<'py>(
+        &self,
+        py: Python<'py>,
+        queries: PyReadonlyArray2<'py, f32>,
+        k: usize,
+        n_probe: usize,
+        flat: bool,
+        mask: Option<PyReadonlyArray1<'py, bool>>,
+        weights: Option<PyReadonlyArray1<'py, f32>>,
+    ) -> PyResult<(
+        Bound<'py, PyArray2<i64>>,
+        Bound<'py, PyArray2<f32>>,
+        Bound<'py, PyArray2<i64>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray2<i64>>,
+    )> {
+        let q = slice2(&queries, "queries")?;
+        let nq = queries.shape()[0];
+        let m: Option<&[bool]> = match &mask {
+            Some(a) => Some(slice(a, "mask")?),
+            None => None,
+        };
+        // SAFETY: numpy bools are one byte holding 0 or 1; reading them as u8 is exact.
+        let m: Option<&[u8]> = m.map(|b| unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len()) });
+        let w = match &weights {
+            Some(a) => Some(slice(a, "weights")?),
+            None => None,
+        };
+        let p = Params { k, n_probe, flat, mask: m, weights: w };
+        let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
+        Ok((
+            Array2::from_shape_vec((nq, k), r.ids).expect("shape").into_pyarray(py),
+            Array2::from_shape_vec((nq, k), r.scores).expect("shape").into_pyarray(py),
+            Array2::from_shape_vec((nq, k), r.clusters).expect("shape").into_pyarray(py),
+            PyArray1::from_vec(py, r.counts),
+            PyArray1::from_vec(py, r.scanned),
+            Array2::from_shape_vec((nq, r.probe_width), r.probed).expect("shape").into_pyarray(py),
+        ))
+    }
+}

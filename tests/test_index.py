@@ -1,0 +1,306 @@
+"""VectorIndex facade: every method of the ARCHITECTURE contract, bad input, persistence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clag_fast.index import SearchResult, VectorIndex
+
+DIM = 16
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def blobs(n: int, centres: int, dim: int = DIM, spread: float = 0.05, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    c = unit(rng.normal(size=(centres, dim)))
+    lab = np.arange(n) % centres
+    x = unit(c[lab] + spread * rng.normal(size=(n, dim)))
+    return x, lab, c
+
+
+@pytest.fixture
+def idx(tmp_path):
+    with VectorIndex.open(tmp_path / "ix", dim=DIM) as ix:
+        yield ix
+
+
+def test_open_append_len_vectors(idx, tmp_path):
+    assert idx.dim == DIM and len(idx) == 0
+    assert idx.vectors().shape == (0, DIM)
+    rows = idx.append(np.full(DIM, 2.0))  # (dim,) + float64 + not unit: coerced and normalised
+    assert rows.dtype == np.int64 and rows.tolist() == [0]
+    x, _, _ = blobs(10, 2)
+    assert idx.append(x).tolist() == list(range(1, 11))
+    v = idx.vectors()
+    assert v.shape == (11, DIM) and v.dtype == np.float32
+    np.testing.assert_allclose(v[0], np.full(DIM, 1 / 4), rtol=1e-6)
+    np.testing.assert_allclose(v[1:], x, atol=1e-6)
+    assert not v.flags.writeable
+    with pytest.raises(ValueError):
+        v[0, 0] = 1.0
+    # A view taken before more appends survives the file growing (remap).
+    idx.append(np.tile(x, (3000, 1)))
+    assert v.shape == (11, DIM) and float(v[1] @ x[0]) == pytest.approx(1.0, abs=1e-6)
+    assert len(idx) == 30011
+    # Non-contiguous / Fortran input is coerced.
+    f = np.asfortranarray(x[:, :])
+    assert idx.append(f[::2]).shape == (5,)
+
+
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (np.full((2, DIM), np.nan), "non-finite"),
+        (np.vstack([np.ones(DIM), np.full(DIM, np.inf)]), "row 1"),
+        (np.zeros((1, DIM)), "zero vector"),
+        (np.ones((2, DIM + 1)), "dim"),
+        (np.ones((2, 2, DIM)), "shape"),
+        (np.array(["a"] * DIM), "real numbers"),
+        (np.full((1, DIM), 1e39), "non-finite"),  # overflows float32
+    ],
+)
+def test_append_bad_input_writes_nothing(idx, bad, msg):
+    idx.append(np.ones(DIM))
+    with pytest.raises(ValueError, match=msg):
+        idx.append(bad)
+    assert len(idx) == 1
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(ValueError, match="dim is required"):
+        VectorIndex.open(tmp_path / "new")
+    with pytest.raises(ValueError):
+        VectorIndex.open(tmp_path / "new", dim=0)
+    VectorIndex.open(tmp_path / "a", dim=4).close()
+    with pytest.raises(ValueError, match="dim 4"):
+        VectorIndex.open(tmp_path / "a", dim=5)
+    with pytest.raises(OSError, match="no such"):
+        VectorIndex.open(tmp_path / "missing", dim=4, read_only=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match="not a directory"):
+        VectorIndex.open(tmp_path / "file", dim=4)
+
+
+def test_second_writer_refused_reader_allowed(tmp_path):
+    a = VectorIndex.open(tmp_path / "ix", dim=4)
+    a.append(np.eye(4))
+    with pytest.raises(OSError, match="another process"):
+        VectorIndex.open(tmp_path / "ix", dim=4)
+    r = VectorIndex.open(tmp_path / "ix", read_only=True)
+    assert len(r) == 4 and r.dim == 4
+    with pytest.raises(OSError, match="read-only"):
+        r.append(np.ones(4))
+    r.close()
+    a.close()
+
+
+def test_closed_index_raises_oserror(tmp_path):
+    ix = VectorIndex.open(tmp_path / "ix", dim=4)
+    ix.append(np.eye(4))
+    v = ix.vectors()
+    ix.close()
+    ix.close()  # idempotent
+    assert ix.closed
+    assert v[2, 2] == 1.0  # the view outlives the index
+    with pytest.raises(OSError, match="closed"):
+        len(ix)
+    with pytest.raises(OSError, match="closed"):
+        ix.search(np.ones(4))
+
+
+def test_empty_store_and_k_larger_than_store(idx):
+    r = idx.search(np.ones(DIM), k=5)
+    assert isinstance(r, SearchResult) and len(r) == 1
+    assert r.counts.tolist() == [0] and r.ids.tolist() == [[-1] * 5]
+    assert np.all(np.isneginf(r.scores))
+    idx.append(np.eye(DIM)[:3])
+    for mode in ("flat", "two_stage"):
+        r = idx.search(np.eye(DIM)[:2], k=5, mode=mode)
+        assert r.counts.tolist() == [3, 3]
+        assert r.ids[0, 0] == 0 and r.ids[1, 0] == 1
+        assert r.ids[0, 3:].tolist() == [-1, -1]
+        assert r.clusters[0, 0] == -1
+
+
+def test_search_bad_parameters(idx):
+    idx.append(np.eye(DIM)[:3])
+    q = np.ones(DIM)
+    for kw, msg in [
+        (dict(k=0), "k must be"),
+        (dict(n_probe=0), "n_probe"),
+        (dict(mode="hnsw"), "mode"),
+        (dict(mask=np.ones(2, bool)), "mask"),
+        (dict(mask=np.ones(3, np.int64)), "bool"),
+        (dict(weights=np.ones(4)), "weights"),
+        (dict(weights=np.array([1.0, np.nan, 1.0])), "weights"),
+        (dict(weights=np.array([1.0, -1.0, 1.0])), "weights"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            idx.search(q, **kw)
+    with pytest.raises(ValueError, match="columns"):
+        idx.search(np.ones(DIM + 1))
+    with pytest.raises(ValueError, match="zero"):
+        idx.search(np.zeros(DIM))
+
+
+def test_clusters_lifecycle(idx):
+    x, lab, c = blobs(300, 3)
+    idx.append(x)
+    assert idx.n_pending() == 300
+    ids = idx.kmeans(3, seed=1)
+    assert ids.dtype == np.int64 and len(ids) == 3
+    assert idx.n_pending() == 0
+    np.testing.assert_array_equal(idx.cluster_ids(), np.sort(ids))
+    assert idx.cluster_sizes().tolist() == [100, 100, 100]
+    assert idx.centres().shape == (3, DIM)
+    # Each k-means cluster is exactly one blob.
+    for cid in ids:
+        m = idx.members(cid)
+        assert m.dtype == np.int64 and len(set(lab[m])) == 1
+    # Centres are the normalised member means.
+    for cid, cen in zip(idx.cluster_ids(), idx.centres()):
+        np.testing.assert_allclose(cen, unit(x[idx.members(cid)].sum(0)), atol=1e-5)
+    assert idx.cluster_of([0, 1, 2]).tolist() == [idx.cluster_of(0)[0], idx.cluster_of(1)[0], idx.cluster_of(2)[0]]
+    with pytest.raises(KeyError):
+        idx.members(99)
+    with pytest.raises(KeyError):
+        idx.cluster_of([300])
+    with pytest.raises(ValueError):
+        idx.cluster_of([0.5])
+
+    # soft assignment: no state change, padding beyond the cluster count
+    sids, ssc = idx.soft_assign(x[:5], k=4)
+    assert sids.shape == (5, 4) and ssc.dtype == np.float32
+    assert sids[:, 3].tolist() == [-1] * 5 and np.all(np.isneginf(ssc[:, 3]))
+    assert sids[:, 0].tolist() == idx.cluster_of(np.arange(5)).tolist()
+
+    # split and merge
+    a, b = idx.split(ids[0], seed=0)
+    assert ids[0] not in idx.cluster_ids()
+    assert len(idx.members(a)) + len(idx.members(b)) == 100
+    idx.merge(a, b)
+    assert b not in idx.cluster_ids() and len(idx.members(a)) == 100
+    assert idx.merge_candidates(0.999) == []
+    with pytest.raises(ValueError):
+        idx.merge(a, a)
+    with pytest.raises(KeyError):
+        idx.split(12345)
+
+
+def test_assign_soft_and_unassign(idx):
+    x, lab, c = blobs(60, 3)
+    idx.append(x)
+    cids = [idx.new_cluster(c[i]) for i in range(3)]
+    rows = np.arange(60)
+    soft = np.stack([np.array(cids)[lab], np.array(cids)[(lab + 1) % 3], np.full(60, -1)], axis=1)
+    idx.assign(rows, soft)
+    assert idx.cluster_sizes().tolist() == [20, 20, 20]
+    assert len(idx.secondary_members(cids[1])) == 20
+    # anchor + members: centre = normalise(weight * anchor + sum)
+    m = idx.members(cids[0])
+    np.testing.assert_allclose(idx.centres()[0], unit(c[0] + x[m].sum(0)), atol=1e-5)
+    idx.set_centre(cids[0], c[0], weight=50.0)
+    np.testing.assert_allclose(idx.centres()[0], unit(50 * c[0] + x[m].sum(0)), atol=1e-5)
+    # hard reassignment of one row
+    idx.assign([0], [cids[2]])
+    assert idx.cluster_of([0]).tolist() == [cids[2]]
+    idx.unassign([0, 1])
+    assert idx.cluster_of([0, 1]).tolist() == [-1, -1]
+    with pytest.raises(ValueError, match="members"):
+        idx.drop_cluster(cids[1])
+    with pytest.raises(KeyError):
+        idx.assign([0], [77])
+    with pytest.raises(ValueError):
+        idx.assign([0, 1], [cids[0]])
+    with pytest.raises(ValueError):
+        idx.assign([0], [[-1, cids[0]]])
+    before = idx.cluster_sizes().tolist()
+    with pytest.raises(KeyError):
+        idx.assign([2, 999], [cids[0], cids[0]])  # validated first: nothing changed
+    assert idx.cluster_sizes().tolist() == before
+    e = idx.new_cluster()
+    idx.drop_cluster(e)
+    assert e not in idx.cluster_ids()
+    with pytest.raises(ValueError, match="weight"):
+        idx.new_cluster(c[0], weight=-1)
+
+
+def test_two_stage_search_finds_blob_members(idx):
+    x, lab, c = blobs(2000, 20)
+    idx.append(x)
+    idx.kmeans(20, seed=0)
+    q = x[:50]
+    flat = idx.search(q, k=5, mode="flat")
+    two = idx.search(q, k=5, n_probe=2)
+    assert (two.ids[:, 0] == np.arange(50)).all()
+    assert (flat.ids[:, 0] == np.arange(50)).all()
+    assert (two.scanned < 2000).all() and (flat.scanned == 2000).all()
+    assert two.probed.shape == (50, 2) and flat.probed.shape == (50, 0)
+    assert (two.clusters[:, 0] == idx.cluster_of(np.arange(50))).all()
+    # mask and weights
+    mask = np.ones(2000, bool)
+    mask[0] = False
+    r = idx.search(x[0], k=3, mask=mask)
+    assert 0 not in r.ids[0]
+    w = np.ones(2000, np.float32)
+    w[0] = 0.5
+    r = idx.search(x[0], k=1, weights=w)
+    assert r.ids[0, 0] != 0
+    # unassigned (pending) rows are still found in two-stage mode
+    new = idx.append(unit(np.ones(DIM)))
+    r = idx.search(np.ones(DIM), k=1, n_probe=1)
+    assert r.ids[0, 0] == new[0] and r.clusters[0, 0] == -1
+
+
+def test_persistence_round_trip(tmp_path):
+    x, lab, c = blobs(500, 5)
+    p = tmp_path / "ix"
+    with VectorIndex.open(p, dim=DIM) as ix:
+        ix.append(x)
+        ids = ix.kmeans(5, seed=3)
+        t = ix.new_cluster(c[0], weight=2.0)
+        ix.assign([0, 1], [[ids[0], t], [ids[1], -1]])
+        ix.unassign([2])
+        state = (ix.cluster_ids(), ix.centres(), ix.cluster_sizes(), ix.cluster_of(np.arange(500)))
+        res = ix.search(x[:20], k=5, n_probe=2)
+    with VectorIndex.open(p, dim=DIM) as ix:
+        for a, b in zip(state, (ix.cluster_ids(), ix.centres(), ix.cluster_sizes(), ix.cluster_of(np.arange(500)))):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ix.secondary_members(t), [0])
+        r2 = ix.search(x[:20], k=5, n_probe=2)
+        np.testing.assert_array_equal(res.ids, r2.ids)
+        np.testing.assert_array_equal(res.scores, r2.scores)
+        assert ix.new_cluster() > max(state[0])  # ids never reused
+        ix.append(x[:3])
+    with VectorIndex.open(p, dim=DIM) as ix:
+        assert len(ix) == 503  # close() flushed
+        assert ix.cluster_of([500, 501, 502]).tolist() == [-1, -1, -1]
+
+
+def test_rows_appended_after_flush_are_unassigned_on_reopen(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    p = tmp_path / "ix"
+    code = textwrap.dedent(
+        f"""
+        import os, numpy as np
+        from clag_fast.index import VectorIndex
+        ix = VectorIndex.open({str(p)!r}, dim=4)
+        ix.append(np.eye(4)); ix.kmeans(2); ix.flush()
+        ix.append(np.ones((2, 4)))
+        os._exit(0)  # no close, no flush
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with VectorIndex.open(p, dim=4) as ix:
+        assert len(ix) == 6
+        assert ix.cluster_of(np.arange(6)).tolist()[4:] == [-1, -1]
+        assert (ix.cluster_of(np.arange(4)) >= 0).all()
+        assert ix.n_pending() == 2
