@@ -106,13 +106,18 @@ class Embedder:
     Args:
         model: a model of the manifest (only ``"minilm-l6"`` today).
         precision: ``"fp32"`` (matches sentence-transformers to cosine >= 0.9999) or ``"int8"``
-            (dynamic quantisation, CPU only; cosine >= 0.99 to fp32 on the golden set and
-            faster where the CPU has VNNI).
+            (ONNX Runtime dynamic quantisation, CPU only; cosine >= 0.98 to
+            sentence-transformers on every golden text, 0.99 typical; faster where the CPU
+            has VNNI integer dot products -- see BENCHMARKS.md).
         device: ``"cpu"``, ``"cuda"`` (onnxruntime-gpu and a device required, else
             RuntimeError) or ``"auto"`` (CUDA for fp32 when available, else CPU).
         threads: ONNX Runtime intra-op threads; ``None`` lets ORT use one per physical core.
         batch_size: texts per ONNX call. Texts are sorted by token length before batching,
-            so a batch pads only to its own longest item.
+            so a batch pads only to its own longest item. int8 ignores it and runs one text
+            per call: dynamic quantisation scales activations per call, so in a batch a
+            text's vector would depend on its batch mates (measured on 640 texts: worst
+            cosine to fp32 0.977 at batch 32 against 0.990 one by one, and one-by-one int8
+            was no slower).
 
     ``encode`` is safe to call from several threads at once.
     """
@@ -173,6 +178,20 @@ class Embedder:
                                  "(only control, format or zero-width characters)")
         return ids
 
+    def _truncate(self, ids: list[list[int]]) -> tuple[list[list[int]], np.ndarray]:
+        limit = self.max_seq_length
+        truncated = np.fromiter((len(r) > limit for r in ids), dtype=bool, count=len(ids))
+        for i in np.flatnonzero(truncated):
+            # Same as HF truncation of a single sequence: [CLS] + first 254 pieces + [SEP].
+            ids[i] = ids[i][: limit - 1] + [self._sep]
+        return ids, truncated
+
+    def tokenize(self, texts: Iterable[str]) -> list[list[int]]:
+        """Token ids exactly as the model sees them: [CLS] ... [SEP], truncated at 256."""
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("tokenize() takes a list of str; wrap a single text as [text]")
+        return self._truncate(self._token_ids(list(texts)))[0]
+
     def encode(self, texts: Iterable[str], *, return_truncated: bool = False,
                batch_size: int | None = None):
         """Embed ``texts`` -> float32 ``(n, dim)``, rows L2-normalised, in input order.
@@ -188,18 +207,14 @@ class Embedder:
         bs = self.batch_size if batch_size is None else batch_size
         if not isinstance(bs, int) or bs < 1:
             raise ValueError(f"batch_size must be a positive int, got {bs!r}")
+        if self.precision == "int8":
+            bs = 1  # see the class docstring: batch-independent vectors
         n = len(texts)
         out = np.empty((n, self._dim), dtype=np.float32)
         truncated = np.zeros(n, dtype=bool)
         if n:
-            ids = self._token_ids(texts)
-            limit = self.max_seq_length
+            ids, truncated = self._truncate(self._token_ids(texts))
             lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=n)
-            truncated = lengths > limit
-            for i in np.flatnonzero(truncated):
-                # Same as HF truncation of a single sequence: keep [CLS] + first 254, add [SEP].
-                ids[i] = ids[i][: limit - 1] + [self._sep]
-            lengths = np.minimum(lengths, limit)
             # Length buckets: sorted order, so each batch pads only to its own longest text.
             order = np.argsort(lengths, kind="stable")
             for start in range(0, n, bs):
