@@ -1,0 +1,270 @@
+"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, eval."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+DEMO_QUERIES = (
+    "What can't the user eat?",
+    "When does the trip to Japan start now?",
+    "Which hotel are they staying at in Kyoto?",
+    "Is the JR Pass worth buying?",
+    "When is the work call with the Vancouver team?",
+)
+DEMO_CONTEXT = "an agent planning a two-week trip to Japan for a user and their partner"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
+        print(f"clag-fast {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clag-fast", description="Adaptive clustered memory for SLM agents.")
+    sub = p.add_subparsers(dest="command")
+
+    def store_opts(sp: argparse.ArgumentParser, default: str | None = "clag_store") -> None:
+        sp.add_argument("--store", default=default, help=f"store directory (default: {default})")
+        sp.add_argument("--llm", default=None,
+                        help="LLM server base URL; 'managed' (default) starts SmolLM2 when installed; 'off'")
+
+    d = sub.add_parser("demo", help="ingest the bundled trip-planning conversation, organise, query")
+    store_opts(d, default=None)
+    d.set_defaults(func=cmd_demo)
+
+    i = sub.add_parser("ingest", help="add memories from a JSON/JSONL file (texts or LoCoMo format)")
+    i.add_argument("file")
+    i.add_argument("--namespace", default="default")
+    i.add_argument("--organize", action="store_true", help="organise after ingesting")
+    store_opts(i)
+    i.set_defaults(func=cmd_ingest)
+
+    s = sub.add_parser("search", help="search the store")
+    s.add_argument("query")
+    s.add_argument("-k", type=int, default=5)
+    s.add_argument("--namespace", default=None)
+    s.add_argument("--mode", choices=["two_stage", "flat"], default="two_stage")
+    s.add_argument("--n-probe", type=int, default=None)
+    s.add_argument("--json", action="store_true", help="print hits as JSON")
+    store_opts(s)
+    s.set_defaults(func=cmd_search)
+
+    c = sub.add_parser("clusters", help="list clusters with their profiles")
+    store_opts(c)
+    c.set_defaults(func=cmd_clusters)
+
+    st = sub.add_parser("stats", help="print store statistics")
+    store_opts(st)
+    st.set_defaults(func=cmd_stats)
+
+    try:
+        from clag_fast.eval import add_eval_parser
+    except ImportError:  # the evaluation needs optional extras; the rest of the CLI does not
+        pass
+    else:
+        add_eval_parser(sub)
+    return p
+
+
+# -- commands ---------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    from clag_fast.eval_data import load_dataset
+
+    data_path = resources.files("clag_fast") / "data" / "demo_trip.json"
+    with resources.as_file(data_path) as p:
+        sample = load_dataset(p)[0]
+    with _store_dir(args.store) as path:
+        store = _open(path, args.llm, must_exist=False)
+        with store:
+            print(f"clag-fast demo: store {path}")
+            print(f"SLM: {store.stats()['slm']}")
+            t0 = time.perf_counter()
+            texts = [t.memory_text() for t in sample.turns]
+            meta = [t.metadata() for t in sample.turns]
+            kinds = [_turn_kind(t.text) for t in sample.turns]
+            _add_with_progress(store, texts, kinds, meta, "default")
+            print(f"ingested {len(texts)} turns in {time.perf_counter() - t0:.1f} s")
+            t0 = time.perf_counter()
+            report = store.organize(task_context=DEMO_CONTEXT)
+            print(f"organised in {time.perf_counter() - t0:.1f} s: {_short_report(report)}")
+            print()
+            _print_clusters(store)
+            for q in DEMO_QUERIES:
+                print(f"\n? {q}")
+                hits = store.search(q, k=3)
+                for h in hits:
+                    label = h.cluster_summary or "(unlabelled)"
+                    tags = ", ".join(h.cluster_tags)
+                    print(f"  {h.score:.3f}  [{h.cluster_id}: {_clip(label, 60)} | {tags}]")
+                    print(f"         {_clip(h.text, 110)}")
+                print(f"  (scanned {hits.scanned} of {hits.candidates} memories, {hits.latency_s * 1000:.1f} ms)")
+            print()
+            _print_stats(store.stats())
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    texts, kinds, meta = _read_ingest_file(Path(args.file))
+    with _open(Path(args.store), args.llm, must_exist=False) as store:
+        _add_with_progress(store, texts, kinds, meta, args.namespace)
+        print(f"added {len(texts)} memories to {args.store} ({len(store)} in total)")
+        if args.organize:
+            print(_short_report(store.organize()))
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    with _open(Path(args.store), args.llm) as store:
+        hits = store.search(args.query, k=args.k, namespace=args.namespace, mode=args.mode, n_probe=args.n_probe)
+        if args.json:
+            print(json.dumps([_hit_dict(h) for h in hits], ensure_ascii=False, indent=2))
+            return 0
+        for h in hits:
+            print(f"{h.score:.3f}  #{h.memory_id}  [{h.cluster_id}: {_clip(h.cluster_summary, 50)}]  {_clip(h.text, 100)}")
+        print(f"({hits.mode}: scanned {hits.scanned} of {hits.candidates}, {hits.latency_s * 1000:.1f} ms)")
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    with _open(Path(args.store), "off") as store:
+        _print_clusters(store)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _open(Path(args.store), "off") as store:
+        print(json.dumps(store.stats(), indent=2, default=str))
+    return 0
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _open(path: Path, llm: str | None, must_exist: bool = True):
+    from clag_fast.config import StoreConfig
+    from clag_fast.store import MemoryStore
+
+    if must_exist and not (path / "memories.db").exists():
+        raise FileNotFoundError(f"no store at {path} (create one with `clag-fast ingest FILE --store {path}`)")
+    if llm in (None, "managed"):
+        return MemoryStore.open(path)
+    if llm == "off":
+        return MemoryStore.open(path, llm=False, config=StoreConfig(slm="off"))
+    return MemoryStore.open(path, llm=llm)
+
+
+class _store_dir:
+    """The given store directory, or a temporary one removed afterwards."""
+
+    def __init__(self, path: str | None) -> None:
+        self._tmp = None if path else tempfile.TemporaryDirectory(prefix="clag-fast-demo-")
+        self.path = Path(path) if path else Path(self._tmp.name) / "store"
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def _add_with_progress(store, texts, kinds, meta, namespace, batch: int = 32) -> None:
+    from tqdm import tqdm
+
+    with tqdm(total=len(texts), unit="mem", desc="ingest", file=sys.stderr, disable=None) as bar:
+        for start in range(0, len(texts), batch):
+            end = start + batch
+            store.add_many(texts[start:end], kinds=kinds[start:end], namespaces=namespace,
+                           metadata=meta[start:end])
+            bar.update(len(texts[start:end]))
+        store.flush()
+
+
+def _read_ingest_file(path: Path) -> tuple[list[str], list[str], list[dict | None]]:
+    """JSON list of strings / {"text", "kind", "metadata"} objects, JSONL of the same, or a
+    LoCoMo-format dataset (every turn of every sample)."""
+    raw = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        data = [json.loads(line) for line in raw.splitlines() if line.strip()]
+    if isinstance(data, list) and data and isinstance(data[0], dict) and "conversation" in data[0]:
+        from clag_fast.eval_data import parse_samples
+
+        turns = [t for s in parse_samples(data) for t in s.turns]
+        return ([t.memory_text() for t in turns], [_turn_kind(t.text) for t in turns],
+                [t.metadata() for t in turns])
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list (or JSONL) of texts or objects")
+    texts, kinds, meta = [], [], []
+    for i, item in enumerate(data):
+        if isinstance(item, str):
+            texts.append(item)
+            kinds.append("user_input")
+            meta.append(None)
+        elif isinstance(item, dict) and isinstance(item.get("text"), str):
+            texts.append(item["text"])
+            kinds.append(str(item.get("kind", "user_input")))
+            meta.append(item.get("metadata"))
+        else:
+            raise ValueError(f"{path}: item {i} is neither a string nor an object with a 'text' string")
+    return texts, kinds, meta
+
+
+def _turn_kind(text: str) -> str:
+    if text.startswith("[tool"):
+        return "tool_result"
+    if text.startswith("[reflection]"):
+        return "reflection"
+    return "dialogue"
+
+
+def _print_clusters(store) -> None:
+    clusters = store.clusters()
+    print(f"{len(clusters)} clusters")
+    print(f"{'id':>4}  {'size':>4}  {'source':<9}  summary | tags")
+    for c in clusters:
+        print(f"{c.id:>4}  {c.size:>4}  {c.source:<9}  {_clip(c.summary or '(no profile yet)', 70)} | {', '.join(c.tags)}")
+
+
+def _print_stats(stats: dict[str, Any]) -> None:
+    llm = stats.get("llm", {})
+    print(f"memories {stats['memories']}, clusters {stats['clusters']} "
+          f"(sizes min {stats['cluster_size']['min']}, median {stats['cluster_size']['median']}, max {stats['cluster_size']['max']})")
+    print(f"routing: {stats['routing']}")
+    print(f"LLM calls {llm.get('calls', 0)} ({stats['llm_calls_per_memory']:.3f} per memory), "
+          f"prompt tokens {llm.get('prompt_tokens', 0)}, completion tokens {llm.get('completion_tokens', 0)}, "
+          f"errors {llm.get('errors', 0)}")
+    t = stats["timings_s"]
+    print(f"time: embedding {t['embed']:.2f} s, adds {t['add']:.2f} s, searches {t['search']:.3f} s")
+
+
+def _short_report(report: dict[str, Any]) -> str:
+    keep = ("reason", "kmeans_k", "topics", "split", "merged", "reassigned", "clusters", "profiles")
+    return ", ".join(f"{k}={report[k]}" for k in keep if k in report and report[k] not in ([], 0, None))
+
+
+def _hit_dict(h) -> dict[str, Any]:
+    return {f: getattr(h, f) for f in h.__slots__}
+
+
+def _clip(s: str, n: int) -> str:
+    s = " ".join(s.split())
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""StoreConfig: every tunable of a MemoryStore in one frozen dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from clag_fast.forgetting import ForgettingPolicy
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Settings of a store. ``dim`` is fixed when the store is created; the rest may change
+    between opens.
+
+    Clustering:
+      soft_k: clusters kept per memory with their affinities (soft assignment; 1 = hard).
+      spill_margin: a secondary cluster also lists the memory for search when its affinity is
+        within this margin of the best one (widens stage 2 only where a memory sits on a
+        border, so recall rises without scanning every memory K times).
+      n_probe: clusters searched in stage 2 by default.
+      min_memories_to_cluster: the store stays flat (exact search) below this many memories,
+        then clusters itself (the paper's cold start).
+      target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.
+      max_cluster_size: a cluster larger than this is split in two at the next organisation.
+      min_cluster_size: smaller clusters that survived an organisation are merged away.
+      merge_threshold: clusters whose centres are at least this similar are merged.
+      topic_weight: weight of an SLM topic's (or template label's) embedding in its cluster
+        centre, in member-equivalents: the inertia that keeps a topic cluster on topic.
+      labels: templated-labels mode: a fixed label set to organise by (no invented topics).
+    Organisation:
+      slm: "auto" (managed SmolLM2 server, started on first need, when installed), "off".
+      background: organise in a worker thread; add() returns after vector routing.
+      organize_every: periodic re-organisation every N new memories (0 = never).
+      route_batch: ambiguous memories routed by the SLM in one prompt.
+    Other:
+      forgetting: decay / pruning policy (off by default).
+      cache_size: retrieval cache entries (0 = off); invalidated by any write.
+      fsync: sync vectors and the database to disk on every write (power-loss safety);
+        without it a process crash (SIGKILL) still loses nothing that add() returned.
+    """
+
+    dim: int = 384
+    soft_k: int = 3
+    spill_margin: float = 0.03
+    n_probe: int = 4
+    min_memories_to_cluster: int = 100
+    target_cluster_size: int = 24
+    max_cluster_size: int = 256
+    min_cluster_size: int = 2
+    merge_threshold: float = 0.92
+    topic_weight: float = 8.0
+    labels: tuple[str, ...] | None = None
+    slm: str = "auto"
+    background: bool = False
+    organize_every: int = 50
+    route_batch: int = 4
+    forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
+    cache_size: int = 1024
+    fsync: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.dim > 0, "dim must be > 0"),
+            (self.soft_k >= 1, "soft_k must be >= 1"),
+            (self.spill_margin >= 0, "spill_margin must be >= 0"),
+            (self.n_probe >= 1, "n_probe must be >= 1"),
+            (self.min_memories_to_cluster >= 2, "min_memories_to_cluster must be >= 2"),
+            (self.target_cluster_size >= 2, "target_cluster_size must be >= 2"),
+            (self.max_cluster_size > self.target_cluster_size,
+             "max_cluster_size must be > target_cluster_size"),
+            (self.min_cluster_size >= 1, "min_cluster_size must be >= 1"),
+            (0 < self.merge_threshold <= 1, "merge_threshold must be in (0, 1]"),
+            (self.topic_weight >= 0, "topic_weight must be >= 0"),
+            (self.slm in ("auto", "off"), "slm must be 'auto' or 'off'"),
+            (self.organize_every >= 0, "organize_every must be >= 0"),
+            (self.route_batch >= 1, "route_batch must be >= 1"),
+            (self.cache_size >= 0, "cache_size must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"StoreConfig: {message}")
+        if self.labels is not None:
+            labels = tuple(self.labels)
+            if not labels or any(not isinstance(s, str) or not s.strip() for s in labels):
+                raise ValueError("StoreConfig: labels must be non-empty strings")
+            object.__setattr__(self, "labels", labels)
+
+    def replace(self, **changes: object) -> "StoreConfig":
+        return dataclasses.replace(self, **changes)

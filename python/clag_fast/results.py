@@ -1,0 +1,87 @@
+"""What the store hands back: search hits, memories and cluster descriptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result, with the labels of the cluster it was found in."""
+
+    memory_id: int
+    text: str
+    score: float
+    cluster_id: int | None
+    cluster_summary: str
+    cluster_tags: list[str]
+    kind: str
+    namespace: str
+    created_at: float
+    metadata: dict[str, Any] | None
+
+
+class Hits(list):
+    """The hits of one search, best first, plus what the search cost.
+
+    Attributes:
+      scanned: memories scored exactly in stage 2 (all candidates for a flat search).
+      candidates: memories that passed the filters (namespace, kind, time range).
+      clusters_probed: clusters searched in stage 2 (empty for a flat search).
+      mode: "two_stage" or "flat" (a two-stage search on an unclustered store runs flat).
+      latency_s: wall time of the search, embedding included.
+      cached: served from the retrieval cache.
+    """
+
+    scanned: int = 0
+    candidates: int = 0
+    clusters_probed: list[int]
+    mode: str = "two_stage"
+    latency_s: float = 0.0
+    cached: bool = False
+
+    def __init__(self, hits: list[Hit] = (), **info: Any) -> None:  # type: ignore[assignment]
+        super().__init__(hits)
+        self.clusters_probed = []
+        for name, value in info.items():
+            setattr(self, name, value)
+
+    @property
+    def search_fraction(self) -> float:
+        """Share of the eligible memories that stage 2 scored."""
+        return self.scanned / self.candidates if self.candidates else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """A stored memory as ``MemoryStore.get`` returns it."""
+
+    memory_id: int
+    text: str
+    kind: str
+    namespace: str
+    metadata: dict[str, Any] | None
+    created_at: float
+    last_accessed: float | None
+    access_count: int
+    strength: float
+    archived: bool
+    clusters: list[tuple[int, float]] = field(default_factory=list)  # (cluster id, affinity), best first
+
+    @property
+    def cluster_id(self) -> int | None:
+        return self.clusters[0][0] if self.clusters else None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """A cluster's profile as ``MemoryStore.clusters`` returns it."""
+
+    id: int
+    summary: str
+    tags: list[str]
+    size: int
+    source: str  # "kmeans" | "slm_topic" | "template" | "route" | "split" | "recovered"
+    created_at: float
+    updated_at: float

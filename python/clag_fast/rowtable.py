@@ -1,0 +1,144 @@
+"""In-memory columns indexed by vector row: what search needs to filter and weight rows
+without touching SQLite on the hot path.
+
+SQLite stays the source of truth; these columns are rebuilt from it on open and kept in step
+by the store's write paths. Filters come back as boolean masks over every vector row, cached
+until the next write (``version``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clag_fast.forgetting import ForgettingPolicy
+
+
+class RowTable:
+    """Columnar per-row state: memory id, liveness, namespace, kind and decay inputs."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._cap = 0
+        self.memory_id = np.empty(0, np.int64)
+        self.live = np.empty(0, bool)
+        self.namespace = np.empty(0, np.int32)
+        self.kind = np.empty(0, np.int32)
+        self.created_at = np.empty(0, np.float64)
+        self.last_accessed = np.empty(0, np.float64)
+        self.access_count = np.empty(0, np.float64)
+        self.strength = np.empty(0, np.float32)
+        self._codes: dict[str, dict[str, int]] = {"namespace": {}, "kind": {}}
+        self.version = 0
+        self._mask_cache: dict[tuple, np.ndarray] = {}
+
+    # -- growth ------------------------------------------------------------------------
+    def ensure(self, n_rows: int) -> None:
+        """Make room for ``n_rows`` rows; new rows are orphans (not live, no memory id)."""
+        if n_rows > self._cap:
+            cap = max(n_rows, 2 * self._cap, 1024)
+            for name, fill in (
+                ("memory_id", -1),
+                ("live", False),
+                ("namespace", -1),
+                ("kind", -1),
+                ("created_at", 0.0),
+                ("last_accessed", np.nan),
+                ("access_count", 0.0),
+                ("strength", 1.0),
+            ):
+                old = getattr(self, name)
+                new = np.full(cap, fill, dtype=old.dtype)
+                new[: self.n] = old[: self.n]
+                setattr(self, name, new)
+            self._cap = cap
+        if n_rows > self.n:
+            self.n = n_rows
+        self.touch()
+
+    def touch(self) -> None:
+        """Invalidate cached masks after any write."""
+        self.version += 1
+        self._mask_cache.clear()
+
+    def code(self, column: str, value: str, *, create: bool = True) -> int:
+        """Small integer code for a namespace or kind string (-2 when unknown and not created)."""
+        codes = self._codes[column]
+        c = codes.get(value)
+        if c is None:
+            if not create:
+                return -2
+            c = codes[value] = len(codes)
+        return c
+
+    def name(self, column: str, row: int) -> str:
+        """The namespace or kind string of ``row``."""
+        code = int(getattr(self, column)[row])
+        return next(k for k, v in self._codes[column].items() if v == code)
+
+    def set_rows(
+        self,
+        rows: np.ndarray,
+        memory_ids: np.ndarray,
+        namespaces: list[str],
+        kinds: list[str],
+        created_at: np.ndarray,
+        *,
+        last_accessed: np.ndarray | None = None,
+        access_count: np.ndarray | None = None,
+        strength: np.ndarray | None = None,
+        live: np.ndarray | None = None,
+    ) -> None:
+        self.ensure(int(rows.max()) + 1 if len(rows) else self.n)
+        self.memory_id[rows] = memory_ids
+        self.namespace[rows] = [self.code("namespace", s) for s in namespaces]
+        self.kind[rows] = [self.code("kind", s) for s in kinds]
+        self.created_at[rows] = created_at
+        self.last_accessed[rows] = np.nan if last_accessed is None else last_accessed
+        self.access_count[rows] = 0.0 if access_count is None else access_count
+        self.strength[rows] = 1.0 if strength is None else strength
+        self.live[rows] = True if live is None else live
+        self.touch()
+
+    def kill(self, rows: np.ndarray) -> None:
+        self.live[rows] = False
+        self.touch()
+
+    # -- reads -------------------------------------------------------------------------
+    def live_rows(self) -> np.ndarray:
+        return np.flatnonzero(self.live[: self.n])
+
+    def mask(
+        self,
+        namespace: str | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> np.ndarray:
+        """Boolean mask over all rows: live and matching every given filter."""
+        key = (namespace, kind, since, until)
+        cached = self._mask_cache.get(key)
+        if cached is not None:
+            return cached
+        m = self.live[: self.n].copy()
+        if namespace is not None:
+            m &= self.namespace[: self.n] == self.code("namespace", namespace, create=False)
+        if kind is not None:
+            m &= self.kind[: self.n] == self.code("kind", kind, create=False)
+        if since is not None:
+            m &= self.created_at[: self.n] >= since
+        if until is not None:
+            m &= self.created_at[: self.n] < until
+        if len(self._mask_cache) > 64:  # many distinct filters: keep memory bounded
+            self._mask_cache.clear()
+        self._mask_cache[key] = m
+        return m
+
+    def weights(self, policy: ForgettingPolicy, now: float) -> np.ndarray:
+        n = self.n
+        return policy.weights(
+            now,
+            self.created_at[:n],
+            self.last_accessed[:n],
+            self.access_count[:n],
+            self.strength[:n],
+        )

@@ -1,0 +1,427 @@
+"""MemoryStore API: writes, reads, clustering, persistence, filters, forgetting, bad input.
+
+These tests bring their own vectors (embedder=False, llm=False) so they run in seconds and
+check exact results against numpy; the embedder and the SLM are covered in their own tests
+and in test_store_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import numpy as np
+import pytest
+
+from clag_fast.config import StoreConfig
+from clag_fast.forgetting import ForgettingPolicy
+from clag_fast.schema import StoreFormatError
+from clag_fast.store import MemoryStore
+from store_helpers import DIM, exact_top, texts_for, topic_vectors
+
+FAST = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off")
+
+
+def open_store(path, config=FAST, **kw):
+    return MemoryStore.open(path, config=config, embedder=False, llm=False, **kw)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(tmp_path / "s")
+    yield s
+    s.close()
+
+
+def fill(store, n=200, topics=8, seed=0, **kw):
+    vecs, top = topic_vectors(n, topics, seed=seed)
+    ids = store.add_many(texts_for(top), embeddings=vecs, **kw)
+    return ids, vecs, top
+
+
+# -- writes and reads ---------------------------------------------------------------------
+def test_add_get_roundtrip(store):
+    v = topic_vectors(1, 1)[0][0]
+    mid = store.add("The user is allergic to seafood", kind="user_input", namespace="u42",
+                    metadata={"day": 3}, embedding=v)
+    m = store.get(mid)
+    assert (m.memory_id, m.text, m.kind, m.namespace, m.metadata) == (
+        mid, "The user is allergic to seafood", "user_input", "u42", {"day": 3})
+    assert not m.archived and m.access_count == 0
+    assert len(store) == 1
+
+
+def test_add_many_ids_are_distinct_and_ordered(store):
+    ids, _, _ = fill(store, 30)
+    assert ids == sorted(set(ids)) and len(ids) == 30
+    more, _, _ = fill(store, 5, seed=1)
+    assert min(more) > max(ids)
+
+
+def test_flat_search_matches_numpy(store):
+    ids, vecs, _ = fill(store, 120)
+    q = topic_vectors(1, 3, seed=9)[0][0]
+    hits = store.search(q, k=7, mode="flat")
+    want = [ids[i] for i in exact_top(vecs, q, 7)]
+    assert [h.memory_id for h in hits] == want
+    np.testing.assert_allclose([h.score for h in hits], np.sort(vecs @ q)[::-1][:7], atol=1e-5)
+    assert hits.mode == "flat" and hits.scanned == hits.candidates == 120
+
+
+def test_cold_start_clusters_and_soft_assignment(store):
+    ids, vecs, topics = fill(store, 200, topics=4)
+    clusters = store.clusters()
+    assert len(clusters) >= 2, "crossing min_memories_to_cluster must cluster the store"
+    assert sum(c.size for c in clusters) == 200
+    m = store.get(ids[0])
+    assert 1 <= len(m.clusters) <= FAST.soft_k
+    affinities = [a for _, a in m.clusters]
+    assert affinities == sorted(affinities, reverse=True)
+    # clusters are pure in topic on well-separated data
+    by_cluster: dict[int, set] = {}
+    for mid, t in zip(ids, topics.tolist()):
+        by_cluster.setdefault(store.get(mid).cluster_id, set()).add(t)
+    assert all(len(ts) == 1 for ts in by_cluster.values())
+
+
+def test_two_stage_search_scans_less_and_finds_the_exact_top(store):
+    ids, vecs, _ = fill(store, 400, topics=10)
+    q = vecs[17]
+    hits = store.search(q, k=5, n_probe=2)
+    assert hits.mode == "two_stage"
+    assert hits.scanned < hits.candidates
+    assert hits[0].memory_id == ids[17] and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert set(h.memory_id for h in hits) == {ids[i] for i in exact_top(vecs, q, 5)}
+    assert all(h.cluster_id is not None for h in hits)
+
+
+def test_hits_carry_cluster_labels_after_organize(store):
+    fill(store, 200)
+    store.organize()
+    hits = store.search(topic_vectors(1, 8)[0][0], k=3)
+    assert all(h.cluster_summary for h in hits), "vector profiles label every cluster"
+    assert all(isinstance(h.cluster_tags, list) for h in hits)
+
+
+def test_update_text_and_metadata(store):
+    ids, vecs, _ = fill(store, 60)
+    new_vec = -vecs[0]
+    store.update(ids[0], text="changed text", metadata={"v": 2}, embedding=new_vec)
+    m = store.get(ids[0])
+    assert m.text == "changed text" and m.metadata == {"v": 2}
+    hits = store.search(new_vec, k=1, mode="flat")
+    assert hits[0].memory_id == ids[0] and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    hits = store.search(vecs[0], k=60, mode="flat")
+    assert ids[0] not in [h.memory_id for h in hits[:1]]
+    assert len(store) == 60
+
+
+def test_delete(store):
+    ids, vecs, _ = fill(store, 80)
+    store.delete(ids[3])
+    with pytest.raises(KeyError):
+        store.get(ids[3])
+    assert ids[3] not in [h.memory_id for h in store.search(vecs[3], k=10, mode="flat")]
+    assert ids[3] not in [h.memory_id for h in store.search(vecs[3], k=10)]
+    assert len(store) == 79
+    with pytest.raises(KeyError):
+        store.delete(ids[3])
+
+
+@pytest.mark.parametrize("bad", [10**9, -1])
+def test_unknown_ids_raise_keyerror(store, bad):
+    fill(store, 3)
+    with pytest.raises(KeyError):
+        store.get(bad)
+    with pytest.raises(KeyError):
+        store.update(bad, metadata={})
+    with pytest.raises(KeyError):
+        store.delete(bad)
+
+
+# -- bad input never changes the store ----------------------------------------------------
+@pytest.mark.parametrize(
+    "texts, embeddings, error",
+    [
+        (["ok", ""], None, ValueError),
+        (["ok", "   \n"], None, ValueError),
+        (["ok", 3], None, TypeError),
+        (["ok"], np.ones((1, DIM - 1), np.float32), ValueError),
+        (["ok"], np.full((1, DIM), np.nan, np.float32), ValueError),
+        (["ok"], np.zeros((1, DIM), np.float32), ValueError),
+        (["ok", "two"], np.ones((1, DIM), np.float32), ValueError),
+        (["bad \ud800 surrogate"], np.ones((1, DIM), np.float32), ValueError),
+    ],
+)
+def test_bad_input_is_rejected_and_nothing_is_written(store, texts, embeddings, error):
+    fill(store, 10)
+    before = (len(store), store.stats()["vector_rows"])
+    with pytest.raises(error):
+        store.add_many(texts, embeddings=embeddings)
+    assert (len(store), store.stats()["vector_rows"]) == before
+
+
+def test_bad_metadata_and_namespaces(store):
+    v = topic_vectors(2, 1)[0]
+    with pytest.raises(ValueError, match="metadata"):
+        store.add_many(["a", "b"], embeddings=v, metadata=[{"x": 1}])
+    with pytest.raises(ValueError, match="JSON"):
+        store.add("a", embedding=v[0], metadata={"x": object()})
+    with pytest.raises(ValueError, match="namespaces"):
+        store.add_many(["a", "b"], embeddings=v, namespaces=["", "x"])
+    assert len(store) == 0
+
+
+def test_search_bad_input(store):
+    fill(store, 10)
+    with pytest.raises(ValueError, match="shape"):
+        store.search(np.ones(DIM + 1, np.float32))
+    with pytest.raises(ValueError, match="k must"):
+        store.search(np.ones(DIM, np.float32), k=0)
+    with pytest.raises(ValueError, match="mode"):
+        store.search(np.ones(DIM, np.float32), mode="fast")
+    with pytest.raises(ValueError, match="embedder=False"):
+        store.search("text query without an embedder")
+
+
+def test_empty_store_and_large_k(store):
+    assert list(store.search(np.ones(DIM, np.float32), k=5)) == []
+    fill(store, 4)
+    assert len(store.search(np.ones(DIM, np.float32), k=50)) == 4
+
+
+# -- filters ------------------------------------------------------------------------------
+def test_namespace_isolation(store):
+    vecs, top = topic_vectors(120, 4, seed=3)
+    ns = ["alice" if i % 2 else "bob" for i in range(120)]
+    ids = store.add_many(texts_for(top), embeddings=vecs, namespaces=ns)
+    alice = {m for m, n in zip(ids, ns) if n == "alice"}
+    for mode in ("flat", "two_stage"):
+        hits = store.search(vecs[0], k=30, namespace="alice", mode=mode)  # vecs[0] is bob's
+        assert hits and {h.memory_id for h in hits} <= alice
+        assert all(h.namespace == "alice" for h in hits)
+    assert list(store.search(vecs[0], k=5, namespace="nobody")) == []
+    assert store.delete_namespace("bob") == 60
+    assert len(store) == 60
+    assert {h.memory_id for h in store.search(vecs[0], k=100, mode="flat")} == alice
+
+
+def test_kind_and_time_filters(store):
+    vecs, top = topic_vectors(40, 2, seed=4)
+    kinds = ["tool_result" if i < 10 else "user_input" for i in range(40)]
+    ids = store.add_many(texts_for(top), embeddings=vecs, kinds=kinds)
+    hits = store.search(vecs[20], k=40, kind="tool_result", mode="flat")
+    assert {h.memory_id for h in hits} == set(ids[:10])
+    t = time.time()
+    time.sleep(0.01)
+    late = store.add("late memory", embedding=vecs[0])
+    assert [h.memory_id for h in store.search(vecs[0], k=40, since=t, mode="flat")] == [late]
+    assert late not in {h.memory_id for h in store.search(vecs[0], k=50, until=t, mode="flat")}
+
+
+# -- organisation -------------------------------------------------------------------------
+def test_oversized_clusters_are_split(tmp_path):
+    cfg = StoreConfig(min_memories_to_cluster=40, target_cluster_size=30, max_cluster_size=40,
+                      organize_every=0, slm="off")
+    with open_store(tmp_path / "s", cfg) as s:
+        fill(s, 300, topics=3)
+        report = s.organize()
+        assert all(c.size <= 40 for c in s.clusters())
+        assert sum(c.size for c in s.clusters()) == 300
+        assert report["clusters"] == len(s.clusters())
+
+
+def test_near_duplicate_clusters_are_merged(tmp_path):
+    cfg = StoreConfig(min_memories_to_cluster=40, target_cluster_size=10, organize_every=0,
+                      merge_threshold=0.9, slm="off")
+    with open_store(tmp_path / "s", cfg) as s:
+        # 2 very tight topics, but k-means is asked for ~10 clusters: many near-duplicates
+        fill(s, 100, topics=2)
+        s.organize()
+        centres = s._index.centres()
+        sims = centres @ centres.T
+        np.fill_diagonal(sims, -1)
+        assert sims.max() < 0.9
+        assert sum(c.size for c in s.clusters()) == 100
+
+
+def test_periodic_organisation_profiles_new_clusters(tmp_path):
+    cfg = StoreConfig(min_memories_to_cluster=30, organize_every=20, slm="off")
+    with open_store(tmp_path / "s", cfg) as s:
+        fill(s, 40, topics=4)
+        fill(s, 60, topics=4, seed=5)  # far-away topics open new clusters
+        assert s.stats()["organizations"] >= 2
+        assert all(c.summary for c in s.clusters())
+
+
+def test_templated_labels_mode(tmp_path):
+    vecs, top = topic_vectors(90, 3, seed=6)
+    labels = ("flights", "hotels", "food")
+    cfg = StoreConfig(labels=labels, min_memories_to_cluster=10, organize_every=0, slm="off")
+    with open_store(tmp_path / "s", cfg) as s:
+        # label embeddings: here the topic centres stand in for embedded label texts
+        centres = np.stack([vecs[top == t].mean(0) for t in range(3)])
+        s.set_label_vectors(centres)
+        s.add_many(texts_for(top), embeddings=vecs)
+        clusters = s.clusters()
+        assert sorted(c.summary for c in clusters) == sorted(labels)
+        assert all(c.source == "template" for c in clusters)
+        counts = np.bincount(top, minlength=3)
+        assert {c.summary: c.size for c in clusters} == {labels[t]: int(counts[t]) for t in range(3)}
+        # no invented topics, even for far-away memories
+        far = topic_vectors(20, 2, seed=99)[0]
+        s.add_many([f"far {i}" for i in range(20)], embeddings=far)
+        assert len(s.clusters()) == 3
+
+
+def test_templated_labels_need_label_vectors_without_embedder(tmp_path):
+    cfg = StoreConfig(labels=("a", "b"), organize_every=0, slm="off")
+    with open_store(tmp_path / "s", cfg) as s:
+        with pytest.raises(ValueError, match="set_label_vectors"):
+            s.add("x", embedding=topic_vectors(1, 1)[0][0])
+        assert len(s) == 0
+
+
+# -- persistence --------------------------------------------------------------------------
+def test_reopen_keeps_everything(tmp_path):
+    with open_store(tmp_path / "s") as s:
+        ids, vecs, _ = fill(s, 150)
+        s.organize()
+        before = [(h.memory_id, h.cluster_id, h.cluster_summary) for h in s.search(vecs[5], k=5)]
+        clusters = s.clusters()
+    with open_store(tmp_path / "s") as s:
+        assert len(s) == 150
+        assert s.clusters() == clusters
+        assert [(h.memory_id, h.cluster_id, h.cluster_summary) for h in s.search(vecs[5], k=5)] == before
+
+
+def test_reopen_without_config_keeps_dim(tmp_path):
+    with open_store(tmp_path / "s"):
+        pass
+    with MemoryStore.open(tmp_path / "s", embedder=False, llm=False) as s:
+        assert s.config.dim == DIM
+    with pytest.raises(ValueError, match="dim"):
+        MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8), embedder=False, llm=False)
+
+
+def test_not_a_store(tmp_path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hello")
+    with pytest.raises(StoreFormatError, match="no clag_fast store"):
+        open_store(tmp_path / "junk")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        open_store(tmp_path / "file")
+    assert (tmp_path / "junk" / "notes.txt").read_text() == "hello"
+
+
+def test_newer_schema_is_refused_untouched(tmp_path):
+    with open_store(tmp_path / "s") as s:
+        fill(s, 5)
+    db = tmp_path / "s" / "memories.db"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA user_version=99")
+    con.commit()
+    con.close()
+    before = db.read_bytes()
+    with pytest.raises(StoreFormatError, match="newer"):
+        open_store(tmp_path / "s")
+    assert db.read_bytes() == before
+
+
+def test_foreign_sqlite_file_is_refused(tmp_path):
+    (tmp_path / "s").mkdir()
+    con = sqlite3.connect(tmp_path / "s" / "memories.db")
+    con.execute("CREATE TABLE other (x)")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreFormatError, match="another application"):
+        open_store(tmp_path / "s")
+
+
+def test_second_writer_is_refused_reader_allowed(tmp_path):
+    from clag_fast._locks import StoreLockedError
+
+    with open_store(tmp_path / "s") as s:
+        ids, vecs, _ = fill(s, 20)
+        s.flush()
+        with pytest.raises(StoreLockedError):
+            open_store(tmp_path / "s")
+        with open_store(tmp_path / "s", read_only=True) as r:
+            assert len(r) == 20
+            assert r.search(vecs[0], k=1, mode="flat")[0].memory_id == ids[0]
+            with pytest.raises(PermissionError):
+                r.add("x", embedding=vecs[0])
+
+
+def test_read_only_on_missing_store(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        open_store(tmp_path / "nothing", read_only=True)
+
+
+# -- cache, forgetting ----------------------------------------------------------------------
+class _CountingEmbedder:
+    """A deterministic stand-in embedder that counts calls (the real one is tested elsewhere)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def encode(self, texts):
+        self.calls += 1
+        out = np.zeros((len(texts), DIM), np.float32)
+        for i, t in enumerate(texts):
+            rng = np.random.default_rng(abs(hash(t)) % (2**32))
+            out[i] = rng.standard_normal(DIM)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_retrieval_cache_hits_and_invalidates(tmp_path):
+    emb = _CountingEmbedder()
+    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, llm=False) as s:
+        s.add_many(["alpha", "beta", "gamma"])
+        first = s.search("alpha", k=2)
+        calls = emb.calls
+        again = s.search("alpha", k=2)
+        assert again.cached and [h.memory_id for h in again] == [h.memory_id for h in first]
+        assert emb.calls == calls
+        s.add("alpha", kind="dup")
+        after = s.search("alpha", k=2)
+        assert not after.cached and len({h.text for h in after}) == 1
+
+
+def test_decay_ranks_fresh_memories_first_and_prunes(tmp_path):
+    policy = ForgettingPolicy(half_life_days=1.0, prune_below=0.3)
+    cfg = StoreConfig(forgetting=policy, organize_every=0, slm="off", cache_size=0)
+    v = topic_vectors(1, 1)[0][0]
+    with open_store(tmp_path / "s", cfg) as s:
+        old = s.add("old", embedding=v)
+        new = s.add("new", embedding=v)
+        stale = s.add("stale", embedding=v)
+        rows = s._rows
+
+        def age(mid, days):  # what reopening the store `days` later would see
+            r = int(np.flatnonzero(rows.memory_id[: rows.n] == mid)[0])
+            rows.created_at[r] -= days * 86400
+
+        age(old, 1)
+        age(stale, 3)
+        report = s.forget()
+        assert report["pruned"] == 1 and s.get(stale).archived and not s.get(old).archived
+        hits = s.search(v, k=3, mode="flat")
+        assert [h.memory_id for h in hits] == [new, old]
+        assert hits[1].score == pytest.approx(hits[0].score * 0.5, rel=1e-3)
+        # being retrieved counts as use: the old memory is fresh again and gets a boost
+        hits = s.search(v, k=3, mode="flat")
+        assert hits[0].score == pytest.approx(hits[1].score, rel=1e-3)
+        s.flush()  # access counts are written in batches
+        assert s.get(old).access_count == 2 and s.get(new).access_count == 2
+
+
+def test_stats_shape(store):
+    fill(store, 60)
+    store.search(topic_vectors(1, 1)[0][0])
+    st = store.stats()
+    assert st["memories"] == 60 and st["searches"] == 1 and st["clusters"] >= 2
+    assert {"calls", "organizer_errors"} <= set(st["llm"]) | {"calls"}
+    json.dumps(st)
