@@ -133,9 +133,11 @@ def int8_graph_bytes(fp32: onnx.ModelProto) -> bytes:
 
 def build_model_bytes(model: str, precision: str) -> bytes:
     """Serialised ONNX model for (model, precision)."""
-    fp32 = fused_graph(model)
     if precision == "fp32":
-        return fp32.SerializeToString()
+        return fused_graph(model).SerializeToString()
     if precision == "int8":
-        return int8_graph_bytes(fp32)
+        # Quantise the cached, checksummed fp32 build rather than fusing a second time.
+        from clag_fast.modelfiles import model_path
+
+        return int8_graph_bytes(onnx.load(str(model_path(model, "fp32"))))
     raise ValueError(f"unknown precision {precision!r}")

@@ -32,7 +32,8 @@ BUILDER_VERSION = "1"
 PRECISIONS = ("fp32", "int8")
 DEFAULT_MODEL = "minilm-l6"
 
-_build_lock = threading.Lock()
+# Re-entrant: the int8 build asks for the (cached) fp32 model while holding it.
+_build_lock = threading.RLock()
 
 
 class ModelFilesError(OSError):
