@@ -43,8 +43,9 @@ def to_markdown(report: dict) -> str:
     lines += [
         "",
         "| organisation | memories | ingest s | organize s | ms/memory | clusters per sample | size min/p50/p90/max "
-        "| LLM calls/memory | LLM tokens/memory | LLM calls/question (search) | answer calls/question |",
-        "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|",
+        "| LLM calls/memory | LLM tokens/memory | LLM calls/question (search) | answer calls/question "
+        "| re-organisations during search |",
+        "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for org, o in report["organisation"].items():
         cs = o["cluster_size"]
@@ -56,7 +57,7 @@ def to_markdown(report: dict) -> str:
             f"{o['ingest_ms_per_memory']:.3f} | {count_txt} | {cs['min']}/{_fmt(cs['p50'], 0)}/"
             f"{_fmt(cs['p90'], 0)}/{cs['max']} | {o['llm_calls_per_memory']:.3f} | "
             f"{o['llm_tokens_per_memory']:.1f} | {o['llm_calls_per_question_search']:.3f} | "
-            f"{o['llm_calls_per_question_answer']:.3f} |"
+            f"{o['llm_calls_per_question_answer']:.3f} | {o.get('organizations_during_search', 0)} |"
         )
     if report["qa"]:
         cats = sorted({cat for q in report["qa"].values() for cat in q["by_category"]})
