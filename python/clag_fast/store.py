@@ -87,7 +87,7 @@ class MemoryStore:
         try:
             self._db = schema.connect(path / DB_NAME, read_only=read_only)
             self.config = self._settle_config(config)
-            self._index = VectorIndex.open(path / INDEX_DIR, dim=self.config.dim)
+            self._index = VectorIndex.open(path / INDEX_DIR, dim=self.config.dim, read_only=read_only)
             self._lock = RWLock()
             self._rows = RowTable()
             self._profiles: dict[int, tuple[str, list[str]]] = {}
@@ -521,7 +521,7 @@ class MemoryStore:
             return
         with self._lock.write():
             self._index.close()
-            self._index = VectorIndex.open(self.path / INDEX_DIR, dim=self.config.dim)
+            self._index = VectorIndex.open(self.path / INDEX_DIR, dim=self.config.dim, read_only=True)
             self._rows = RowTable()
             self._profiles.clear()
             self._cache.clear()
