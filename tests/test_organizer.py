@@ -189,7 +189,7 @@ def test_prompts_have_no_placeholder_values(fake_server):
     fake_server.reply_json({"topics": ["a b", "c d", "e f"]})
     org = org_for(fake_server, evolution=True, slm_select_clusters=True)
     org.propose_topics("a travel agent", ["I love Rome."])
-    fake_server.reply_json({"summary": "Food.", "tags": ["food", "bread", "oven"]})
+    fake_server.reply_json({"shared_topic": "Food.", "keywords": ["food", "bread", "oven"]})
     org.write_profiles([COOKING])
     fake_server.reply_json({"note1": 1})
     org.route([("x", [COOKING, WORK], [0.40, 0.39])])
@@ -247,9 +247,9 @@ def test_topics_without_llm_or_samples():
 
 def test_write_profiles_cleans_tags_and_fills_from_keywords(fake_server):
     answers = iter([
-        {"summary": "Home baking and cooking.", "tags": ["Baking", "tag", "baking!"]},
-        {"summary": "", "tags": ["a", "b", "c"]},
-        {"summary": "Office work.", "tags": ["work", "Meetings", "career_growth"]},
+        {"shared_topic": "Home baking and cooking.", "keywords": ["Baking", "tag", "baking!"]},
+        {"shared_topic": "", "keywords": ["a", "b", "c"]},
+        {"shared_topic": "Office work.", "keywords": ["work", "Meetings", "career_growth"]},
     ])
     fake_server.behaviour = lambda body: (200, completion(json.dumps(next(answers))))
     org = org_for(fake_server)

@@ -161,7 +161,7 @@ _WORD_RE = re.compile(r"[a-z][a-z0-9'-]*")
 # Words a small model offers as "tags" that describe the prompt rather than the notes.
 _BAD_TAGS = frozenset(
     "note notes tag tags topic topics group groups summary word words one two three single "
-    "lowercase different json text data sentence subtitle".split()
+    "lowercase different json text data sentence subtitle keyword keywords shared".split()
 )
 _STOPWORDS = frozenset(
     "a about after again all also am an and any are as at be because been before being but by "
@@ -418,16 +418,16 @@ class Organizer:
             examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
             if not examples:
                 continue
-            user = "\n".join(prompts.note(e, cfg.max_note_chars) for e in examples)
+            user = prompts.profile_user([prompts.note(e, cfg.max_note_chars) for e in examples])
             answer = self._ask("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA, max_tokens=80)
             if answer is None:
                 continue
-            summary = prompts.clip(answer.get("summary", ""), 200)
+            summary = prompts.clip(answer.get("shared_topic", ""), 200)
             if not summary:
                 self._fail("profile", f"cluster {c.id}: empty summary")
                 continue
             tags: list[str] = []
-            for t in answer.get("tags", []):
+            for t in answer.get("keywords", []):
                 w = _clean_tag(t)
                 if w and w not in tags:
                     tags.append(w)
