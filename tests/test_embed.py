@@ -229,4 +229,6 @@ def test_product_never_imports_torch(model_cache):
             "bad = [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     env = dict(os.environ, CLAG_FAST_CACHE=str(model_cache))
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

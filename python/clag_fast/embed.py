@@ -20,13 +20,15 @@ Texts longer than 256 tokens are truncated like sentence-transformers does; pass
 
 from __future__ import annotations
 
-import os
+import logging
 import threading
 from typing import Iterable
 
 import numpy as np
 
 from clag_fast import modelfiles
+
+log = logging.getLogger(__name__)
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -66,7 +68,12 @@ def _session(model: str, precision: str, device: str, threads: int | None):
 
     if device == "auto":
         # Dynamic int8 kernels (DynamicQuantizeMatMul, QAttention) are CPU-only in ORT.
-        device = "cuda" if precision == "fp32" and _cuda_available() else "cpu"
+        if precision == "fp32" and _cuda_available():
+            try:
+                return _session(model, precision, "cuda", threads)
+            except RuntimeError as exc:  # onnxruntime-gpu present, no usable device
+                log.info("device='auto': CUDA unusable (%s); using the CPU", exc)
+        device = "cpu"
     key = (model, precision, device, threads)
     with _lock:
         hit = _sessions.get(key)
@@ -92,7 +99,13 @@ def _session(model: str, precision: str, device: str, threads: int | None):
         so.intra_op_num_threads = threads
     # One op at a time: BERT is a chain, so inter-op threads would only spin.
     so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), so, providers=providers)
+    try:
+        sess = ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as exc:
+        if device != "cuda":
+            raise
+        raise RuntimeError(f"device='cuda': could not create a CUDA session ({exc}); use "
+                           "device='auto' to fall back to the CPU") from exc
     if device == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
         # onnxruntime-gpu without a usable device silently falls back to CPU: say so.
         raise RuntimeError("device='cuda': onnxruntime-gpu is installed but no CUDA device "
@@ -111,8 +124,9 @@ class Embedder:
             (ONNX Runtime dynamic quantisation, CPU only; cosine >= 0.98 to
             sentence-transformers on every golden text, 0.99 typical; faster where the CPU
             has VNNI integer dot products -- see BENCHMARKS.md).
-        device: ``"cpu"``, ``"cuda"`` (onnxruntime-gpu and a device required, else
-            RuntimeError) or ``"auto"`` (CUDA for fp32 when available, else CPU).
+        device: ``"auto"`` (default: CUDA for fp32 when onnxruntime-gpu and a device are
+            present, else CPU), ``"cpu"``, or ``"cuda"`` (onnxruntime-gpu and a device
+            required, else RuntimeError). ``.device`` tells which one was taken.
         threads: ONNX Runtime intra-op threads; ``None`` lets ORT use one per physical core.
         batch_size: texts per ONNX call. Texts are sorted by token length before batching,
             so a batch pads only to its own longest item. int8 ignores it and runs one text
@@ -125,7 +139,7 @@ class Embedder:
     """
 
     def __init__(self, model: str = modelfiles.DEFAULT_MODEL, precision: str = "fp32",
-                 device: str = "cpu", threads: int | None = None, batch_size: int = 32) -> None:
+                 device: str = "auto", threads: int | None = None, batch_size: int = 32) -> None:
         if precision not in modelfiles.PRECISIONS:
             raise ValueError(f"precision must be one of {modelfiles.PRECISIONS}, got {precision!r}")
         if device not in DEVICES:
