@@ -186,7 +186,7 @@ def test_prompt_injection_cannot_reach_an_unoffered_cluster(fake_server):
 
 
 def test_prompts_have_no_placeholder_values(fake_server):
-    fake_server.reply_json({"topics": ["a b", "c d", "e f"]})
+    fake_server.reply_json({"categories": ["a b", "c d", "e f"]})
     org = org_for(fake_server, evolution=True, slm_select_clusters=True)
     org.propose_topics("a travel agent", ["I love Rome."])
     fake_server.reply_json({"shared_topic": "Food.", "keywords": ["food", "bread", "oven"]})
@@ -220,19 +220,20 @@ def test_route_prompt_is_short(fake_server):
 
 
 def test_propose_topics_cleans(fake_server):
-    fake_server.reply_json({"topics": ["  Cooking at home. ", "work", "cooking at home", "Travel   plans"]})
+    fake_server.reply_json({"categories": ["  Cooking at home. ", "work", "cooking at home", "Travel   plans",
+                                           "Personal assistant"]})
     org = org_for(fake_server)
     assert org.propose_topics("a personal assistant", ["I baked bread.", "Meeting at 3."]) == [
-        "Cooking at home", "work", "Travel plans"]
+        "Cooking at home", "work", "Travel plans"]  # the echoed task context is dropped
     prompt = last_user_prompt(fake_server)
     assert "<task>a personal assistant</task>" in prompt and "<note>Meeting at 3.</note>" in prompt
-    schema = fake_server.chat_requests()[0]["response_format"]["schema"]["properties"]["topics"]
+    schema = fake_server.chat_requests()[0]["response_format"]["schema"]["properties"]["categories"]
     assert schema["minItems"] == 3 and schema["maxItems"] == 5
 
 
 @pytest.mark.parametrize("topics", [[], ["  ", ""], ["only one"]])
 def test_empty_topic_lists_fail_softly(fake_server, topics):
-    fake_server.reply_json({"topics": topics})
+    fake_server.reply_json({"categories": topics})
     org = org_for(fake_server, min_topics=1)
     assert org.propose_topics("ctx", ["a note"]) == []
     assert org.errors == 1

@@ -385,19 +385,21 @@ class Organizer:
         )
         if answer is None:
             return []
-        seen: set[str] = set()
+        # SmolLM2 tends to echo the task description as a category: that is no topic.
+        seen: set[str] = {" ".join(str(task_context or "").lower().split()).strip(" .")}
         topics = []
-        for t in answer.get("topics", []):
-            t = prompts.clip(t, 80).strip(" .,;:-")
+        for t in answer.get("categories", []):
+            t = prompts.clip(t, 80).strip(" .,;:-{}[]\"'")
             words = t.split()
             if not words:
                 continue
             t = " ".join(words[:8])
-            if t.lower() not in seen:
-                seen.add(t.lower())
+            key = t.lower()
+            if key not in seen and not (task_context and key in str(task_context).lower()):
+                seen.add(key)
                 topics.append(t)
         if len(topics) < 2:
-            self._fail("topics", f"only {len(topics)} usable topic(s) in {answer.get('topics')!r:.120}")
+            self._fail("topics", f"only {len(topics)} usable topic(s) in {answer.get('categories')!r:.120}")
             return []
         self._count("topics")
         return topics

@@ -96,26 +96,30 @@ def profile_user(notes: list[str]) -> str:
 
 # ----------------------------------------------------------------------------- topics
 
+# Measured with SmolLM2-135M: "topics ... short noun phrase" got whole notes copied back;
+# asking for diary-style category names, with the question after the notes, got short names
+# ("Sourdough Bread", "Flights to Rome").
 TOPICS_SYSTEM = (
-    "You plan how to organise an assistant's memory. " + DATA_RULE + " Reply in JSON: topics "
-    "is a list of 3 to 5 distinct topics that together cover the notes; each topic is a short "
-    "noun phrase of 2 to 5 words, general enough to hold many future notes."
+    "You group notes into categories. " + DATA_RULE + " Reply in JSON with 3 to 5 category "
+    "names of 1 to 3 words each, like the section titles of a diary."
 )
+TOPICS_QUESTION = "What categories do these notes fall into?"
 
 
 def topics_schema(min_topics: int, max_topics: int) -> dict:
     return {
         "type": "object",
         "properties": {
-            "topics": {"type": "array", "items": {"type": "string"}, "minItems": min_topics, "maxItems": max_topics}
+            "categories": {"type": "array", "items": {"type": "string"}, "minItems": min_topics,
+                           "maxItems": max_topics}
         },
-        "required": ["topics"],
+        "required": ["categories"],
     }
 
 
 def topics_user(task_context: str | None, notes: list[str], max_chars: int) -> str:
     head = f"<task>{clip(task_context, max_chars)}</task>\n" if task_context else ""
-    return head + "Recent notes:\n" + "\n".join(notes)
+    return head + "\n".join(notes) + "\n" + TOPICS_QUESTION
 
 
 # ----------------------------------------------------------------------------- labels
