@@ -90,25 +90,42 @@ def _version(dist: str) -> str:
 def run_case(engine, texts: list[str], batch_size: int, repeats: int) -> dict:
     """Throughput (texts/s, median over repeats) and, at batch 1, per-call latency percentiles."""
     engine.encode(texts[:64], batch_size=min(batch_size, 32))  # warm-up: allocators, caches
-    rates, lat = [], []
-    vecs = None
+    res = None
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        if batch_size == 1:
-            rows = []
-            for t in texts:
-                c0 = time.perf_counter_ns()
-                rows.append(engine.encode([t], batch_size=1))
-                lat.append((time.perf_counter_ns() - c0) / 1e6)
-            vecs = np.vstack(rows)
-        else:
-            vecs = engine.encode(texts, batch_size=batch_size)
-        rates.append(len(texts) / (time.perf_counter() - t0))
-    out = {"engine": engine.name, "batch": batch_size, "texts_per_s": statistics.median(rates),
-           "min": min(rates), "max": max(rates), "vecs": vecs}
-    if lat:
-        out["p50_ms"] = float(np.percentile(lat, 50))
-        out["p99_ms"] = float(np.percentile(lat, 99))
+        res = _merge(res, _one_pass(engine, texts, batch_size))
+    return _summary(res)
+
+
+def _one_pass(engine, texts: list[str], batch_size: int) -> dict:
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    if batch_size == 1:
+        rows = []
+        for t in texts:
+            c0 = time.perf_counter_ns()
+            rows.append(engine.encode([t], batch_size=1))
+            lat.append((time.perf_counter_ns() - c0) / 1e6)
+        vecs = np.vstack(rows)
+    else:
+        vecs = engine.encode(texts, batch_size=batch_size)
+    rate = len(texts) / (time.perf_counter() - t0)
+    return {"engine": engine.name, "batch": batch_size, "rates": [rate], "lat": lat, "vecs": vecs}
+
+
+def _merge(acc: dict | None, new: dict) -> dict:
+    if acc is None:
+        return new
+    acc["rates"] += new["rates"]
+    acc["lat"] += new["lat"]
+    return acc
+
+
+def _summary(r: dict) -> dict:
+    out = {"engine": r["engine"], "batch": r["batch"], "texts_per_s": statistics.median(r["rates"]),
+           "min": min(r["rates"]), "max": max(r["rates"]), "runs": len(r["rates"]), "vecs": r["vecs"]}
+    if r["lat"]:
+        out["p50_ms"] = float(np.percentile(r["lat"], 50))
+        out["p99_ms"] = float(np.percentile(r["lat"], 99))
     return out
 
 
@@ -142,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="clag_fast embedder benchmark")
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--n1", type=int, default=0, help="turns for batch 1 (default: all --n)")
     ap.add_argument("--no-baseline", action="store_true", help="skip sentence-transformers")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
@@ -157,20 +175,32 @@ def main(argv: list[str] | None = None) -> int:
             engines.append(STEngine())
         except ImportError as exc:
             print(f"# sentence-transformers baseline skipped: {exc}")
-    tok = engines[0].emb.tokenize(texts)
-    mean_tokens = float(np.mean([len(t) for t in tok]))
+    n_tok = [len(t) for t in engines[0].emb.tokenize(texts)]
+    mean_tokens = float(np.mean(n_tok))
+    tokens_at = {32: mean_tokens, 1: float(np.mean(n_tok[: args.n1 or len(texts)]))}
     peak = sgemm_gflops(THREADS)
-    rows = [run_case(e, texts, bs, args.repeats) for bs in (32, 1) for e in engines]
+    # Engines interleaved within each repeat, so load changes on a shared machine hit all alike.
+    acc: dict[tuple, dict] = {}
+    for e in engines:
+        for bs in (32, 1):
+            e.encode(texts[:64], batch_size=bs)  # warm-up
+    for _ in range(args.repeats):
+        for bs in (32, 1):
+            sub = texts if bs != 1 else texts[: args.n1 or len(texts)]
+            for e in engines:
+                acc[(bs, e.name)] = _merge(acc.get((bs, e.name)), _one_pass(e, sub, bs))
+    rows = [_summary(r) for r in acc.values()]
     ref = {r["batch"]: r["vecs"] for r in rows if r["engine"] == engines[0].name}
+    # (cosine columns compare rows of the same batch setting, hence the same texts)
     st = {r["batch"]: r for r in rows if r["engine"].startswith("sentence")}
     print(f"# load after: {cpu_info()['uptime']}")
-    print(f"# {len(texts)} LoCoMo turns, {mean_tokens:.1f} tokens/turn with [CLS]/[SEP]; "
+    print(f"# {len(texts)} LoCoMo turns (batch 1: first {args.n1 or len(texts)}), {args.repeats} interleaved runs, {mean_tokens:.1f} tokens/turn with [CLS]/[SEP]; "
           f"{FLOP_PER_TOKEN / 1e6:.1f} MFLOP/token; numpy sgemm peak {peak:.0f} GFLOP/s on {THREADS} threads")
-    print("| engine | batch | texts/s (median of runs) | min-max | p50 / p99 ms per call | x ST | "
+    print("| engine | batch | texts/s (median) | min-max | p50 / p99 ms per call | x ST | "
           "GFLOP/s | of sgemm peak | min cos vs clag fp32 |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        gflops = r["texts_per_s"] * mean_tokens * FLOP_PER_TOKEN / 1e9
+        gflops = r["texts_per_s"] * tokens_at[r["batch"]] * FLOP_PER_TOKEN / 1e9
         base = st.get(r["batch"])
         ratio = f"{r['texts_per_s'] / base['texts_per_s']:.2f}" if base else "n/a"
         lat = f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}" if "p50_ms" in r else "-"
