@@ -38,11 +38,11 @@ class OrganizerConfig:
 
     Routing:
       route_candidates: nearest clusters (by centre) considered for a new memory.
-      assign_threshold: at or above this, with ``assign_margin`` over the runner-up, the
-        nearest cluster is taken without asking the SLM.
-      assign_margin: lead over the second candidate that makes the vector choice clear.
-      slm_window: only candidates within this much of the best are offered to the SLM (a
-        distant runner-up is not a real alternative); with fewer than two left, vectors decide.
+      slm_window: the SLM is asked only when a runner-up is within this much of the best
+        (a distant runner-up is no real alternative), and only those candidates are offered;
+        otherwise vectors decide.
+      assign_threshold, assign_margin: even inside the window, a best similarity at or above
+        ``assign_threshold`` that leads by ``assign_margin`` is taken without asking.
       slm_max_options: at most this many candidates per memory in the SLM prompt.
       new_cluster_threshold: below this even the nearest cluster is unrelated: open a new one
         (its profile is written later, in a batch). None = never (templated labels mode).
@@ -69,10 +69,14 @@ class OrganizerConfig:
       max_note_chars: memory text is cut to this many characters in prompts.
     """
 
+    # Defaults measured on LoCoMo conversation 2 (663 turns, MiniLM fp32, 4 k-means clusters
+    # after 100 turns): best centre similarity p10/p50/p90 = 0.53/0.69/0.82, lead over the
+    # runner-up p10/p50/p90 = 0.009/0.047/0.133. These thresholds send 18% of the routed
+    # turns to the SLM (4 per call: ~0.05 calls per memory); a 0.05 window sent 51%.
     route_candidates: int = 5
-    assign_threshold: float = 0.45
-    assign_margin: float = 0.05
-    slm_window: float = 0.05
+    assign_threshold: float = 0.6
+    assign_margin: float = 0.01
+    slm_window: float = 0.03
     slm_max_options: int = 3
     new_cluster_threshold: float | None = 0.2
     route_batch: int = 4
@@ -80,8 +84,11 @@ class OrganizerConfig:
     organize_every: int = 50
     confusion_window: int = 5
     confusion_threshold: float = 0.3
-    drift_window: int = 25
-    drift_drop: float = 0.08
+    # Two drift windows must fit inside organize_every, or periodic always fires first. On
+    # LoCoMo conversation 2, 15 / 0.1 fired 3 times in 563 routed turns (at session changes),
+    # 15 / 0.06 fired 8 times.
+    drift_window: int = 15
+    drift_drop: float = 0.1
     profile_examples: int = 5
     profile_drift_share: float = 0.5
     profile_centre_similarity: float = 0.95
