@@ -145,7 +145,8 @@ def test_add_eval_parser_wires_a_subcommand(tmp_path):
 
 
 class _FakeSLM(BaseHTTPRequestHandler):
-    """Answers an eval answer prompt with the gold answer of its question; anything else
+    """Answers an eval answer prompt with the gold answer of its question (plain text, plus a
+    second line the eval must drop); anything else
     (the store's organisation prompts) gets an empty JSON object, which fails their schemas,
     so the store falls back to vector decisions."""
 
@@ -172,7 +173,7 @@ class _FakeSLM(BaseHTTPRequestHandler):
         content = "{}"
         if "\nQuestion: " in prompt:
             question = prompt.split("\nQuestion: ", 1)[1].split("\n", 1)[0]
-            content = json.dumps({"answer": self.gold.get(question, "")})
+            content = self.gold.get(question, "") + "\nThis is the answer."  # only line 1 counts
             type(self).answered += 1
         self._send({
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],

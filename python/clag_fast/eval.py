@@ -61,11 +61,8 @@ ANSWER_SYSTEM = (
     "(a few words), not a sentence. If the memories do not contain the answer, reply exactly: "
     "Not mentioned in the conversation."
 )
-ANSWER_SCHEMA = {
-    "type": "object",
-    "properties": {"answer": {"type": "string"}},
-    "required": ["answer"],
-}
+#: Answers are short phrases; a cap keeps a rambling small model from costing seconds.
+ANSWER_MAX_TOKENS = 32
 
 
 class HashingEmbedder:
@@ -199,14 +196,25 @@ def _answer_prompt(question: str, hits: Sequence[Any]) -> list[dict]:
 
 
 def _ask(client: Any, question: str, hits: Sequence[Any]) -> str:
-    """The SLM's short answer, or "" when the call fails (scored 0, counted as an error)."""
+    """The SLM's short answer (first line of a plain completion), or "" when the call fails
+    (scored 0; the client counts the error).
+
+    Plain text, not ``chat_json``: SmolLM2-135M often breaks a JSON wrapper around a free-text
+    answer (measured: "truncated JSON object" then retries, ~5 s per question against ~2 s),
+    and the answer needs no structure.
+    """
     from clag_fast.llm import LLMError
 
     try:
-        out = client.chat_json(_answer_prompt(question, hits), ANSWER_SCHEMA, max_tokens=48)
+        text = client.chat(_answer_prompt(question, hits), max_tokens=ANSWER_MAX_TOKENS)
     except LLMError:
         return ""
-    return str(out.get("answer", "")).strip()
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    answer = lines[0] if lines else ""
+    for prefix in ("short answer:", "answer:"):
+        if answer.lower().startswith(prefix):
+            answer = answer[len(prefix):].strip()
+    return answer
 
 
 # --- the run ---------------------------------------------------------------------------
