@@ -117,6 +117,21 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
     };
     let k = p.k;
     let Results { ids, scores, clusters, counts, scanned, probed, .. } = &mut res;
+    if use_flat && q > 1 {
+        // Batched flat search: one pass over the rows for all queries (blocked GEMM).
+        let tops = flat_batch(data, dim, queries, p);
+        for (qi, (top, sc)) in tops.into_iter().enumerate() {
+            let best = top.into_sorted();
+            for (j, s) in best.iter().enumerate() {
+                ids[qi * k + j] = s.id as i64;
+                scores[qi * k + j] = s.score;
+                clusters[qi * k + j] = cl.id_of_slot(cl.primary_of[s.id as usize]);
+            }
+            counts[qi] = best.len() as i64;
+            scanned[qi] = sc as i64;
+        }
+        return Ok(res);
+    }
     if q == 1 {
         let (c, s) = one(0, ids, scores, clusters, probed);
         counts[0] = c;
@@ -185,6 +200,46 @@ fn flat_one(data: &[f32], dim: usize, q: &[f32], p: &Params, parallel: bool) -> 
     (top, scanned)
 }
 
+/// Rows per block of the batched flat search: 1024 rows x 100 queries of scores is 400 KB.
+const FLAT_BLOCK: usize = 1024;
+
+/// Flat search for many queries at once: the queries are packed once, each block of rows is
+/// multiplied against all of them, so the rows are read from memory once per batch instead
+/// of once per query. Blocks run in parallel, each thread keeping its own top-k per query.
+fn flat_batch(data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Vec<(TopK, usize)> {
+    let n = data.len() / dim;
+    let q = queries.len() / dim;
+    let prep = kernels::PreparedB::new(queries, dim);
+    let fresh = || -> (Vec<TopK>, usize, Vec<f32>) { ((0..q).map(|_| TopK::new(p.k)).collect(), 0, Vec::new()) };
+    let (tops, scanned, _) = (0..n.div_ceil(FLAT_BLOCK))
+        .into_par_iter()
+        .fold(fresh, |(mut tops, mut scanned, mut buf), b| {
+            let lo = b * FLAT_BLOCK;
+            let hi = ((b + 1) * FLAT_BLOCK).min(n);
+            buf.resize((hi - lo) * q, 0.0);
+            prep.gemm(&data[lo * dim..hi * dim], &mut buf);
+            for r in lo..hi {
+                if p.mask.is_some_and(|m| m[r] == 0) {
+                    continue;
+                }
+                scanned += 1;
+                let w = p.weights.map_or(1.0, |w| w[r]);
+                let row = &buf[(r - lo) * q..(r - lo + 1) * q];
+                for (t, &s) in tops.iter_mut().zip(row) {
+                    t.push(if p.weights.is_some() { s * w } else { s }, r as u32);
+                }
+            }
+            (tops, scanned, buf)
+        })
+        .reduce(fresh, |(mut a, sa, buf), (b, sb, _)| {
+            for (x, y) in a.iter_mut().zip(b) {
+                x.merge(y);
+            }
+            (a, sa + sb, buf)
+        });
+    tops.into_iter().map(|t| (t, scanned)).collect()
+}
+
 /// Stage 1: the `n_probe` best slots for `q` (slots without a centre are skipped).
 pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize) -> Vec<u32> {
     let cm = cl.centre_matrix();
@@ -197,27 +252,76 @@ pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize) -> Vec<u32> {
     top.into_sorted().into_iter().map(|s| s.id).collect()
 }
 
+/// How many rows ahead stage 2 prefetches. Member rows are scattered over the file, so
+/// each one starts with a cache miss; asking for row i + 2 while scoring row i overlaps
+/// those misses with the dot products.
+const PREFETCH_AHEAD: usize = 2;
+
+#[inline(always)]
+fn prefetch_row(data: &[f32], dim: usize, r: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let row = &data[r * dim..(r + 1) * dim];
+        let mut off = 0;
+        while off < dim {
+            // SAFETY: prefetch is only a hint; the address lies inside `row`.
+            unsafe { _mm_prefetch(row.as_ptr().add(off) as *const i8, _MM_HINT_T0) };
+            off += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, dim, r);
+}
+
+/// Score every row of `list` that passes `keep`, prefetching ahead.
+#[inline]
+fn scan_list(
+    data: &[f32],
+    dim: usize,
+    q: &[f32],
+    p: &Params,
+    list: &[u32],
+    keep: impl Fn(u32) -> bool,
+    top: &mut TopK,
+) -> usize {
+    let mut scanned = 0;
+    for (i, &r) in list.iter().enumerate() {
+        if let Some(&next) = list.get(i + PREFETCH_AHEAD) {
+            prefetch_row(data, dim, next as usize);
+        }
+        if !keep(r) {
+            continue;
+        }
+        if let Some(v) = score_row(data, dim, q, r as usize, p) {
+            top.push(v, r);
+            scanned += 1;
+        }
+    }
+    scanned
+}
+
 fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params, probed: &[u32]) -> (TopK, usize) {
     let mut top = TopK::new(p.k);
     let mut scanned = 0usize;
     for (j, &s) in probed.iter().enumerate() {
         let c = &cl.slots()[s as usize];
-        for &r in &c.primary {
-            if let Some(v) = score_row(data, dim, q, r as usize, p) {
-                top.push(v, r);
-                scanned += 1;
-            }
-        }
-        for &r in &c.secondary {
-            let prim = cl.primary_of[r as usize];
-            if (is_slot(prim) && probed.contains(&prim)) || cl.sec.any_in(r, &probed[..j]) {
+        let vecs = c.member_vectors(data, dim);
+        for (i, &r) in c.primary.iter().enumerate() {
+            if p.mask.is_some_and(|m| m[r as usize] == 0) {
                 continue;
             }
-            if let Some(v) = score_row(data, dim, q, r as usize, p) {
-                top.push(v, r);
-                scanned += 1;
-            }
+            let s = kernels::dot(q, &vecs[i * dim..(i + 1) * dim]);
+            top.push(if let Some(w) = p.weights { s * w[r as usize] } else { s }, r);
+            scanned += 1;
         }
+        // Primary lists are disjoint; a secondary entry is a duplicate when the row's primary
+        // cluster or an earlier-probed cluster also lists it.
+        let dup = |r: u32| {
+            let prim = cl.primary_of[r as usize];
+            (is_slot(prim) && probed.contains(&prim)) || cl.sec.any_in(r, &probed[..j])
+        };
+        scanned += scan_list(data, dim, q, p, &c.secondary, |r| !dup(r), &mut top);
     }
     for r in cl.pending_rows() {
         if (r as usize) < data.len() / dim {

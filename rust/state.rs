@@ -130,7 +130,7 @@ pub fn decode(b: &[u8], dim: usize) -> Result<(Clusters, usize)> {
         let sum = r.f64s(dim)?;
         let primary = r.u32s()?;
         let secondary = r.u32s()?;
-        slots.push(Cluster { id, anchor, weight, sum, primary, secondary, has_centre });
+        slots.push(Cluster::new(id, anchor, weight, sum, primary, secondary, has_centre));
     }
     let pending = r.u32s()?;
     if r.at != body.len() {
