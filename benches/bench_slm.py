@@ -1,0 +1,123 @@
+"""SLM organiser cost: LLM calls per stored memory and ingest wall time with SmolLM2.
+
+Ingests one LoCoMo conversation (default: conversation 2, 663 turns) into a fresh
+MemoryStore the way an agent does, one ``add()`` per turn, with the managed
+SmolLM2-135M-Instruct server (llama-cpp-python, 2 threads), then ``flush()``. The same run
+with ``llm=False`` (vector-only organisation) is the baseline. Reports calls and tokens per
+memory, the share of routes decided by the SLM versus vectors, ``add()`` latency and the
+wall time. The server's start (and warm-up) is timed separately: it happens once per
+process, not per conversation.
+
+    .venv/bin/python benches/bench_slm.py [--conv 2] [--turns 0] [--skip-vector]
+
+Prints a JSON report (and a Markdown summary) on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
+
+
+def load_conversation(conv: int, turns: int) -> list[str]:
+    """The turns of one LoCoMo conversation as "Speaker: text", sessions in order."""
+    if not LOCOMO.is_file():
+        raise FileNotFoundError(f"{LOCOMO} is missing (LoCoMo, benchmarks only)")
+    c = json.loads(LOCOMO.read_text())[conv]["conversation"]
+    texts: list[str] = []
+    i = 1
+    while f"session_{i}" in c:
+        texts += [f"{t['speaker']}: {t['text']}" for t in c[f"session_{i}"]]
+        i += 1
+    return texts[:turns] if turns else texts
+
+
+def ingest(texts: list[str], llm, embedder) -> dict:
+    from clag_fast import MemoryStore
+
+    with tempfile.TemporaryDirectory() as d:
+        store = MemoryStore.open(Path(d) / "store", llm=llm, embedder=embedder)
+        lat = []
+        t0 = time.perf_counter()
+        for text in texts:
+            t = time.perf_counter()
+            store.add(text)
+            lat.append(time.perf_counter() - t)
+        t_flush = time.perf_counter()
+        store.flush()
+        wall = time.perf_counter() - t0
+        st = store.stats()
+        org = store._slm._organizer.stats() if hasattr(store, "_slm") else {}
+        store.close()
+    n = len(texts)
+    llm_s = st["llm"]
+    lat_sorted = sorted(lat)
+    return {
+        "memories": n,
+        "wall_s": round(wall, 2),
+        "flush_s": round(time.perf_counter() - t_flush, 2),
+        "add_ms_p50": round(1000 * statistics.median(lat), 2),
+        "add_ms_p99": round(1000 * lat_sorted[int(0.99 * (n - 1))], 2),
+        "add_ms_max": round(1000 * lat_sorted[-1], 2),
+        "llm_calls": llm_s.get("calls", 0),
+        "llm_errors": llm_s.get("errors", 0),
+        "llm_calls_per_memory": round(llm_s.get("calls", 0) / n, 4),
+        "prompt_tokens_per_memory": round(llm_s.get("prompt_tokens", 0) / n, 1),
+        "completion_tokens_per_memory": round(llm_s.get("completion_tokens", 0) / n, 1),
+        "llm_latency_s_total": round(llm_s.get("latency_s", 0.0), 2),
+        "llm_latency_s_per_call": round(llm_s["latency_s"] / llm_s["calls"], 2) if llm_s.get("calls") else None,
+        "routing": st["routing"],
+        "organizations": st["organizations"],
+        "clusters": st["clusters"],
+        "organizer": org,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--conv", type=int, default=2)
+    p.add_argument("--turns", type=int, default=0, help="0 = the whole conversation")
+    p.add_argument("--skip-vector", action="store_true", help="skip the llm=False baseline")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    from clag_fast import Embedder
+    from clag_fast.llm import LLMClient
+    from clag_fast.server import ManagedServer
+
+    texts = load_conversation(args.conv, args.turns)
+    embedder = Embedder(device="cpu")
+    embedder.encode(texts[:4])  # load the model outside the timed part
+    report: dict = {
+        "machine": {
+            "nproc": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+            "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+            "python": platform.python_version(),
+            "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+        },
+        "conversation": args.conv,
+    }
+    if not args.skip_vector:
+        report["vector_only"] = ingest(texts, False, embedder)
+    with ManagedServer() as srv:
+        report["server"] = {"start_s": round(srv.start_time_s, 2), "warmup_s": round(srv.warmup_s or 0, 2)}
+        llm = LLMClient(srv.url, timeout=120.0)
+        report["slm"] = ingest(texts, llm, embedder)
+        report["slm"]["schema_mode"] = llm.schema_mode
+    report["machine"]["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    json.dump(report, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
