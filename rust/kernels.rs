@@ -447,14 +447,55 @@ pub fn top_centres(
             let mut block = vec![0.0f32; m * c];
             prep.gemm(brows, &mut block);
             for r in 0..m {
-                let best = top_k_of_row(&block[r * c..(r + 1) * c], k, valid);
-                for j in 0..k {
-                    let (id, sc) = best.get(j).map_or((-1, f32::NEG_INFINITY), |s| (s.id as i64, s.score));
-                    bid[r * k + j] = id;
-                    bsc[r * k + j] = sc;
+                let row = &block[r * c..(r + 1) * c];
+                let (oid, osc) = (&mut bid[r * k..(r + 1) * k], &mut bsc[r * k..(r + 1) * k]);
+                if k <= SMALL_K {
+                    small_top_k(row, valid, oid, osc);
+                } else {
+                    let best = top_k_of_row(row, k, valid);
+                    for j in 0..k {
+                        let (id, sc) = best.get(j).map_or((-1, f32::NEG_INFINITY), |s| (s.id as i64, s.score));
+                        oid[j] = id;
+                        osc[j] = sc;
+                    }
                 }
             }
         });
+}
+
+/// Up to this k, batched assignment keeps the best k in a sorted array (insertion), which
+/// beats a heap and allocates nothing: most of the c scores fail the first compare.
+const SMALL_K: usize = 8;
+
+/// Top-k (k = ids.len()) of one score row into ids / scores, best first, ties to the lower
+/// index, padding -1 / -inf.
+fn small_top_k(row: &[f32], valid: Option<&[bool]>, ids: &mut [i64], scores: &mut [f32]) {
+    let k = ids.len();
+    ids.fill(-1);
+    scores.fill(f32::NEG_INFINITY);
+    let mut filled = 0;
+    for (j, &s) in row.iter().enumerate() {
+        if filled == k && s <= scores[k - 1] {
+            continue;
+        }
+        if valid.is_some_and(|v| !v[j]) {
+            continue;
+        }
+        // Insert after every kept score >= s (earlier index wins ties).
+        let mut pos = filled.min(k - 1);
+        while pos > 0 && scores[pos - 1] < s {
+            pos -= 1;
+        }
+        if filled < k {
+            filled += 1;
+        }
+        for t in (pos + 1..filled).rev() {
+            ids[t] = ids[t - 1];
+            scores[t] = scores[t - 1];
+        }
+        ids[pos] = j as i64;
+        scores[pos] = s;
+    }
 }
 
 /// Nearest centre (index, score) for each of the rows named by `ids` in `data`; gathers each
@@ -475,13 +516,19 @@ pub fn nearest_centre_gather(
         .zip(ids.par_chunks(BLOCK_ROWS))
         .for_each(|((lab, bs), bids)| {
             let m = bids.len();
-            let mut buf = vec![0.0f32; m * dim];
-            for (i, &r) in bids.iter().enumerate() {
-                let r = r as usize;
-                buf[i * dim..(i + 1) * dim].copy_from_slice(&data[r * dim..(r + 1) * dim]);
-            }
             let mut block = vec![0.0f32; m * c];
-            prep.gemm(&buf, &mut block);
+            // A run of consecutive row ids (the common "every row" case) is already contiguous.
+            let (first, last) = (bids[0] as usize, bids[m - 1] as usize);
+            if last - first + 1 == m && bids.windows(2).all(|w| w[1] == w[0] + 1) {
+                prep.gemm(&data[first * dim..(last + 1) * dim], &mut block);
+            } else {
+                let mut buf = vec![0.0f32; m * dim];
+                for (i, &r) in bids.iter().enumerate() {
+                    let r = r as usize;
+                    buf[i * dim..(i + 1) * dim].copy_from_slice(&data[r * dim..(r + 1) * dim]);
+                }
+                prep.gemm(&buf, &mut block);
+            }
             for i in 0..m {
                 let row = &block[i * c..(i + 1) * c];
                 let (mut bj, mut bv) = (0usize, f32::NEG_INFINITY);
