@@ -95,8 +95,8 @@ impl Index {
         let dim = self.dim();
         let x = kernels::normalized(vectors, dim, "vectors")?;
         let n = x.len() / dim;
-        if k == 0 {
-            return Err(Error::Value("k must be >= 1".into()));
+        if k == 0 || k > search::MAX_K || n.saturating_mul(k) > search::MAX_RESULTS {
+            return Err(Error::Value(format!("k={k} is out of range for {n} vectors (1..={})", search::MAX_K)));
         }
         let mut ids = vec![-1i64; n * k];
         let mut sc = vec![f32::NEG_INFINITY; n * k];

@@ -55,6 +55,11 @@ impl Results {
     }
 }
 
+/// Largest k per query, and largest q * k per call (the preallocated results are 20 bytes
+/// per slot).
+pub const MAX_K: usize = 1 << 24;
+pub const MAX_RESULTS: usize = 1 << 28;
+
 /// Rows per parallel task for a single flat query (~6 MB of rows at dim 384).
 const FLAT_CHUNK: usize = 4096;
 
@@ -62,6 +67,14 @@ const FLAT_CHUNK: usize = 4096;
 pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Result<()> {
     if params.k == 0 {
         return Err(Error::Value("k must be >= 1".into()));
+    }
+    // The result arrays are q x k; refuse sizes whose allocation would abort the process.
+    let q = queries.len() / dim.max(1);
+    if params.k > MAX_K || q.saturating_mul(params.k) > MAX_RESULTS {
+        return Err(Error::Value(format!(
+            "k={} for {q} queries is too large (at most {MAX_K} per query and {MAX_RESULTS} results per call)",
+            params.k
+        )));
     }
     if params.n_probe == 0 && !params.flat {
         return Err(Error::Value("n_probe must be >= 1".into()));

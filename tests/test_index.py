@@ -304,3 +304,47 @@ def test_rows_appended_after_flush_are_unassigned_on_reopen(tmp_path):
         assert ix.cluster_of(np.arange(6)).tolist()[4:] == [-1, -1]
         assert (ix.cluster_of(np.arange(4)) >= 0).all()
         assert ix.n_pending() == 2
+
+
+def test_huge_k_is_a_value_error_not_an_abort(idx):
+    idx.append(np.eye(DIM)[:2])
+    with pytest.raises(ValueError, match="too large"):
+        idx.search(np.ones(DIM), k=10**12)
+    idx.new_cluster(np.ones(DIM))
+    with pytest.raises(ValueError, match="out of range"):
+        idx.soft_assign(np.ones(DIM), k=10**12)
+
+
+def test_concurrent_searches_and_writes_from_threads(idx):
+    """The GIL is released around native calls; the index lock keeps readers and writers
+    consistent (no crash, no deadlock, every search sees a valid prefix)."""
+    import threading
+
+    x, lab, c = blobs(3000, 10)
+    idx.append(x[:1000])
+    idx.kmeans(10, seed=0)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader():
+        try:
+            while not stop.is_set():
+                r = idx.search(x[:8], k=5, n_probe=2)
+                assert (r.counts == 5).all()
+                n = len(idx)
+                assert (r.ids[:, 0] < n).all()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for s in range(1000, 3000, 100):
+        rows = idx.append(x[s : s + 100])
+        ids, _ = idx.soft_assign(x[s : s + 100], k=2)
+        idx.assign(rows, ids)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    assert len(idx) == 3000 and idx.cluster_sizes().sum() == 3000
