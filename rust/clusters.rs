@@ -131,6 +131,9 @@ pub struct Clusters {
     /// Rows that may be PENDING (stale entries are skipped and compacted lazily).
     pub(crate) pending: Vec<u32>,
     n_pending: usize,
+    /// Keep contiguous per-cluster copies of member vectors for stage 2 (faster scans,
+    /// about one extra copy of the vectors in memory once every cluster has been probed).
+    pub member_cache: bool,
 }
 
 impl Clusters {
@@ -145,6 +148,7 @@ impl Clusters {
             sec: Secondary::default(),
             pending: Vec::new(),
             n_pending: 0,
+            member_cache: true,
         }
     }
 

@@ -21,8 +21,9 @@ pub struct Index {
 
 impl Index {
     /// Create or reopen the index in `dir`. `dim` is required to create it and checked
-    /// against an existing one. Read-only opens never modify anything.
-    pub fn open(dir: &Path, dim: Option<usize>, read_only: bool) -> Result<Self> {
+    /// against an existing one. Read-only opens never modify anything. `member_cache`:
+    /// see `Clusters::member_cache`.
+    pub fn open(dir: &Path, dim: Option<usize>, read_only: bool, member_cache: bool) -> Result<Self> {
         if dir.exists() && !dir.is_dir() {
             return Err(Error::Io(format!("{}: not a directory", dir.display())));
         }
@@ -45,6 +46,7 @@ impl Index {
             Clusters::new(vf.dim())
         };
         cl.grow_rows(vf.len());
+        cl.member_cache = member_cache;
         Ok(Index { dir: dir.to_path_buf(), vf, cl })
     }
 
@@ -165,13 +167,13 @@ mod tests {
     fn persistence_round_trip_and_pending_after_reopen() {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("idx");
-        let mut ix = Index::open(&dir, Some(2), false).unwrap();
+        let mut ix = Index::open(&dir, Some(2), false, true).unwrap();
         ix.append(&[1.0, 0.0, 0.9, 0.1, 0.0, 1.0, 0.1, 0.9]).unwrap();
         let ids = ix.kmeans(2, None, 0).unwrap();
         ix.flush().unwrap();
         ix.append(&[1.0, 1.0]).unwrap();
         drop(ix); // no flush: row 4 is committed in the vector file but not in the state
-        let mut ix = Index::open(&dir, Some(2), true).unwrap();
+        let mut ix = Index::open(&dir, Some(2), true, true).unwrap();
         assert_eq!(ix.len(), 5);
         let mut got: Vec<i64> = ix.cl.ordered().iter().map(|p| p.0).collect();
         got.sort();
@@ -180,6 +182,6 @@ mod tests {
         assert_eq!(ix.cl.n_pending(), 1);
         assert_eq!(ix.cl.cluster_of(0).unwrap(), ix.cl.cluster_of(1).unwrap());
         assert!(ix.assign(&[4], &[ids[0]], 1).is_err()); // read-only
-        assert!(Index::open(&dir, Some(3), true).is_err());
+        assert!(Index::open(&dir, Some(3), true, true).is_err());
     }
 }

@@ -319,14 +319,18 @@ fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params,
     let mut scanned = 0usize;
     for (j, &s) in probed.iter().enumerate() {
         let c = &cl.slots()[s as usize];
-        let vecs = c.member_vectors(data, dim);
-        for (i, &r) in c.primary.iter().enumerate() {
-            if p.mask.is_some_and(|m| m[r as usize] == 0) {
-                continue;
+        if cl.member_cache {
+            let vecs = c.member_vectors(data, dim);
+            for (i, &r) in c.primary.iter().enumerate() {
+                if p.mask.is_some_and(|m| m[r as usize] == 0) {
+                    continue;
+                }
+                let s = kernels::dot(q, &vecs[i * dim..(i + 1) * dim]);
+                top.push(if let Some(w) = p.weights { s * w[r as usize] } else { s }, r);
+                scanned += 1;
             }
-            let s = kernels::dot(q, &vecs[i * dim..(i + 1) * dim]);
-            top.push(if let Some(w) = p.weights { s * w[r as usize] } else { s }, r);
-            scanned += 1;
+        } else {
+            scanned += scan_list(data, dim, q, p, &c.primary, |_| true, &mut top);
         }
         // Primary lists are disjoint; a secondary entry is a duplicate when the row's primary
         // cluster or an earlier-probed cluster also lists it.
@@ -420,6 +424,11 @@ mod tests {
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert_eq!(a.ids, b.ids);
+        cl.member_cache = false;
+        let c = search(&cl, &d, dim, &q, &all).unwrap();
+        assert_eq!(c.ids, b.ids);
+        assert_eq!(c.scores, b.scores);
+        cl.member_cache = true;
         assert_eq!(b.scanned[0], mask.iter().filter(|&&m| m != 0).count() as i64);
         // Pending rows (2900..3000) are findable in two-stage mode with one probe.
         let one = Params { k: 1, n_probe: 1, flat: false, mask: None, weights: None };

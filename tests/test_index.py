@@ -348,3 +348,18 @@ def test_concurrent_searches_and_writes_from_threads(idx):
         t.join(timeout=30)
     assert not errors, errors
     assert len(idx) == 3000 and idx.cluster_sizes().sum() == 3000
+
+
+def test_member_cache_off_gives_identical_results(tmp_path):
+    x, lab, c = blobs(1500, 12)
+    p = tmp_path / "ix"
+    with VectorIndex.open(p, dim=DIM) as ix:
+        ix.append(x)
+        ids = ix.kmeans(12, seed=0)
+        ix.assign(np.arange(0, 1500, 7), np.stack([ix.cluster_of(np.arange(0, 1500, 7)), np.roll(ids, 1)[lab[::7]]], 1))
+        a = ix.search(x[:40], k=8, n_probe=3)
+    with VectorIndex.open(p, read_only=True, member_cache=False) as ix:
+        b = ix.search(x[:40], k=8, n_probe=3)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    np.testing.assert_array_equal(a.scores, b.scores)
+    np.testing.assert_array_equal(a.scanned, b.scanned)

@@ -12,7 +12,9 @@ class _MapGuard:
 
 class VectorIndex:
     @staticmethod
-    def open(path: str | PathLike[str], dim: int | None = None, read_only: bool = False) -> VectorIndex: ...
+    def open(
+        path: str | PathLike[str], dim: int | None = None, read_only: bool = False, member_cache: bool = True
+    ) -> VectorIndex: ...
     @property
     def path(self) -> str: ...
     @property

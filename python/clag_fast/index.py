@@ -119,7 +119,14 @@ class VectorIndex:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def open(cls, path: str | os.PathLike[str], dim: int | None = None, *, read_only: bool = False) -> VectorIndex:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        dim: int | None = None,
+        *,
+        read_only: bool = False,
+        member_cache: bool = True,
+    ) -> VectorIndex:
         """Create or reopen the index directory ``path``.
 
         ``dim`` is required to create a new index and, when given, must match an existing one
@@ -127,10 +134,16 @@ class VectorIndex:
         process may read while one writes; it sees the rows committed at open time.
         Corrupt, truncated, foreign or other-version files raise OSError and are left untouched.
         Opening maps the vector file; rows are not read.
+
+        ``member_cache=True`` keeps, per cluster, a contiguous copy of its primary members'
+        vectors, built the first time a search probes the cluster and dropped when its
+        membership changes: stage 2 then streams memory instead of gathering scattered rows
+        (about 2x faster at 1M rows), at the cost of up to one more copy of the vectors in
+        RAM. ``False`` scans the memory map directly.
         """
         if dim is not None:
             dim = _positive_int(dim, "dim")
-        return cls(_clag_fast.VectorIndex.open(os.fspath(path), dim, bool(read_only)))
+        return cls(_clag_fast.VectorIndex.open(os.fspath(path), dim, bool(read_only), bool(member_cache)))
 
     @property
     def dim(self) -> int:

@@ -64,12 +64,12 @@ impl PyVectorIndex {
 
 #[pymethods]
 impl PyVectorIndex {
-    /// open(path, dim=None, read_only=False)
+    /// open(path, dim=None, read_only=False, member_cache=True)
     #[staticmethod]
-    #[pyo3(signature = (path, dim=None, read_only=false))]
-    fn open(py: Python<'_>, path: PathBuf, dim: Option<usize>, read_only: bool) -> PyResult<Self> {
+    #[pyo3(signature = (path, dim=None, read_only=false, member_cache=true))]
+    fn open(py: Python<'_>, path: PathBuf, dim: Option<usize>, read_only: bool, member_cache: bool) -> PyResult<Self> {
         let p = path.clone();
-        let ix = py.detach(move || Index::open(&p, dim, read_only))?;
+        let ix = py.detach(move || Index::open(&p, dim, read_only, member_cache))?;
         Ok(PyVectorIndex { inner: RwLock::new(Some(ix)), path })
     }
 
