@@ -209,5 +209,9 @@ def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
     for org in ("vector", "slm"):
         assert rep["organisation"][org]["llm_calls_per_question_answer"] == pytest.approx(2.0)
     assert rep["organisation"]["vector"]["llm_calls_per_memory"] == 0
+    answers = [a for rec in rep["per_sample"] for a in rec["answers"]]
+    assert len(answers) == 40
+    assert all(a["prediction"] == a["gold"] and a["f1"] == 1.0 for a in answers)  # 2nd line dropped
+    assert json.loads((tmp_path / "eval.json").read_text())["per_sample"][0]["answers"][0]["gold"]
     md = (tmp_path / "eval.md").read_text()
     assert "| slm/two_stage@4 | 10 | 1.000 | 1.000 |" in md

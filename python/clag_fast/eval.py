@@ -479,6 +479,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             orgs_before = _organizations(store)
             id_to_dia = {int(mid): t.dia_id for mid, t in zip(ids, s.turns)}
             qa_np = cfg.n_probe
+            answers: list[dict] = []
             before_search = _llm_counts(store_client)
             before_qa = _llm_counts(qa_client)
             for qi, (q, qv, rel) in enumerate(zip(s.qa, q_vecs, relevant)):
@@ -518,7 +519,10 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
                             hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=qa_np)
                         pred = _ask(qa_client, q.question, hits)
                         name = f"{org}/{mode}" + (f"@{qa_np}" if mode == "two_stage" else "")
-                        qa[name].add(q.category, f1=token_f1(pred, q.answer), bleu1=bleu1(pred, q.answer))
+                        f1, b1 = token_f1(pred, q.answer), bleu1(pred, q.answer)
+                        qa[name].add(q.category, f1=f1, bleu1=b1)
+                        answers.append({"config": name, "question": q.question, "gold": q.answer,
+                                        "category": q.category, "prediction": pred, "f1": f1, "bleu1": b1})
                 bar.update(1)
             search_llm = _diff(_llm_counts(store_client), before_search)
             qa_llm = _diff(_llm_counts(qa_client), before_qa)
@@ -543,6 +547,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
         "qa_llm": qa_llm,
         "store_stats": stats,
         "organizations_during_search": reorganised,
+        "answers": answers,
     }
 
 

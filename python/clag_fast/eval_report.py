@@ -80,19 +80,21 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     orgs = sorted({name.split("/")[0] for name in report["retrieval"]})
-    for org in orgs:
+    for i, org in enumerate(orgs):
+        color = f"C{i}"  # one colour per organisation: its flat star and its two_stage line
         pts = []
         for name, r in report["retrieval"].items():
             o, mode = name.split("/", 1)
             if o != org:
                 continue
             if mode == "flat":
-                ax.scatter([r["search_fraction"]], [r["recall@10"]], marker="*", s=120, label=f"{org} flat")
+                ax.scatter([r["search_fraction"]], [r["recall@10"]], marker="*", s=120, color=color,
+                           label=f"{org} flat")
             else:
                 pts.append((r["search_fraction"], r["recall@10"], mode.split("@")[-1]))
         pts.sort()
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{org} two_stage")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color, label=f"{org} two_stage")
             for x, y, npb in pts:
                 ax.annotate(f"n_probe={npb}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
     ax.set_xlabel("search-space fraction (memories scanned / total)")
