@@ -436,8 +436,8 @@ impl Clusters {
                 list.dedup();
             }
         }
-        for s in 0..ns {
-            if touched_p[s] {
+        for (s, &t) in touched_p.iter().enumerate() {
+            if t {
                 self.refresh_centre(s);
             }
         }

@@ -100,7 +100,7 @@ pub fn check_rows(data: &[f32], dim: usize, what: &str) -> Result<Vec<f32>> {
     if dim == 0 {
         return Err(Error::Value("dim must be >= 1".into()));
     }
-    if data.len() % dim != 0 {
+    if !data.len().is_multiple_of(dim) {
         return Err(Error::Value(format!(
             "{what}: {} values is not a whole number of rows of dim {dim}",
             data.len()
@@ -115,7 +115,8 @@ pub fn check_rows(data: &[f32], dim: usize, what: &str) -> Result<Vec<f32>> {
             )));
         }
         let n = norm_f64(row);
-        if !(n > 1e-30) {
+        // Written as `n <= tiny || NaN` so NaN (impossible after the finiteness check) fails too.
+        if n.is_nan() || n <= 1e-30 {
             return Err(Error::Value(format!("{what}: row {i} is a zero vector (cannot be normalised)")));
         }
         inv.push((1.0 / n) as f32);
@@ -137,7 +138,7 @@ pub fn normalized(data: &[f32], dim: usize, what: &str) -> Result<Vec<f32>> {
 /// when the vector is zero.
 pub fn normalize_f64_into(v: &[f64], out: &mut [f32]) -> bool {
     let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
-    if !(n > 1e-30) || !n.is_finite() {
+    if n.is_nan() || n <= 1e-30 || !n.is_finite() {
         return false;
     }
     for (o, x) in out.iter_mut().zip(v) {
@@ -240,6 +241,7 @@ mod avx512 {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     unsafe fn rest(a: *const f32, d: usize, bp: *const f32, c: *mut f32, ldc: usize, m0: u16, m1: u16, rows: usize) {
         match rows {

@@ -181,12 +181,11 @@ fn update_centres(x: &[f32], labels: &[u32], best: &[f32], dim: usize, k: usize,
     let mut next_worst = 0;
     for c in 0..k {
         let dst = &mut centres[c * dim..(c + 1) * dim];
-        if counts[c] == 0 || !kernels::normalize_f64_into(&sums[c * dim..(c + 1) * dim], dst) {
-            if next_worst < worst.len() {
-                let r = worst[next_worst];
-                next_worst += 1;
-                dst.copy_from_slice(&x[r * dim..(r + 1) * dim]);
-            }
+        let empty = counts[c] == 0 || !kernels::normalize_f64_into(&sums[c * dim..(c + 1) * dim], dst);
+        if empty && next_worst < worst.len() {
+            let r = worst[next_worst];
+            next_worst += 1;
+            dst.copy_from_slice(&x[r * dim..(r + 1) * dim]);
         }
     }
 }

@@ -79,7 +79,7 @@ pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Res
     if params.n_probe == 0 && !params.flat {
         return Err(Error::Value("n_probe must be >= 1".into()));
     }
-    if dim == 0 || queries.len() % dim != 0 {
+    if dim == 0 || !queries.len().is_multiple_of(dim) {
         return Err(Error::Value(format!("queries must have {dim} columns")));
     }
     if let Some(m) = params.mask {

@@ -14,10 +14,10 @@
 //! seq + 1 and the new count. A slot counts only if its checksum (over magic, version, dim,
 //! seq, count) matches, and the valid slot with the higher seq wins. A process killed at any
 //! point therefore leaves either the old or the new count, never a torn one, and rows past
-//! the count are never read. `sync()` msyncs the new rows before the header, so after it
-//! returns the rows are durable on disk too (power loss between syncs may lose the unsynced
-//! appends; the header's count never gets ahead of durably written rows only if `sync` is
-//! used, which `VectorIndex.flush()` does).
+//! the count are never read (they are overwritten by the next append). The page cache
+//! survives the death of the process, so every append that returned is kept.
+//! Against power loss, `sync()` msyncs the new rows *before* the header: after it returns
+//! everything appended so far is on disk; appends after the last sync may be lost.
 //!
 //! Growth remaps the file. Old mappings are reference counted (`Arc`) so numpy views
 //! handed out earlier stay valid until they are dropped.

@@ -19,6 +19,9 @@ use crate::index::Index;
 use crate::search::Params;
 use crate::vectors::{Map, HEADER_LEN};
 
+/// (cluster ids, scores) arrays of a soft assignment.
+type IdsScores<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>);
+
 /// Keeps a memory mapping alive for as long as a numpy view of it exists.
 #[pyclass(name = "_MapGuard", module = "clag_fast._clag_fast", frozen)]
 pub struct PyMapGuard {
@@ -183,7 +186,7 @@ impl PyVectorIndex {
         py: Python<'py>,
         vectors: PyReadonlyArray2<'py, f32>,
         k: usize,
-    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+    ) -> PyResult<IdsScores<'py>> {
         let x = slice2(&vectors, "vectors")?;
         let n = vectors.shape()[0];
         let (ids, sc) = py.detach(|| self.with(|ix| ix.soft_assign(x, k)))?;
