@@ -111,6 +111,7 @@ def test_max_questions_and_samples_bound_the_run():
         ({"samples": "nope"}, "no sample with id or index 'nope'"),
         ({"samples": 0}, "--samples must be >= 1"),
         ({"max_questions": 0}, "max_questions must be >= 1"),
+        ({"qa_questions": 0}, "qa_questions must be >= 1"),
         ({"n_probe": [0, 2]}, "n_probe values must be >= 1"),
         ({"store_options": {"bogus": 1}}, "store option"),
         ({"qa_modes": ["fast"]}, "unknown search mode 'fast'"),
@@ -192,6 +193,14 @@ def fake_slm():
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
+
+
+def test_qa_questions_bounds_answers_not_retrieval(fake_slm):
+    rep = run_eval(TINY, out_dir=None, embedder="hash", progress=False, llm=fake_slm, n_probe=[2],
+                   qa_modes=["two_stage"], qa_questions=3)
+    assert _FakeSLM.answered == 3 * 2  # 3 questions, one mode, two organisations
+    assert rep["qa"]["vector/two_stage@4"]["questions"] == 3
+    assert rep["retrieval"]["vector/flat"]["questions"] == 10
 
 
 def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):

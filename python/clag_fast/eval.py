@@ -316,6 +316,7 @@ def run_eval(
     precision: str = "fp32",
     threads: int | None = None,
     qa_modes: Sequence[str] = ("flat", "two_stage"),
+    qa_questions: int | None = None,
     cache_dir: str | Path | None = None,
     store_options: dict[str, Any] | None = None,
     progress: bool = True,
@@ -336,6 +337,8 @@ def run_eval(
       precision, threads: passed to the MiniLM Embedder.
       qa_modes: search modes whose hits are given to the SLM ("two_stage" uses the store's
         default n_probe).
+      qa_questions: with an SLM, answer only the first N questions per sample (retrieval
+        metrics still cover every question): answers cost seconds each on a CPU.
       cache_dir: keep embeddings here between runs (keyed by model and texts).
       store_options: StoreConfig field overrides for every store (e.g.
         ``{"target_cluster_size": 32}``); the retrieval cache is off unless overridden.
@@ -350,6 +353,8 @@ def run_eval(
         raise ValueError(f"n_probe values must be >= 1, got {n_probe}")
     if max_questions is not None and max_questions < 1:
         raise ValueError(f"max_questions must be >= 1, got {max_questions}")
+    if qa_questions is not None and qa_questions < 1:
+        raise ValueError(f"qa_questions must be >= 1, got {qa_questions}")
     for m in qa_modes:
         if m not in ("flat", "two_stage"):
             raise ValueError(f"qa_modes: unknown search mode {m!r} (use 'flat' or 'two_stage')")
@@ -391,7 +396,7 @@ def run_eval(
             for org in organisations:
                 rec = _eval_sample_org(
                     s, org, s_turn_vecs, s_q_vecs, relevant, search_cfgs, qa_modes, retrieval, qa,
-                    url, emb, bar, store_options,
+                    url, emb, bar, store_options, qa_questions,
                 )
                 per_sample.append(rec)
                 tot = org_totals.setdefault(org, {"cluster_sizes": [], "cluster_counts": []})
@@ -419,6 +424,7 @@ def run_eval(
             "threads": threads,
             "search_k": SEARCH_K,
             "qa_modes": list(qa_modes),
+            "qa_questions": qa_questions,
             "store_options": dict(store_options or {}),
         },
         "counts": {
@@ -444,7 +450,8 @@ def run_eval(
 def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndarray,
                      relevant: list[set[str]], search_cfgs: list, qa_modes: Sequence[str],
                      retrieval: dict[str, _Acc], qa: dict[str, _Acc], url: str | None,
-                     emb: Any, bar: Any, store_options: dict[str, Any] | None) -> dict:
+                     emb: Any, bar: Any, store_options: dict[str, Any] | None,
+                     qa_questions: int | None = None) -> dict:
     """Build, organise and query one store for one sample and one organisation."""
     from clag_fast.store import MemoryStore
 
@@ -512,7 +519,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
                             "latency_s": lat,
                         },
                     )
-                if qa_client is not None:
+                if qa_client is not None and (qa_questions is None or qi < qa_questions):
                     for mode in qa_modes:
                         hits = hits_for_qa.get(mode)
                         if hits is None:  # two_stage at the default n_probe was not in the list
@@ -662,6 +669,8 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="MiniLM precision")
     p.add_argument("--threads", type=int, default=None, help="embedder threads (default: onnxruntime's)")
     p.add_argument("--qa-modes", default="flat,two_stage", help="search modes answered by the SLM")
+    p.add_argument("--qa-questions", type=int, default=None,
+                   help="with --llm: answer only the first N questions per sample (retrieval still uses all)")
     p.add_argument("--cache", default=None, help="directory to cache embeddings between runs")
     p.add_argument("--store-option", action="append", default=[], type=_store_option, metavar="FIELD=VALUE",
                    help="StoreConfig override for every store, e.g. target_cluster_size=32 (repeatable)")
@@ -675,6 +684,7 @@ def _run_from_args(args: argparse.Namespace) -> int:
             args.dataset, out_dir=args.out, samples=args.samples, max_questions=args.max_questions,
             n_probe=args.n_probe, llm=args.llm, embedder=args.embedder, precision=args.precision,
             threads=args.threads, qa_modes=[m.strip() for m in args.qa_modes.split(",") if m.strip()],
+            qa_questions=args.qa_questions,
             cache_dir=args.cache, store_options=dict(args.store_option),
             progress=not args.no_progress, plots=not args.no_plots,
         )
