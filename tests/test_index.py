@@ -223,7 +223,10 @@ def test_assign_soft_and_unassign(idx):
     with pytest.raises(KeyError):
         idx.assign([2, 999], [cids[0], cids[0]])  # validated first: nothing changed
     assert idx.cluster_sizes().tolist() == before
-    e = idx.new_cluster()
+    e = idx.new_cluster()  # no anchor, no members: no centre, never proposed
+    sids, _ = idx.soft_assign(x[:10], k=5)
+    assert e not in sids and (sids[:, 4] == -1).all()
+    np.testing.assert_array_equal(idx.centres()[-1], np.zeros(DIM, np.float32))
     idx.drop_cluster(e)
     assert e not in idx.cluster_ids()
     with pytest.raises(ValueError, match="weight"):
