@@ -250,18 +250,20 @@ def test_write_profiles_cleans_tags_and_fills_from_keywords(fake_server):
     answers = iter([
         {"shared_topic": "Home baking and cooking.", "keywords": ["Baking", "tag", "baking!"]},
         {"shared_topic": "", "keywords": ["a", "b", "c"]},
+        {"shared_topic": "\U0001f331\U0001f496\u2728 #LGBTQ #123", "keywords": ["a", "b", "c"]},
         {"shared_topic": "Office work.", "keywords": ["work", "Meetings", "career_growth"]},
     ])
     fake_server.behaviour = lambda body: (200, completion(json.dumps(next(answers))))
     org = org_for(fake_server)
     cooking = ClusterBrief(3, examples=["I baked sourdough bread.", "Fresh bread with butter.", "Sourdough starter"])
-    out = org.write_profiles([cooking, TRAVEL, WORK])
+    out = org.write_profiles([cooking, TRAVEL, COOKING, WORK])
     assert out[3].summary == "Home baking and cooking."
     assert out[3].tags[0] == "baking" and len(out[3].tags) == 3 and len(set(out[3].tags)) == 3
     assert set(out[3].tags[1:]) <= {"sourdough", "bread", "butter", "fresh", "starter", "baked"}
     assert 12 not in out  # empty summary: the store keeps its vector profile
+    assert out[3].summary == "Home baking and cooking."  # emoji soup did not overwrite it
     assert out[7] == Profile("Office work.", ["work", "meetings", "career"])
-    assert org.errors == 1
+    assert org.errors == 2
 
 
 def test_write_profiles_missing_where_slm_fails(fake_server):

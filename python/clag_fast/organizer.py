@@ -192,6 +192,13 @@ def keywords(texts: Sequence[str], n: int = 3, exclude: Sequence[str] = ()) -> l
     return [w for w, _ in counts.most_common(n)]
 
 
+def _wordy(text: str) -> bool:
+    """True when ``text`` is mostly letters (a sentence), not empty or symbol soup."""
+    chars = [ch for ch in text if not ch.isspace()]
+    letters = sum(ch.isalpha() for ch in chars)
+    return letters >= 3 and letters >= 0.6 * len(chars)
+
+
 def _clean_tag(tag: Any) -> str | None:
     words = _WORD_RE.findall(str(tag).lower().replace("_", " "))
     for w in words:
@@ -432,8 +439,9 @@ class Organizer:
             if answer is None:
                 continue
             summary = prompts.clip(answer.get("shared_topic", ""), 200)
-            if not summary:
-                self._fail("profile", f"cluster {c.id}: empty summary")
+            if not _wordy(summary):
+                # Empty, or emoji / hashtag runs (seen from SmolLM2): the vector profile is better.
+                self._fail("profile", f"cluster {c.id}: unusable summary {summary!r:.80}")
                 continue
             tags: list[str] = []
             for t in answer.get("keywords", []):
