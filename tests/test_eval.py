@@ -224,3 +224,14 @@ def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
     assert json.loads((tmp_path / "eval.json").read_text())["per_sample"][0]["answers"][0]["gold"]
     md = (tmp_path / "eval.md").read_text()
     assert "| slm/two_stage@4 | 10 | 1.000 | 1.000 |" in md
+
+
+def test_clag_fast_eval_subcommand(tmp_path, capsys):
+    """The same run through the `clag-fast` command's `eval` subcommand (cli.py wires it)."""
+    from clag_fast.cli import main as clag_fast_main
+
+    rc = clag_fast_main(["eval", str(TINY), "--embedder", "hash", "--out", str(tmp_path), "--no-progress",
+                         "--no-plots", *CLUSTERED_ARGS])
+    assert rc == 0
+    assert "| vector/two_stage@8 |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "eval.json").read_text())["counts"]["memories"] == 41
