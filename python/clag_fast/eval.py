@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from clag_fast.eval_data import QAItem, Sample, Turn, load_dataset
+from clag_fast.eval_data import Sample, load_dataset
 from clag_fast.metrics import (
     answer_tokens,
     bleu1,
