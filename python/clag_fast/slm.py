@@ -42,6 +42,7 @@ class SLMSide:
         self.org_config = OrganizerConfig(
             min_memories_to_cluster=cfg.min_memories_to_cluster,
             organize_every=cfg.organize_every,
+            route_batch=cfg.route_batch,
             labels=list(cfg.labels) if cfg.labels else None,
         )
         self._organizer = Organizer(None, self.org_config)
