@@ -12,7 +12,9 @@ Script mode (same engines and datasets, prints the markdown tables for BENCHMARK
 Knobs (environment): CLAG_BENCH_SIZES (``100k,1M``), CLAG_BENCH_SETS (``easy,hard,real`` or
 names such as ``hard-100k``), CLAG_BENCH_THREADS (all cores), CLAG_BENCH_HNSW_1M=1 (build
 usearch HNSW at 1M too: ~7 minutes on 2 cores), CLAG_BENCH_BRUTE_QUERIES (queries timed for
-exact scans above 200k rows, default 100), CLAG_BENCH_CACHE (``/tmp/clag_bench``).
+exact scans above 200k rows, default 100), CLAG_BENCH_ASSIGN_BASELINE_ROWS (rows the numpy
+and faiss assignment baselines process, default 200k; clag always assigns every row),
+CLAG_BENCH_CACHE (``/tmp/clag_bench``).
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ def _assign_run(reg: Registry, impl: str):
         ivf = reg.get("faiss-ivf").index  # no clag centres: assign to faiss's trained lists
         centres, cids = ivf.quantizer.reconstruct_n(0, ivf.nlist), None
         rows = reg.ds.base
-    if impl == "numpy":
-        fn = lambda: engines.assign_numpy(rows, centres)  # noqa: E731
-    elif impl == "faiss":
-        fn = lambda: engines.assign_faiss(rows, centres)  # noqa: E731
+    if impl in ("numpy", "faiss"):
+        # The baselines run at a steady rows/s, so on big sets a prefix measures them at a
+        # fraction of the cost (numpy needs ~2 minutes for 1M rows on the shared 2 cores).
+        rows = rows[: int(os.environ.get("CLAG_BENCH_ASSIGN_BASELINE_ROWS", "200000"))]
+        impl_fn = engines.assign_numpy if impl == "numpy" else engines.assign_faiss
+        fn = lambda: impl_fn(rows, centres)  # noqa: E731
     else:
         index = reg.get("clag").index
 
@@ -83,7 +87,7 @@ def _record_assign(reg: Registry, impl: str, seconds: float, ids: np.ndarray, ro
     ref = reg.__dict__.setdefault("_assign_ref", {})
     if impl == "numpy":  # the reference the others are compared with (runs first)
         ref["ids"] = ids
-    agree = engines.primary_agreement(ids, ref["ids"]) if ref.get("ids") is not None else None
+    agree = engines.primary_agreement(ids, ref["ids"]) if ref.get("ids") is not None else None  # on the common prefix
     rec = {"kind": "assign", "dataset": reg.ds.name, "engine": impl, "rows": len(rows), "centres": len(centres),
            "seconds": seconds, "rows_per_s": len(rows) / seconds, "agree": agree, "load": measure.load_avg()}
     measure.RESULTS.append(rec)
@@ -176,8 +180,7 @@ def test_open_store(benchmark, ds, registry):
     """Open the clag store in fresh processes: median seconds and RSS before any query."""
     benchmark.group = f"{ds.name}: open store"
     try:
-        registry.get("clag")
-        rec = benchmark.pedantic(engines.open_in_fresh_process, args=(ds,), rounds=1, iterations=1)
+        rec = benchmark.pedantic(engines.open_in_fresh_process, args=(registry,), rounds=1, iterations=1)
     except Unavailable as exc:
         pytest.skip(str(exc))
     benchmark.extra_info.update({k: rec[k] for k in ("rows", "open_s", "rss_delta_mb", "rss_mb", "first_query_ms")})
@@ -219,7 +222,7 @@ def main() -> None:
             rec = _record_assign(reg, impl, t.seconds, np.asarray(t.value[0]), rows, centres)
             print(f"  assign {impl}: {rec['rows_per_s']:,.0f} rows/s (agree {rec['agree']})", flush=True)
         try:
-            rec = engines.open_in_fresh_process(ds)
+            rec = engines.open_in_fresh_process(reg)
             print(f"  open: {rec['open_s']:.4f} s, RSS +{rec['rss_delta_mb']:.1f} MiB", flush=True)
         except Unavailable as exc:
             print(f"  skip open: {exc}", flush=True)

@@ -26,8 +26,12 @@ import measure  # noqa: E402 -- after the thread pins above
 def pytest_collect_file(file_path: Path, parent):
     if file_path.suffix != ".py" or not file_path.name.startswith("bench_"):
         return None
+    # pytest's own collector already takes files named on the command line and files that
+    # match python_files; collecting them here too would run every benchmark twice.
+    if parent.session.isinitpath(file_path):
+        return None
     if any(fnmatch.fnmatch(file_path.name, pat) for pat in parent.config.getini("python_files")):
-        return None  # the default collector already takes it
+        return None
     return pytest.Module.from_parent(parent, path=file_path)
 
 
@@ -37,4 +41,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     info = measure.machine()
     terminalreporter.section("clag_fast native-core benchmark tables")
     terminalreporter.write_line(", ".join(f"{k} {v}" for k, v in info.items()))
-    terminalreporter.write_line(measure.tables())
+    text = measure.tables()
+    terminalreporter.write_line(text)
+    # Also on disk, ready to paste into BENCHMARKS.md.
+    from vector_sets import cache_dir  # noqa: PLC0415
+
+    out = cache_dir() / "bench_search_tables.md"
+    out.write_text("; ".join(f"{k} {v}" for k, v in info.items()) + "\n\n" + text + "\n")
+    terminalreporter.write_line(f"tables written to {out}")
