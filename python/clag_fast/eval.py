@@ -211,9 +211,11 @@ def _ask(client: Any, question: str, hits: Sequence[Any]) -> str:
         return ""
     lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
     answer = lines[0] if lines else ""
-    for prefix in ("short answer:", "answer:"):
+    # Small models often restate the question's frame before the answer; drop that frame.
+    for prefix in ("the short answer is:", "the answer is:", "short answer:", "answer:"):
         if answer.lower().startswith(prefix):
             answer = answer[len(prefix):].strip()
+            break
     return answer
 
 
@@ -479,7 +481,9 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
                                  metadata=[t.metadata() for t in s.turns])
             ingest_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            organised = store.organize()
+            # The SLM organisation gets a task context so that it can propose topics (the
+            # paper's agent-driven clustering); the vector organisation ignores it anyway.
+            organised = store.organize(task_context=_task_context(s) if org == "slm" else None)
             organize_s = time.perf_counter() - t0
             ingest_llm = _diff(_llm_counts(store_client), before)
             sizes = sorted((c.size for c in store.clusters()), reverse=True)
@@ -556,6 +560,14 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
         "organizations_during_search": reorganised,
         "answers": answers,
     }
+
+
+def _task_context(s: Sample) -> str:
+    """What the memories are for, in the words an agent would give its memory store."""
+    speakers = list(dict.fromkeys(t.speaker for t in s.turns))
+    who = " and ".join(speakers[:2]) if speakers else "two people"
+    return (f"Memories of a long chat between {who} over many sessions: their lives, families, "
+            "work, hobbies, plans and events, to answer questions about them later.")
 
 
 def _organizations(store: Any) -> int:
