@@ -366,3 +366,33 @@ def test_member_cache_off_gives_identical_results(tmp_path):
     np.testing.assert_array_equal(a.ids, b.ids)
     np.testing.assert_array_equal(a.scores, b.scores)
     np.testing.assert_array_equal(a.scanned, b.scanned)
+
+
+def test_degenerate_inputs_do_not_crash(idx):
+    same = np.tile(np.eye(DIM)[0], (6, 1))
+    idx.append(same)
+    ids = idx.kmeans(6, seed=0)  # k == rows, all rows identical
+    assert idx.cluster_sizes().sum() == 6 and len(ids) == 6
+    big = ids[np.argmax([len(idx.members(c)) for c in ids])]
+    if len(idx.members(big)) >= 2:
+        a, b = idx.split(big)  # identical members: one side may be empty, but no crash
+        assert len(idx.members(a)) + len(idx.members(b)) >= 2
+    r = idx.search(np.eye(DIM)[0], k=20, n_probe=50)
+    assert r.counts[0] == 6
+    live = idx.cluster_ids()
+    idx.assign([0, 0, 0], [live[0], live[1], live[1]])  # duplicate rows: the last one wins
+    assert idx.cluster_of([0]).tolist() == [live[1]]
+    idx.unassign([])
+    idx.assign([], np.zeros((0, 2), np.int64))
+    with pytest.raises(ValueError):
+        idx.kmeans(7)  # more clusters than rows
+    with pytest.raises(ValueError):
+        idx.new_cluster(np.ones(DIM + 1))
+    with pytest.raises(ValueError):
+        idx.new_cluster(np.zeros(DIM))
+    with pytest.raises(ValueError):
+        idx.split(idx.new_cluster(np.ones(DIM)))  # fewer than 2 members
+    with pytest.raises(ValueError):
+        idx.kmeans(2, rows=[[0, 1]])
+    with pytest.raises(KeyError):
+        idx.kmeans(1, rows=[-1])
