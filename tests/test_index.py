@@ -396,3 +396,15 @@ def test_degenerate_inputs_do_not_crash(idx):
         idx.kmeans(2, rows=[[0, 1]])
     with pytest.raises(KeyError):
         idx.kmeans(1, rows=[-1])
+
+
+def test_dropped_index_is_flushed(tmp_path):
+    import gc
+
+    ix = VectorIndex.open(tmp_path / "ix", dim=4)
+    ix.append(np.eye(4))
+    ix.kmeans(2)
+    del ix
+    gc.collect()
+    with VectorIndex.open(tmp_path / "ix", dim=4) as again:  # the writer lock was released
+        assert len(again) == 4 and (again.cluster_of(np.arange(4)) >= 0).all()

@@ -65,6 +65,17 @@ impl PyVectorIndex {
     }
 }
 
+impl Drop for PyVectorIndex {
+    /// An index dropped without `close()` is still flushed (best effort: errors cannot be
+    /// raised from here), so forgetting `close()` does not leave cluster state behind.
+    fn drop(&mut self) {
+        let ix = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(ix) = ix {
+            let _ = ix.close();
+        }
+    }
+}
+
 #[pymethods]
 impl PyVectorIndex {
     /// open(path, dim=None, read_only=False, member_cache=True)
