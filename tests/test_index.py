@@ -408,3 +408,18 @@ def test_dropped_index_is_flushed(tmp_path):
     gc.collect()
     with VectorIndex.open(tmp_path / "ix", dim=4) as again:  # the writer lock was released
         assert len(again) == 4 and (again.cluster_of(np.arange(4)) >= 0).all()
+
+
+def test_native_stub_matches_the_module():
+    """A light stubtest: every public name of the native VectorIndex is in the .pyi and back."""
+    import ast
+    import pathlib
+
+    import clag_fast._clag_fast as native
+
+    stub = pathlib.Path(native.__file__).with_name("_clag_fast.pyi")
+    tree = ast.parse(stub.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VectorIndex")
+    stubbed = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    public = {n for n in dir(native.VectorIndex) if not n.startswith("_")} | {"__len__"}
+    assert stubbed == public
