@@ -25,7 +25,7 @@ TINY = Path(__file__).parent / "data" / "tiny_locomo.json"
 # 41 memories: cluster from 10 on, ~5 clusters, so two_stage really prunes.
 CLUSTERED = {"min_memories_to_cluster": 10, "target_cluster_size": 8}
 CLUSTERED_ARGS = ["--store-option", "min_memories_to_cluster=10", "--store-option", "target_cluster_size=8"]
-N_PROBES = [1, 2, 4, 8]
+N_PROBES = ["auto", 4, 8, 16, 32]  # the eval's default list
 
 
 def test_hashing_embedder_is_normalised_deterministic_and_lexical():
@@ -50,7 +50,7 @@ def test_cli_runs_tiny_file_end_to_end(tmp_path, capsys):
     assert (tmp_path / "recall_vs_fraction.png").read_bytes()[:4] == b"\x89PNG"
     report = json.loads((tmp_path / "eval.json").read_text())
     out = capsys.readouterr().out
-    assert "| vector/flat |" in out and "| vector/two_stage@1 |" in out
+    assert "| vector/flat |" in out and "| vector/two_stage@auto |" in out
 
     ret = report["retrieval"]
     assert sorted(ret) == sorted(["vector/flat"] + [f"vector/two_stage@{p}" for p in N_PROBES])
@@ -67,7 +67,7 @@ def test_cli_runs_tiny_file_end_to_end(tmp_path, capsys):
     org = report["organisation"]["vector"]
     assert org["clusters_per_sample"][0] >= 2
     assert sum(org["cluster_sizes"]) >= 41  # soft assignment may list a memory twice
-    assert ret["vector/two_stage@1"]["search_fraction"] < 1.0
+    assert ret["vector/two_stage@4"]["search_fraction"] < 1.0
     fracs = [ret[f"vector/two_stage@{p}"]["search_fraction"] for p in N_PROBES]
     assert fracs == sorted(fracs), "more probes never scan less"
     assert report["qa"] == {}  # no SLM given
@@ -112,7 +112,7 @@ def test_max_questions_and_samples_bound_the_run():
         ({"samples": 0}, "--samples must be >= 1"),
         ({"max_questions": 0}, "max_questions must be >= 1"),
         ({"qa_questions": 0}, "qa_questions must be >= 1"),
-        ({"n_probe": [0, 2]}, "n_probe values must be >= 1"),
+        ({"n_probe": [-1, 2]}, "n_probe values must be >= 1"),
         ({"store_options": {"bogus": 1}}, "store option"),
         ({"qa_modes": ["fast"]}, "unknown search mode 'fast'"),
         ({"embedder": "word2vec"}, "embedder must be"),
@@ -199,7 +199,7 @@ def test_qa_questions_bounds_answers_not_retrieval(fake_slm):
     rep = run_eval(TINY, out_dir=None, embedder="hash", progress=False, llm=fake_slm, n_probe=[2],
                    qa_modes=["two_stage"], qa_questions=3)
     assert _FakeSLM.answered == 3 * 2  # 3 questions, one mode, two organisations
-    assert rep["qa"]["vector/two_stage@4"]["questions"] == 3
+    assert rep["qa"]["vector/two_stage@auto"]["questions"] == 3
     assert rep["retrieval"]["vector/flat"]["questions"] == 10
 
 
@@ -210,7 +210,7 @@ def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
     assert {n.split("/")[0] for n in rep["retrieval"]} == {"vector", "slm"}
     # every question answered once per (organisation, qa mode), all with the gold answer
     assert _FakeSLM.answered == 10 * 2 * 2
-    assert sorted(rep["qa"]) == ["slm/flat", "slm/two_stage@4", "vector/flat", "vector/two_stage@4"]
+    assert sorted(rep["qa"]) == ["slm/flat", "slm/two_stage@auto", "vector/flat", "vector/two_stage@auto"]
     for name, q in rep["qa"].items():
         assert q["questions"] == 10
         assert q["f1"] == pytest.approx(1.0) and q["bleu1"] == pytest.approx(1.0), name
@@ -223,7 +223,7 @@ def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
     assert all(a["prediction"] == a["gold"] and a["f1"] == 1.0 for a in answers)  # 2nd line dropped
     assert json.loads((tmp_path / "eval.json").read_text())["per_sample"][0]["answers"][0]["gold"]
     md = (tmp_path / "eval.md").read_text()
-    assert "| slm/two_stage@4 | 10 | 1.000 | 1.000 |" in md
+    assert "| slm/two_stage@auto | 10 | 1.000 | 1.000 |" in md
 
 
 def test_clag_fast_eval_subcommand(tmp_path, capsys):

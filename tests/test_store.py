@@ -88,7 +88,7 @@ def test_cold_start_clusters_and_soft_assignment(store):
 def test_two_stage_search_scans_less_and_finds_the_exact_top(store):
     ids, vecs, _ = fill(store, 400, topics=10)
     q = vecs[17]
-    hits = store.search(q, k=5, n_probe=2)
+    hits = store.search(q, k=5)  # automatic n_probe
     assert hits.mode == "two_stage"
     assert hits.scanned < hits.candidates
     assert hits[0].memory_id == ids[17] and hits[0].score == pytest.approx(1.0, abs=1e-5)
@@ -205,6 +205,10 @@ def test_namespace_isolation(store):
     assert store.delete_namespace("bob") == 60
     assert len(store) == 60
     assert {h.memory_id for h in store.search(vecs[0], k=100, mode="flat")} == alice
+    # a namespace too small to fill k from the probed clusters still gets k hits
+    few = store.add_many(["c1", "c2", "c3"], embeddings=vecs[:3], namespaces="carol")
+    hits = store.search(-vecs[0], k=3, namespace="carol")
+    assert sorted(h.memory_id for h in hits) == sorted(few)
 
 
 def test_kind_and_time_filters(store):

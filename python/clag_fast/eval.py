@@ -50,7 +50,7 @@ from clag_fast.metrics import (
 
 __all__ = ["HashingEmbedder", "add_eval_parser", "run_eval", "main", "DEFAULT_N_PROBE"]
 
-DEFAULT_N_PROBE = (1, 2, 4, 8)
+DEFAULT_N_PROBE = (0, 4, 8, 16, 32)  # 0 = the store's automatic n_probe ("auto")
 #: The k of every retrieval metric is fixed by the issue: Recall@5, Recall@10, Precision@5,
 #: nDCG@10; searches therefore return the top 10.
 SEARCH_K = 10
@@ -350,9 +350,9 @@ def run_eval(
     from tqdm import tqdm
 
     t_start = time.perf_counter()
-    n_probe = sorted({int(p) for p in n_probe})
-    if not n_probe or n_probe[0] < 1:
-        raise ValueError(f"n_probe values must be >= 1, got {n_probe}")
+    n_probe = sorted({0 if p in ("auto", None) else int(p) for p in n_probe})
+    if not n_probe or n_probe[0] < 0:
+        raise ValueError(f"n_probe values must be >= 1 or 'auto', got {n_probe}")
     if max_questions is not None and max_questions < 1:
         raise ValueError(f"max_questions must be >= 1, got {max_questions}")
     if qa_questions is not None and qa_questions < 1:
@@ -489,16 +489,16 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             sizes = sorted((c.size for c in store.clusters()), reverse=True)
             orgs_before = _organizations(store)
             id_to_dia = {int(mid): t.dia_id for mid, t in zip(ids, s.turns)}
-            qa_np = cfg.n_probe
+            qa_np = cfg.n_probe or 0  # 0: the automatic n_probe
             answers: list[dict] = []
             before_search = _llm_counts(store_client)
             before_qa = _llm_counts(qa_client)
             for qi, (q, qv, rel) in enumerate(zip(s.qa, q_vecs, relevant)):
                 hits_for_qa: dict[str, Any] = {}
                 for mode, np_ in search_cfgs:
-                    name = f"{org}/{mode}" + (f"@{np_}" if np_ is not None else "")
+                    name = f"{org}/{mode}" + (f"@{np_ or 'auto'}" if np_ is not None else "")
                     t0 = time.perf_counter()
-                    hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=np_)
+                    hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=np_ or None)
                     # The store's own latency_s stops before its post-search triggers run:
                     # this loop repeats each question once per configuration, so a confused
                     # question fires the confusion trigger (an organisation) inside a search
@@ -527,9 +527,9 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
                     for mode in qa_modes:
                         hits = hits_for_qa.get(mode)
                         if hits is None:  # two_stage at the default n_probe was not in the list
-                            hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=qa_np)
+                            hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=qa_np or None)
                         pred = _ask(qa_client, q.question, hits)
-                        name = f"{org}/{mode}" + (f"@{qa_np}" if mode == "two_stage" else "")
+                        name = f"{org}/{mode}" + (f"@{qa_np or 'auto'}" if mode == "two_stage" else "")
                         f1, b1 = token_f1(pred, q.answer), bleu1(pred, q.answer)
                         qa[name].add(q.category, f1=f1, bleu1=b1)
                         answers.append({"config": name, "question": q.question, "gold": q.answer,
@@ -628,12 +628,17 @@ def _machine() -> dict:
 
 
 def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    """Comma-separated n_probe values; "auto" (kept as 0) is the store's automatic choice."""
+    vals = []
+    for x in (x.strip() for x in text.split(",")):
+        if x == "auto":
+            vals.append(0)
+        elif x.isdigit() and int(x) >= 1:
+            vals.append(int(x))
+        elif x:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 or 'auto', got {text!r}")
+    if not vals:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 or 'auto', got {text!r}")
     return vals
 
 
@@ -673,7 +678,7 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
                    help="first N samples, or comma-separated sample ids/indices (default: all)")
     p.add_argument("--max-questions", type=int, default=None, help="at most N questions per sample")
     p.add_argument("--n-probe", type=_int_list, default=list(DEFAULT_N_PROBE),
-                   help="two_stage n_probe values, comma-separated (default: 1,2,4,8)")
+                   help="two_stage n_probe values, comma-separated; auto = the store's own choice (default: auto,4,8,16,32)")
     p.add_argument("--llm", default=None,
                    help="llama.cpp server URL, or 'managed' for the bundled SmolLM2 (default: none, retrieval only)")
     p.add_argument("--embedder", choices=["minilm", "hash"], default="minilm",

@@ -134,7 +134,7 @@ def organize(store: "MemoryStore", *, task_context: str | None = None, reason: s
             report["topics"].append(text)
         report["reassigned"] = _reassign(store, live)
     elif len(idx.cluster_ids()) == 0 and enough and cfg.labels is None:
-        k = routing.choose_k(len(live), cfg.target_cluster_size)
+        k = routing.choose_k(len(live), cfg.cluster_sizes_for(len(live))[0])
         for cid in idx.kmeans(k, rows=live, seed=0).tolist():
             new.append((cid, "kmeans"))
         report["kmeans_k"] = k
@@ -150,6 +150,15 @@ def organize(store: "MemoryStore", *, task_context: str | None = None, reason: s
             rows = np.concatenate([idx.members(c) for c in touched if c in set(idx.cluster_ids().tolist())] or
                                   [np.empty(0, np.int64)])
             _reassign(store, rows)
+    # A topic no memory is nearest to would only waste probes: drop it (and any other
+    # cluster left empty), except template labels, which exist by definition.
+    templates = {c for (c,) in store._db.execute("SELECT id FROM clusters WHERE source='template'")}
+    templates |= {c for c, src in new if src == "template"}
+    for cid, size in zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()):
+        if size == 0 and cid not in templates:
+            idx.drop_cluster(cid)
+            report.setdefault("dropped_empty", []).append(cid)
+    new = [(c, src) for c, src in new if c in set(idx.cluster_ids().tolist())]
     with schema.transaction(store._db):
         save_new_clusters(store, new, now, profiles)
         _sync_clusters(store, now)
@@ -179,7 +188,8 @@ def create_label_clusters(store: "MemoryStore", labels: list[str], vectors: np.n
 def _split_oversized(store: "MemoryStore", report: dict, new: list) -> set[int]:
     idx, cfg = store._index, store.config
     touched: set[int] = set()
-    queue = [c for c, s in zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()) if s > cfg.max_cluster_size]
+    max_size = cfg.cluster_sizes_for(len(store))[1]
+    queue = [c for c, s in zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()) if s > max_size]
     while queue:
         cid = queue.pop()
         a, b = idx.split(cid, seed=0)
@@ -188,7 +198,7 @@ def _split_oversized(store: "MemoryStore", report: dict, new: list) -> set[int]:
             if c != cid:
                 new.append((c, "split"))
             touched.add(c)
-            if len(idx.members(c)) > cfg.max_cluster_size:
+            if len(idx.members(c)) > max_size:
                 queue.append(c)
     return touched
 
@@ -199,10 +209,11 @@ def _merge_redundant(store: "MemoryStore", report: dict, now: float) -> set[int]
     idx, cfg = store._index, store.config
     touched: set[int] = set()
     gone: set[int] = set()
+    max_size = cfg.cluster_sizes_for(len(store))[1]
     size = dict(zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()))
     for a, b, _sim in idx.merge_candidates(threshold=cfg.merge_threshold):
         # Never merge into something split would cut again: the two would fight forever.
-        if a in gone or b in gone or size[a] + size[b] > cfg.max_cluster_size:
+        if a in gone or b in gone or size[a] + size[b] > max_size:
             continue
         size[a] += size.pop(b)
         idx.merge(a, b)

@@ -49,6 +49,7 @@ class SLMSide:
         self._triggers = Triggers(self.org_config)
         self._pending: list[tuple[int, int, str, list[int], list[float]]] = []
         self._pending_lock = threading.Lock()
+        self._deferred: str | None = None  # a re-organisation a search asked for
         self._jobs: queue.Queue | None = None
         self._worker: threading.Thread | None = None
         if cfg.background and not store.read_only:
@@ -157,7 +158,8 @@ class SLMSide:
             n_pending = len(self._pending)
         if n_pending >= store.config.route_batch:
             self._submit(("route",))
-        reason = self._triggers.due()
+        reason = self._triggers.due() or self._deferred
+        self._deferred = None
         if reason:
             self._triggers.reset()
             self._submit(("organize", None, reason))
@@ -169,7 +171,12 @@ class SLMSide:
         reason = self._triggers.due()
         if reason == "confusion":
             self._triggers.reset()
-            self._submit(("organize", None, reason))
+            if self._jobs is not None:
+                self._jobs.put(("organize", None, reason))
+            else:
+                # Without a worker, a search never blocks on re-organisation: the next write
+                # runs it.
+                self._deferred = reason
 
     # -- jobs ------------------------------------------------------------------------------
     def _submit(self, job: tuple) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -400,9 +401,8 @@ class MemoryStore:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         if mode not in ("two_stage", "flat"):
             raise ValueError(f"mode must be 'two_stage' or 'flat', got {mode!r}")
-        n_probe = self.config.n_probe if n_probe is None else n_probe
-        if n_probe < 1:
-            raise ValueError(f"n_probe must be >= 1, got {n_probe}")
+        if n_probe is not None and (not isinstance(n_probe, (int, np.integer)) or n_probe < 1):
+            raise ValueError(f"n_probe must be a positive integer, got {n_probe!r}")
         qkey = query if isinstance(query, str) else None
         if qkey is not None and not query.strip():
             raise ValueError("query text is empty")
@@ -430,9 +430,15 @@ class MemoryStore:
             return Hits([], candidates=0, scanned=0, mode=mode)
         policy = self.config.forgetting
         weights = self._decay_weights(policy) if policy.active else None
-        clustered = len(self._index.cluster_ids()) > 0
-        eff_mode = mode if clustered else "flat"
+        n_clusters = len(self._index.cluster_ids())
+        eff_mode = mode if n_clusters else "flat"
+        n_probe = self._auto_probe(n_clusters) if n_probe is None else n_probe
         res = self._index.search(qvec, k=k, n_probe=n_probe, mode=eff_mode, mask=mask, weights=weights)
+        if eff_mode == "two_stage" and res.counts[0] < min(k, candidates):
+            # A selective filter (a small namespace) can leave the probed clusters short of k
+            # eligible rows: the eligible rows are few, so scanning them all is cheap.
+            eff_mode = "flat"
+            res = self._index.search(qvec, k=k, mode="flat", mask=mask, weights=weights)
         count = int(res.counts[0])
         hit_rows = res.ids[0, :count]
         scores = res.scores[0, :count]
@@ -455,7 +461,7 @@ class MemoryStore:
             for cid in set(clusters.tolist()):
                 if cid >= 0:
                     self._cluster_hits[cid] = now
-        probed = sorted({c for c in clusters.tolist() if c >= 0}) if eff_mode == "two_stage" else []
+        probed = [c for c in res.probed[0].tolist() if c >= 0] if eff_mode == "two_stage" else []
         return Hits(hits, scanned=int(res.scanned[0]), candidates=candidates, clusters_probed=probed,
                     mode=eff_mode)
 
@@ -591,6 +597,12 @@ class MemoryStore:
                 [(t, n, m) for m, (t, n) in dirty.items()],
             )
             self._db.executemany("UPDATE clusters SET last_hit_at=? WHERE id=?", [(t, c) for c, t in hits.items()])
+
+    def _auto_probe(self, n_clusters: int) -> int:
+        cfg = self.config
+        if cfg.n_probe is not None:
+            return cfg.n_probe
+        return int(min(max(4, math.ceil(cfg.probe_fraction * n_clusters)), cfg.max_probe))
 
     def _decay_weights(self, policy) -> np.ndarray:
         """Per-row decay weights, recomputed after writes or once a minute.
