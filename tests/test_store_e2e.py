@@ -99,3 +99,63 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
         # calls stay well below one per memory (the CLAG reference spends 2-3)
         assert st["llm"]["calls"] / 120 < 1.0
         assert np.isfinite(hits[0].score)
+
+
+def _scripted(body):
+    """A fake SLM that answers evolution and cluster-selection prompts sensibly, and garbage
+    to everything else (routes and profiles then fall back to vectors)."""
+    from llm_fixtures import completion
+
+    system = body["messages"][0]["content"]
+    if "where to look" in system:
+        return 200, completion(json.dumps({"groups": [2]}))
+    if "links" in json.dumps(body.get("response_format", {})):
+        return 200, completion(json.dumps({"links": [1], "tags": ["travel"]}))
+    return 200, completion("no idea")
+
+
+def test_localized_evolution_links_and_tags(tmp_path, fake_server):  # noqa: F811
+    fake_server.behaviour = _scripted
+    vecs, top = topic_vectors(40, 2, seed=8)
+    cfg = StoreConfig(min_memories_to_cluster=20, organize_every=0, evolution=True)
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=fake_server.url) as s:
+        s.add_many(texts_for(top), embeddings=vecs)
+        mid = s.add("a new memory", embedding=vecs[0], metadata={"day": 1})
+        s.flush()
+        links = s.links(mid)
+        assert len(links) == 1 and links[0][1] == "related"
+        other = links[0][0]
+        assert (mid, "related") in s.links(other)
+        assert s.get(mid).metadata == {"day": 1, "tags": ["travel"]}
+        # the neighbour offered first is the nearest member of the same cluster
+        assert s.get(other).cluster_id == s.get(mid).cluster_id
+
+
+def test_query_time_cluster_selection(tmp_path, fake_server):  # noqa: F811
+    fake_server.behaviour = _scripted
+
+    class Emb:  # the query text maps to a stored vector
+        def encode(self, texts):
+            return np.stack([vecs[5] for _ in texts])
+
+    vecs, top = topic_vectors(200, 6, seed=9)
+    cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm_select_clusters=True, n_probe=2,
+                      cache_size=0)
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=Emb(), llm=fake_server.url) as s:
+        s.add_many(texts_for(top), embeddings=vecs)
+        n_before = len(fake_server.chat_requests())
+        hits = s.search("which memory?", k=3)
+        selects = [r for r in fake_server.chat_requests()[n_before:]
+                   if "where to look" in r["messages"][0]["content"]]
+        assert len(selects) == 1, "one SLM call picks the clusters"
+        order = np.argsort(-(s._index.centres() @ vecs[5]), kind="stable")
+        ids = s._index.cluster_ids()
+        want = [int(ids[order[1]]), int(ids[order[0]])]  # the SLM's pick, then the best vector one
+        assert hits.clusters_probed == want
+        assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+        assert all(h.cluster_id in want for h in hits)
+        members = sum(len(np.union1d(s._index.members(c), s._index.secondary_members(c))) for c in want)
+        assert hits.scanned <= members
+        # vector queries never ask the SLM
+        s.search(vecs[5], k=3)
+        assert len(fake_server.chat_requests()) == n_before + 1

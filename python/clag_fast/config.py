@@ -41,6 +41,10 @@ class StoreConfig:
       background: organise in a worker thread; add() returns after vector routing.
       organize_every: periodic re-organisation every N new memories (0 = never).
       route_batch: ambiguous memories routed by the SLM in one prompt.
+      evolution: localized evolution (the paper's, off for speed): the SLM links each new
+        memory to related neighbours in its cluster and tags it (one call per memory).
+      slm_select_clusters: query-time cluster selection: the SLM picks which candidate
+        clusters a text query searches (one call per search); off = the vector choice.
     Other:
       forgetting: decay / pruning policy (off by default).
       cache_size: retrieval cache entries (0 = off); invalidated by any write.
@@ -65,6 +69,8 @@ class StoreConfig:
     background: bool = False
     organize_every: int = 50
     route_batch: int = 4
+    evolution: bool = False
+    slm_select_clusters: bool = False
     forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
     cache_size: int = 1024
     fsync: bool = False

@@ -270,6 +270,47 @@ def _sync_clusters(store: "MemoryStore", now: float) -> None:
     save_new_clusters(store, [(c, "recovered") for c in live - known], now)
 
 
+# -- evolution ----------------------------------------------------------------------------
+def cluster_neighbours(store: "MemoryStore", row: int, n: int) -> list[tuple[int, str]]:
+    """(memory id, text) of the ``n`` members of ``row``'s cluster most similar to it."""
+    idx = store._index
+    cid = int(idx.cluster_of(np.asarray([row]))[0])
+    if cid < 0:
+        return []
+    members = idx.members(cid)
+    members = members[(members != row) & store._rows.live[members]]
+    if len(members) == 0:
+        return []
+    sims = idx.vectors()[members] @ idx.vectors()[row]
+    top = members[np.argsort(-sims, kind="stable")[:n]]
+    mids = store._rows.memory_id[top].tolist()
+    texts = store._details(mids)
+    return [(m, texts[m][0]) for m in mids if m in texts]
+
+
+def apply_evolution(store: "MemoryStore", memory_id: int, links: list[int], tags: list[str]) -> None:
+    """Write the SLM's links (``related``, both directions) and the memory's tags (in its
+    metadata under ``tags``) in one transaction; memories deleted meanwhile are skipped."""
+    now = time.time()
+    with schema.transaction(store._db):
+        row = store._db.execute("SELECT metadata FROM memories WHERE id=?", (memory_id,)).fetchone()
+        if row is None:
+            return
+        live = {m for (m,) in store._db.execute(
+            f"SELECT id FROM memories WHERE id IN ({','.join('?' * len(links))})", links)} if links else set()
+        store._db.executemany(
+            "INSERT OR IGNORE INTO links (src, dst, relation, created_at) VALUES (?, ?, 'related', ?)",
+            [(a, b, now) for m in links if m in live for a, b in ((memory_id, m), (m, memory_id))],
+        )
+        if tags:
+            meta = json.loads(row[0]) if row[0] else {}
+            if not isinstance(meta, dict):
+                meta = {"value": meta}
+            meta["tags"] = tags
+            store._db.execute("UPDATE memories SET metadata=? WHERE id=?", (json.dumps(meta, ensure_ascii=False), memory_id))
+    store._cache.clear()
+
+
 # -- profiles -----------------------------------------------------------------------------
 def cluster_examples(store: "MemoryStore", cid: int, n: int) -> list[str]:
     """Texts of the ``n`` members nearest the cluster centre (the most typical ones)."""

@@ -44,11 +44,14 @@ class SLMSide:
             organize_every=cfg.organize_every,
             route_batch=cfg.route_batch,
             labels=list(cfg.labels) if cfg.labels else None,
+            evolution=cfg.evolution,
+            slm_select_clusters=cfg.slm_select_clusters,
         )
         self._organizer = Organizer(None, self.org_config)
         self._triggers = Triggers(self.org_config)
         self._pending: list[tuple[int, int, str, list[int], list[float]]] = []
         self._pending_lock = threading.Lock()
+        self._evolve: list[tuple[int, int, str]] = []  # (memory id, row, text) awaiting evolution
         self._deferred: str | None = None  # a re-organisation a search asked for
         self._jobs: queue.Queue | None = None
         self._worker: threading.Thread | None = None
@@ -138,6 +141,9 @@ class SLMSide:
         if not self.enabled:
             return
         org = self._organizer
+        if self._store.config.evolution:
+            with self._pending_lock:
+                self._evolve.extend((ids[i], int(rows[i]), texts[i]) for i in range(len(ids)))
         with self._pending_lock:
             for i in range(len(ids)):
                 if i in new:
@@ -221,11 +227,15 @@ class SLMSide:
 
     # -- the decisions -----------------------------------------------------------------------
     def route_pending(self) -> None:
-        """Ask the SLM to place the queued ambiguous memories; apply choices among candidates."""
+        """Ask the SLM to place the queued ambiguous memories; apply choices among candidates.
+        Then run localized evolution for queued new memories (when enabled)."""
         with self._pending_lock:
             pending, self._pending = self._pending, []
-        if not pending:
-            return
+        if pending:
+            self._route(pending)
+        self._run_evolution()
+
+    def _route(self, pending: list) -> None:
         store = self._store
         org = self.organizer()
         with store._lock.read():
@@ -243,6 +253,40 @@ class SLMSide:
             with store._lock.write():
                 mids, rows, targets = zip(*moves)
                 maintenance.move_rows(store, list(mids), np.asarray(rows, np.int64), list(targets))
+
+    def _run_evolution(self) -> None:
+        """Localized evolution: the SLM links each new memory to neighbours in its cluster and
+        tags it; links and tags are written in one transaction per memory."""
+        with self._pending_lock:
+            todo, self._evolve = self._evolve, []
+        if not todo:
+            return
+        store = self._store
+        org = self.organizer()
+        for mid, row, text in todo:
+            with store._lock.read():
+                neighbours = maintenance.cluster_neighbours(store, row, 5)
+            result = org.evolve(text, neighbours)
+            if result is None or (not result.links and not result.tags):
+                continue
+            with store._lock.write():
+                maintenance.apply_evolution(store, mid, result.links, result.tags)
+
+    def select_clusters(self, query: str, qvec: np.ndarray, n_probe: int) -> list[int] | None:
+        """Query-time cluster selection by the SLM among the 2 * n_probe nearest clusters;
+        None when it is off, there is no SLM, or the store is not clustered."""
+        store = self._store
+        if not store.config.slm_select_clusters or not self.enabled:
+            return None
+        with store._lock.read():
+            ids = store._index.cluster_ids()
+            if len(ids) == 0:
+                return None
+            order = np.argsort(-(store._index.centres() @ qvec), kind="stable")[: 2 * n_probe]
+            candidates = [int(ids[i]) for i in order]
+            briefs = self._briefs(set(candidates))
+        org = self.organizer()
+        return org.select_clusters(query, [briefs[c] for c in candidates if c in briefs])
 
     def organize(self, task_context: str | None, reason: str) -> dict[str, Any]:
         store = self._store

@@ -412,8 +412,12 @@ class MemoryStore:
             if hit is not None:
                 return hit
         qvec = self._query_vector(query)
+        selected = None
+        if qkey is not None and mode == "two_stage" and self.config.slm_select_clusters:
+            n_clusters = len(self._index.cluster_ids())
+            selected = self._slm.select_clusters(query, qvec, n_probe or self._auto_probe(n_clusters))
         with self._lock.read():
-            hits = self._search_locked(qvec, int(k), namespace, kind, since, until, mode, n_probe)
+            hits = self._search_locked(qvec, int(k), namespace, kind, since, until, mode, n_probe, selected)
         hits.latency_s = time.perf_counter() - t0
         self._counters["searches"] += 1
         self._counters["search_s"] += hits.latency_s
@@ -422,12 +426,14 @@ class MemoryStore:
             self._cache_put(key, hits)
         return hits
 
-    def _search_locked(self, qvec, k, namespace, kind, since, until, mode, n_probe) -> Hits:
+    def _search_locked(self, qvec, k, namespace, kind, since, until, mode, n_probe, selected=None) -> Hits:
         rows = self._rows
         mask = rows.mask(namespace, kind, since, until)
         candidates = int(mask.sum())
         if candidates == 0:
             return Hits([], candidates=0, scanned=0, mode=mode)
+        if selected:
+            return self._search_selected(qvec, k, mask, candidates, selected)
         policy = self.config.forgetting
         weights = self._decay_weights(policy) if policy.active else None
         n_clusters = len(self._index.cluster_ids())
@@ -439,6 +445,14 @@ class MemoryStore:
             # eligible rows: the eligible rows are few, so scanning them all is cheap.
             eff_mode = "flat"
             res = self._index.search(qvec, k=k, mode="flat", mask=mask, weights=weights)
+        hits = self._hits_from(res)
+        probed = [c for c in res.probed[0].tolist() if c >= 0] if eff_mode == "two_stage" else []
+        return Hits(hits, scanned=int(res.scanned[0]), candidates=candidates, clusters_probed=probed,
+                    mode=eff_mode)
+
+    def _hits_from(self, res) -> list[Hit]:
+        """Hits for the first query of a native result, with texts, labels; records the access."""
+        rows = self._rows
         count = int(res.counts[0])
         hit_rows = res.ids[0, :count]
         scores = res.scores[0, :count]
@@ -461,9 +475,23 @@ class MemoryStore:
             for cid in set(clusters.tolist()):
                 if cid >= 0:
                     self._cluster_hits[cid] = now
-        probed = [c for c in res.probed[0].tolist() if c >= 0] if eff_mode == "two_stage" else []
-        return Hits(hits, scanned=int(res.scanned[0]), candidates=candidates, clusters_probed=probed,
-                    mode=eff_mode)
+        return hits
+
+    def _search_selected(self, qvec, k, mask, candidates, selected: list[int]) -> Hits:
+        """Stage 2 over the clusters the SLM selected (query-time cluster selection)."""
+        idx = self._index
+        live = set(idx.cluster_ids().tolist())
+        members = [m for c in selected if c in live for m in (idx.members(c), idx.secondary_members(c))]
+        in_clusters = np.zeros(len(mask), bool)
+        if members:
+            in_clusters[np.concatenate(members)] = True
+        sub = mask & in_clusters
+        policy = self.config.forgetting
+        weights = self._decay_weights(policy) if policy.active else None
+        res = idx.search(qvec, k=k, mode="flat", mask=sub, weights=weights)
+        hits = self._hits_from(res)
+        return Hits(hits, scanned=int(sub.sum()), candidates=candidates, clusters_probed=list(selected),
+                    mode="two_stage")
 
     def get(self, memory_id: int) -> Memory:
         """The memory with this id (KeyError if there is none)."""
@@ -479,6 +507,13 @@ class MemoryStore:
         ).fetchall()
         return Memory(r[0], r[1], r[2], r[3], _loads(r[4]), r[5], r[6], r[7], r[8], r[9] != schema.LIVE,
                       [(c, a) for c, a in clusters])
+
+    def links(self, memory_id: int) -> list[tuple[int, str]]:
+        """(other memory id, relation) pairs linked from this memory (localized evolution)."""
+        self._check_open()
+        self._row_of(memory_id, include_archived=True)
+        return [(d, r) for d, r in self._db.execute(
+            "SELECT dst, relation FROM links WHERE src=? ORDER BY dst", (memory_id,))]
 
     def clusters(self) -> list[ClusterInfo]:
         """Every live cluster with its profile and size, largest first."""
