@@ -1,0 +1,65 @@
+"""The benchmark helpers compute the numbers in BENCHMARKS.md: check them against plain numpy."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+
+import engines  # noqa: E402
+import measure  # noqa: E402
+import vector_sets  # noqa: E402
+
+
+def _unit(rng, n, d=32):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("chunk", [7, 100, 10_000])
+def test_exact_topk_matches_full_sort(chunk):
+    rng = np.random.default_rng(0)
+    base, q = _unit(rng, 1_000), _unit(rng, 20)
+    want = np.argsort(-(q @ base.T), axis=1, kind="stable")[:, :10]
+    got = vector_sets.exact_topk(base, q, k=10, chunk=chunk)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_recall_counts_overlap_and_ignores_padding():
+    truth = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    found = np.array([[4, 3, 9, -1], [8, 7, 6, 5]])
+    assert measure.recall_at_k(found, truth) == pytest.approx((2 + 4) / 8)
+
+
+def test_numpy_assignment_is_top3_by_cosine():
+    rng = np.random.default_rng(1)
+    rows, centres = _unit(rng, 500), _unit(rng, 40)
+    ids, scores = engines.assign_numpy(rows, centres, chunk=64)
+    s = rows @ centres.T
+    want = np.argsort(-s, axis=1)[:, :3]
+    np.testing.assert_array_equal(ids, want)
+    np.testing.assert_allclose(scores, np.take_along_axis(s, want, axis=1), rtol=1e-6)
+    assert engines.primary_agreement(ids, want[:100]) == 1.0
+
+
+def test_clustered_rows_are_unit_and_deterministic():
+    c = vector_sets._centres("hard")
+    a = vector_sets._clustered_chunk(c, 50, 0.5, seed=3)
+    b = vector_sets._clustered_chunk(c, 50, 0.5, seed=3)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, rtol=1e-5)
+
+
+def test_dataset_selection_rejects_unknown_names(monkeypatch):
+    monkeypatch.setenv("CLAG_BENCH_SIZES", "100k")
+    monkeypatch.setenv("CLAG_BENCH_SETS", "easy,real")
+    assert vector_sets.selected() == ["easy-100k", "real"]
+    monkeypatch.setenv("CLAG_BENCH_SIZES", "10M")
+    with pytest.raises(ValueError, match="unknown size '10M'"):
+        vector_sets.selected()
+    with pytest.raises(ValueError, match="unknown dataset"):
+        vector_sets.load("medium-1M")
