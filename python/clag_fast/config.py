@@ -41,6 +41,9 @@ class StoreConfig:
       background: organise in a worker thread; add() returns after vector routing.
       organize_every: periodic re-organisation every N new memories (0 = never).
       route_batch: ambiguous memories routed by the SLM in one prompt.
+      slm_profile_min_size: clusters smaller than this keep a vector profile (their most
+        typical member + keywords) until they grow: with clusters of ~4 memories, an SLM
+        profile for each would cost more calls than the memories are worth.
       evolution: localized evolution (the paper's, off for speed): the SLM links each new
         memory to related neighbours in its cluster and tags it (one call per memory).
       slm_select_clusters: query-time cluster selection: the SLM picks which candidate
@@ -68,7 +71,8 @@ class StoreConfig:
     slm: str = "auto"
     background: bool = False
     organize_every: int = 50
-    route_batch: int = 4
+    route_batch: int = 8
+    slm_profile_min_size: int = 6
     evolution: bool = False
     slm_select_clusters: bool = False
     forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
@@ -93,6 +97,7 @@ class StoreConfig:
             (self.slm in ("auto", "off"), "slm must be 'auto' or 'off'"),
             (self.organize_every >= 0, "organize_every must be >= 0"),
             (self.route_batch >= 1, "route_batch must be >= 1"),
+            (self.slm_profile_min_size >= 1, "slm_profile_min_size must be >= 1"),
             (self.cache_size >= 0, "cache_size must be >= 0"),
         ]
         for ok, message in checks:

@@ -369,7 +369,9 @@ def clusters_needing_profiles(store: "MemoryStore", drift_share: float) -> list[
         size = sizes.get(cid, 0)
         if size == 0 or source == "template":
             continue
-        if profiled == 0 or not summary or abs(size - profiled) >= max(1.0, drift_share * profiled):
+        # Inertia: a profile is rewritten when membership moved by drift_share of its size
+        # and by at least 3 memories (small clusters would otherwise churn on every join).
+        if profiled == 0 or not summary or abs(size - profiled) >= max(3.0, drift_share * profiled):
             out.append(cid)
     return out
 

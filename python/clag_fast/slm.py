@@ -320,9 +320,10 @@ class SLMSide:
         if not todo:
             return 0
         profiles: dict[int, tuple[str, list[str]]] = {}
-        if self.enabled:
+        big = [c for c in todo if briefs[c].size >= store.config.slm_profile_min_size]
+        if self.enabled and big:
             org = self.organizer()
-            for cid, prof in org.write_profiles([briefs[c] for c in todo]).items():
+            for cid, prof in org.write_profiles([briefs[c] for c in big]).items():
                 profiles[cid] = (prof.summary, list(prof.tags))
         for cid in todo:
             if cid not in profiles:
