@@ -2,9 +2,11 @@
 //! assignment pass over every row. Deterministic for a given seed (own PRNG, fixed block
 //! boundaries, sequential float reductions), independent of the thread count.
 //!
-//! Why a sample: Lloyd's cost is rows x k x dim per iteration. Training on ~40 rows per
-//! centre gives centres as good as training on all rows for retrieval purposes, and the
-//! single full assignment pass (one blocked GEMM) is then the dominant cost.
+//! Why a sample: Lloyd's cost is rows x k x dim per iteration. Training on 256 rows per
+//! centre (faiss's default) gives centres as good as training on all rows; 40 per centre
+//! measured clearly worse on overlapping clusters (hard-1M recall@10 at n_probe 1: 0.29 vs
+//! faiss's 0.57), while 256 matches faiss (hard-100k: 0.534 vs 0.529) and still trains
+//! several times faster than faiss's train + add.
 
 use rayon::prelude::*;
 
@@ -47,7 +49,7 @@ pub struct KMeansConfig {
 
 impl Default for KMeansConfig {
     fn default() -> Self {
-        KMeansConfig { max_iter: 20, sample_per_centre: 40, seed_per_centre: 16, full_passes: 2 }
+        KMeansConfig { max_iter: 20, sample_per_centre: 256, seed_per_centre: 16, full_passes: 2 }
     }
 }
 
