@@ -345,10 +345,12 @@ def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
     return summary, [w for w, _ in words.most_common(3)]
 
 
-def save_profiles(store: "MemoryStore", profiles: dict[int, tuple[str, list[str]]], now: float) -> None:
+def save_profiles(store: "MemoryStore", profiles: dict[int, tuple[str, list[str]]], now: float,
+                  unprofiled: set[int] = frozenset()) -> None:
     live = set(store._index.cluster_ids().tolist())
     sizes = dict(zip(store._index.cluster_ids().tolist(), store._index.cluster_sizes().tolist()))
-    items = [(s, json.dumps(t), now, sizes.get(c, 0), c) for c, (s, t) in profiles.items() if c in live]
+    items = [(s, json.dumps(t), now, 0 if c in unprofiled else sizes.get(c, 0), c)
+             for c, (s, t) in profiles.items() if c in live]
     with schema.transaction(store._db):
         store._db.executemany(
             "UPDATE clusters SET summary=?, tags=?, updated_at=?, profiled_size=? WHERE id=?", items)

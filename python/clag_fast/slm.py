@@ -307,12 +307,18 @@ class SLMSide:
         with store._lock.write():
             report = maintenance.organize(store, task_context=task_context, reason=reason,
                                           topics=topics, topic_vectors=vectors)
-        report["profiles"] = self.write_profiles()
+        # Without a worker, periodic and drift re-organisations run inside add(): profiles
+        # written there come from vectors (free), and the SLM writes them at explicit
+        # organize() calls, the cold start, and in background mode, so an SLM call never
+        # blocks add() for longer than a routing batch.
+        use_slm = reason in ("explicit", "cold_start") or self._jobs is not None
+        report["profiles"] = self.write_profiles(use_slm=use_slm)
         return report
 
-    def write_profiles(self) -> int:
+    def write_profiles(self, use_slm: bool = True) -> int:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
-        profile when there is no SLM or it failed for that cluster."""
+        profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
+        A vector profile written in place of an SLM one is redone by the next SLM pass."""
         store = self._store
         with store._lock.read():
             todo = maintenance.clusters_needing_profiles(store, self.org_config.profile_drift_share)
@@ -321,15 +327,19 @@ class SLMSide:
             return 0
         profiles: dict[int, tuple[str, list[str]]] = {}
         big = [c for c in todo if briefs[c].size >= store.config.slm_profile_min_size]
-        if self.enabled and big:
+        if self.enabled and big and use_slm:
             org = self.organizer()
             for cid, prof in org.write_profiles([briefs[c] for c in big]).items():
                 profiles[cid] = (prof.summary, list(prof.tags))
+        slm_done = list(profiles)
         for cid in todo:
             if cid not in profiles:
                 profiles[cid] = maintenance.vector_profile(briefs[cid].examples)
         with store._lock.write():
-            maintenance.save_profiles(store, profiles, time.time())
+            # Clusters that deserved an SLM profile but got a vector one stay marked as
+            # unprofiled (profiled_size 0) so the next SLM pass picks them up.
+            pending_slm = set(big) - set(slm_done) if self.enabled else set()
+            maintenance.save_profiles(store, profiles, time.time(), unprofiled=pending_slm)
         return len(profiles)
 
     def _briefs(self, cids: set[int]):
