@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -328,21 +326,14 @@ def cluster_examples(store: "MemoryStore", cid: int, n: int) -> list[str]:
     return [texts[m][0] for m in mids if m in texts]
 
 
-_WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
-_STOP = frozenset(
-    "the and for you are but not with that this have was what your from they can will just about "
-    "would there their been were like when which also into them then than some more very our how "
-    "did does all any its it's i'm let yes okay sure thanks thank".split()
-)
-
-
 def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
     """A profile without an SLM: the most typical member as summary, frequent words as tags."""
+    from clag_fast.organizer import keywords
+
     if not texts:
         return "", []
-    words = Counter(w for t in texts for w in {x.lower() for x in _WORD.findall(t)} if w not in _STOP)
     summary = texts[0] if len(texts[0]) <= 120 else texts[0][:117] + "..."
-    return summary, [w for w, _ in words.most_common(3)]
+    return summary, keywords(texts, 3)
 
 
 def save_profiles(store: "MemoryStore", profiles: dict[int, tuple[str, list[str]]], now: float,
