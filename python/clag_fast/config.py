@@ -60,7 +60,7 @@ class StoreConfig:
     spill_margin: float = 0.03
     n_probe: int | None = None
     probe_fraction: float = 0.22
-    max_probe: int = 256
+    max_probe: int = 64
     min_memories_to_cluster: int = 100
     target_cluster_size: int = 4
     max_cluster_size: int = 16
