@@ -310,13 +310,14 @@ def apply_evolution(store: "MemoryStore", memory_id: int, links: list[int], tags
 
 
 # -- profiles -----------------------------------------------------------------------------
-def cluster_examples(store: "MemoryStore", cid: int, n: int) -> list[str]:
-    """Texts of the ``n`` members nearest the cluster centre (the most typical ones)."""
+def cluster_examples(store: "MemoryStore", cid: int, n: int, centre: np.ndarray) -> list[str]:
+    """Texts of the ``n`` members nearest the cluster's ``centre`` (the most typical ones).
+    The caller passes the centre: fetching all centres per cluster would make profiling
+    every cluster quadratic in the cluster count."""
     idx = store._index
     members = idx.members(cid)
     if len(members) == 0:
         return []
-    centre = idx.centres()[idx.cluster_ids() == cid][0]
     sims = idx.vectors()[members] @ centre
     top = members[np.argsort(-sims, kind="stable")[:n]]
     mids = [m for m in store._rows.memory_id[top].tolist() if m >= 0]

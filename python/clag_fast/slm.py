@@ -346,14 +346,15 @@ class SLMSide:
         from clag_fast.organizer import ClusterBrief
 
         store = self._store
-        live = set(store._index.cluster_ids().tolist())
-        sizes = dict(zip(store._index.cluster_ids().tolist(), store._index.cluster_sizes().tolist()))
+        ids = store._index.cluster_ids().tolist()
+        sizes = dict(zip(ids, store._index.cluster_sizes().tolist()))
+        centres = dict(zip(ids, store._index.centres()))
         out = {}
         for cid in cids:
-            if cid not in live:
+            if cid not in centres:
                 continue
             summary, tags = store._profiles.get(cid, ("", []))
-            examples = maintenance.cluster_examples(store, cid, self.org_config.profile_examples)
+            examples = maintenance.cluster_examples(store, cid, self.org_config.profile_examples, centres[cid])
             out[cid] = ClusterBrief(id=cid, summary=summary, tags=list(tags), examples=examples,
                                     size=sizes.get(cid, 0))
         return out
