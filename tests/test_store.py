@@ -429,5 +429,5 @@ def test_stats_shape(store):
     store.search(topic_vectors(1, 1)[0][0])
     st = store.stats()
     assert st["memories"] == 60 and st["searches"] == 1 and st["clusters"] >= 2
-    assert {"calls", "organizer_errors"} <= set(st["llm"]) | {"calls"}
+    assert "organizer_errors" in st["llm"]  # no SLM: no call counters, but the error count
     json.dumps(st)

@@ -30,6 +30,7 @@ class Placement:
 
     affinities: list[list[tuple[int, float]]]
     new_clusters: list[tuple[int, str]] = field(default_factory=list)  # (cluster id, source)
+    opened_rows: set[int] = field(default_factory=set)  # batch indices placed in new clusters
     candidates: np.ndarray | None = None  # (n, route_candidates) cluster ids, for the SLM
     scores: np.ndarray | None = None
 
@@ -65,9 +66,9 @@ def route_new_rows(store: "MemoryStore", rows: np.ndarray, vectors: np.ndarray) 
             members[i] = -1
             members[i, 0] = cid
             affinities[i] = [(cid, aff)]
-    n_new = int((scores[:, 0] < threshold).sum()) if cfg.labels is None and threshold is not None else 0
-    store._counters["routed_new"] += n_new
-    store._counters["routed_vector"] += n - n_new
+            placement.opened_rows.add(i)
+    store._counters["routed_new"] += len(placement.opened_rows)
+    store._counters["routed_vector"] += n - len(placement.opened_rows)
     idx.assign(rows, members)
     return placement
 
@@ -89,6 +90,21 @@ def move_rows(store: "MemoryStore", memory_ids: list[int], rows: np.ndarray, tar
     with schema.transaction(store._db):
         store._db.executemany("DELETE FROM assignments WHERE memory_id=?", [(m,) for m in memory_ids])
         write_assignments(store, memory_ids, affinities)
+
+
+def record_placement(store: "MemoryStore", memory_ids: list[int], texts: list[str],
+                     placement: Placement, now: float) -> None:
+    """Inside the caller's transaction: save the clusters a batch opened and the memories'
+    assignments. A new cluster is labelled by its first memory until the next profile pass
+    (SLM or vector) rewrites it, so no hit is ever returned unlabelled."""
+    first_text: dict[int, str] = {}
+    for t, aff in zip(texts, placement.affinities):
+        if aff:
+            first_text.setdefault(aff[0][0], t)
+    provisional = {c: vector_profile([first_text[c]]) for c, _ in placement.new_clusters}
+    save_new_clusters(store, placement.new_clusters, now, provisional)
+    store._db.executemany("DELETE FROM assignments WHERE memory_id=?", [(m,) for m in memory_ids])
+    write_assignments(store, memory_ids, placement.affinities)
 
 
 def write_assignments(store: "MemoryStore", memory_ids: list[int], affinities: list[list[tuple[int, float]]]) -> None:

@@ -134,10 +134,11 @@ class SLMSide:
         if placement.scores is None:
             return
         best = placement.scores[:, 0]
-        new = {i for i, a in enumerate(placement.affinities) if a and a[0][1] == 1.0}
+        new = placement.opened_rows  # placed in a cluster this batch opened: nothing to ask
         for i in range(len(ids)):
-            if i not in new:
-                self._triggers.on_add(float(best[i]))
+            # A memory that opened (or joined) a new cluster counts as an add, but its stale
+            # best score says nothing about the drift of the existing clusters.
+            self._triggers.on_add(None if i in new else float(best[i]))
         if not self.enabled:
             return
         org = self._organizer

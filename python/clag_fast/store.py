@@ -258,15 +258,7 @@ class MemoryStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 zip(ids, texts, kinds, namespaces, meta_json, [now] * len(ids), rows.tolist()),
             )
-            # A cluster opened by this batch is labelled by its first memory until the next
-            # profile pass (SLM or vector) rewrites it: no hit is ever returned unlabelled.
-            first_text: dict[int, str] = {}
-            for t, aff in zip(texts, placement.affinities):
-                if aff:
-                    first_text.setdefault(aff[0][0], t)
-            provisional = {c: maintenance.vector_profile([first_text[c]]) for c, _ in placement.new_clusters}
-            maintenance.save_new_clusters(self, placement.new_clusters, now, provisional)
-            maintenance.write_assignments(self, ids, placement.affinities)
+            maintenance.record_placement(self, ids, texts, placement, now)
         self._rows.set_rows(rows, np.asarray(ids, np.int64), namespaces, kinds, np.full(len(ids), now))
         self._cache.clear()
         self._slm.note_routes(ids, rows, texts, placement)
@@ -295,9 +287,7 @@ class MemoryStore:
                     placement = maintenance.route_new_rows(self, new_row, self._index.vectors()[new_row])
                     self._db.execute("UPDATE memories SET text=?, vector_row=? WHERE id=?",
                                      (text, int(new_row[0]), memory_id))
-                    maintenance.save_new_clusters(self, placement.new_clusters, time.time())
-                    self._db.execute("DELETE FROM assignments WHERE memory_id=?", (memory_id,))
-                    maintenance.write_assignments(self, [memory_id], placement.affinities)
+                    maintenance.record_placement(self, [memory_id], [text], placement, time.time())
             if vectors is not None:
                 self._index.unassign(np.asarray([old_row]))
                 r = self._rows
