@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::kmeans::{self, KMeansConfig};
+use crate::quant::QuantBlock;
 
 /// Row appended but never assigned: two-stage search scans these rows directly.
 pub const PENDING: u32 = u32::MAX;
@@ -41,11 +42,11 @@ pub struct Cluster {
     /// False until the cluster has an anchor or members (its centre row is then zero and
     /// stage 1 / soft assignment skip it).
     pub has_centre: bool,
-    /// Contiguous copy of the primary members' vectors (in `primary` order), built by the
-    /// first search that probes the cluster and dropped whenever `primary` changes. Stage 2
-    /// then streams one block instead of gathering rows scattered over the memory map
-    /// (sequential reads the hardware prefetcher can follow, no TLB miss per row).
-    pub cache: OnceLock<Vec<f32>>,
+    /// Contiguous int8 copy of the primary members' vectors (in `primary` order), built by
+    /// the first search that probes the cluster and dropped whenever `primary` changes.
+    /// Stage 2 then streams one compact block instead of gathering rows scattered over the
+    /// memory map (see `quant` for why int8 and how the shortlist is re-scored).
+    pub cache: OnceLock<QuantBlock>,
 }
 
 impl Cluster {
@@ -53,14 +54,11 @@ impl Cluster {
         Cluster { id, anchor, weight, sum, primary, secondary, has_centre, cache: OnceLock::new() }
     }
 
-    /// The primary members' vectors, contiguous (built on first use).
-    pub fn member_vectors(&self, data: &[f32], dim: usize) -> &[f32] {
+    /// The primary members' vectors, quantised and contiguous (built on first use).
+    pub fn member_codes(&self, data: &[f32], dim: usize) -> &QuantBlock {
         self.cache.get_or_init(|| {
-            let mut v = Vec::with_capacity(self.primary.len() * dim);
-            for &r in &self.primary {
-                v.extend_from_slice(&data[r as usize * dim..(r as usize + 1) * dim]);
-            }
-            v
+            let rows = self.primary.iter().map(|&r| &data[r as usize * dim..(r as usize + 1) * dim]);
+            QuantBlock::build(rows, dim)
         })
     }
 

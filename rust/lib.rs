@@ -13,6 +13,8 @@ pub mod kmeans;
 pub mod clusters;
 /// The cluster state file (atomic save, checksummed load).
 pub mod state;
+/// int8 member copies for stage 2 (approximate scan, exact re-score).
+pub mod quant;
 /// Two-stage and flat search.
 pub mod search;
 /// One index directory: vectors + cluster state.

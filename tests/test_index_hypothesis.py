@@ -190,3 +190,56 @@ def test_kmeans_is_a_deterministic_partition_with_mean_centres(tmp_path_factory,
             out.append((labels, ix.centres()))
     np.testing.assert_array_equal(out[0][0], out[1][0])
     np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
+@st.composite
+def blob_problems(draw):
+    """Stores big enough that stage 2 scans int8 member codes (see rust/quant.rs)."""
+    dim = draw(st.sampled_from([16, 64, 100, 384]))
+    n = draw(st.integers(800, 2500))
+    c = draw(st.integers(2, 6))
+    spread = draw(st.sampled_from([0.05, 0.3, 1.0, 3.0]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    centres = rng.normal(size=(c, dim))
+    x = centres[rng.integers(0, c, n)] + spread * rng.normal(size=(n, dim)) / np.sqrt(dim) * np.linalg.norm(centres, axis=1).mean()
+    return dim, x, c, rng
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blob_problems(), st.integers(1, 20), st.data())
+def test_int8_stage_two_returns_exact_scores_of_the_true_top_k(tmp_path_factory, prob, k, data):
+    """The int8 scan only shortlists; returned scores are exact and only near-ties may swap.
+
+    The shortlist is re-scored with f32 dot products, so every returned score must equal the
+    exact one. A true top-k row may be missed only when int8 rounding (|error| well under
+    0.01 for unit vectors) let more than the shortlist's depth of rows outrank it, i.e.
+    only within a hair of the k-th score; the exact (uncached) path must agree otherwise.
+    """
+    dim, x, c, rng = prob
+    n_probe = data.draw(st.integers(1, c))
+    mask = rng.random(len(x)) < 0.8 if data.draw(st.booleans()) else None
+    w = rng.uniform(0.5, 1.5, len(x)).astype(np.float32) if data.draw(st.booleans()) else None
+    q = x[rng.integers(0, len(x), 3)] + 0.01 * rng.normal(size=(3, dim))
+    path = tmp_path_factory.mktemp("q8") / "ix"
+    with VectorIndex.open(path, dim=dim) as ix:
+        ix.append(x)
+        ix.kmeans(c, seed=0)
+        r = ix.search(q, k=k, n_probe=n_probe, mask=mask, weights=w)
+        v = ix.vectors().astype(np.float64)
+    with VectorIndex.open(path, read_only=True, member_cache=False) as ix:
+        exact = ix.search(q, k=k, n_probe=n_probe, mask=mask, weights=w)
+    np.testing.assert_array_equal(r.probed, exact.probed)
+    np.testing.assert_array_equal(r.counts, exact.counts)
+    np.testing.assert_array_equal(r.scanned, exact.scanned)
+    for i in range(len(q)):
+        n = r.counts[i]
+        ids, sc = r.ids[i, :n], r.scores[i, :n]
+        ref = v[ids] @ unit(q[i]) * (w[ids] if w is not None else 1.0)
+        np.testing.assert_allclose(sc, ref, atol=1e-5)
+        assert (np.diff(sc) <= 1e-7).all() and len(set(ids.tolist())) == n
+        if mask is not None:
+            assert mask[ids].all()
+        missed = set(exact.ids[i, :n].tolist()) - set(ids.tolist())
+        kth = sc[-1] if n else np.inf
+        for m in missed:
+            assert exact.scores[i][list(exact.ids[i]).index(m)] - kth < 0.01
