@@ -21,7 +21,9 @@ Texts longer than 256 tokens are truncated like sentence-transformers does; pass
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 import numpy as np
@@ -31,6 +33,10 @@ from clag_fast import modelfiles
 log = logging.getLogger(__name__)
 
 DEVICES = ("cpu", "cuda", "auto")
+#: onnxruntime graph transformers every session turns off. SkipLayerNormFusion would fuse the
+#: graph's Add + LayerNormalization back into SkipLayerNormalization, whose CPU kernel measured
+#: ~10x slower than the pair in onnxruntime 1.32 (see ``_model_build.fused_graph``).
+SESSION_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 # Sessions and tokenisers are process-wide: each session holds its own copy of the weights
 # (90 MB fp32, 69 MB int8 on disk) and ORT's run() is thread-safe, so every Embedder with
@@ -38,6 +44,23 @@ DEVICES = ("cpu", "cuda", "auto")
 _lock = threading.Lock()
 _sessions: dict[tuple, object] = {}
 _tokenizers: dict[str, object] = {}
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """Process-wide worker threads for spreading one encode() over ``workers`` cores."""
+    with _lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="clag_fast_embed")
+        return pool
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _tokenizer(model: str):
@@ -100,7 +123,8 @@ def _session(model: str, precision: str, device: str, threads: int | None):
     # One op at a time: BERT is a chain, so inter-op threads would only spin.
     so.inter_op_num_threads = 1
     try:
-        sess = ort.InferenceSession(str(path), so, providers=providers)
+        sess = ort.InferenceSession(str(path), so, providers=providers,
+                                    disabled_optimizers=SESSION_DISABLED_OPTIMIZERS)
     except Exception as exc:
         if device != "cuda":
             raise
@@ -158,6 +182,11 @@ class Embedder:
         self._tok = _tokenizer(model)
         self._sep = self._tok.token_to_id("[SEP]")
         self._session, self.device = _session(model, precision, device, threads)
+        # Several ONNX calls in one encode() (int8: one per text; fp32: one per batch) run
+        # side by side on `workers` threads, each call on one core (a 1-thread session),
+        # instead of one call at a time split over every core: no per-operator fork/join.
+        self._workers = 1 if self.device != "cpu" else (threads or _cpu_count())
+        self._narrow = None  # the 1-thread session, made on first use
 
     @property
     def dim(self) -> int:
@@ -233,15 +262,45 @@ class Embedder:
             lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=n)
             # Length buckets: sorted order, so each batch pads only to its own longest text.
             order = np.argsort(lengths, kind="stable")
-            for start in range(0, n, bs):
-                idx = order[start:start + bs]
-                width = int(lengths[idx[-1]])
-                input_ids = np.zeros((len(idx), width), dtype=np.int64)
-                mask = np.zeros((len(idx), width), dtype=np.int64)
-                for r, i in enumerate(idx):
-                    k = int(lengths[i])
-                    input_ids[r, :k] = ids[i]
-                    mask[r, :k] = 1
-                out[idx] = self._session.run(None, {"input_ids": input_ids,
-                                                    "attention_mask": mask})[0]
+            chunks = [order[start:start + bs] for start in range(0, n, bs)]
+            if len(chunks) > 1 and self._workers > 1:
+                self._run_spread(chunks, ids, lengths, out)
+            else:
+                for idx in chunks:
+                    self._run(self._session, idx, ids, lengths, out)
         return (out, truncated) if return_truncated else out
+
+    @staticmethod
+    def _run(session, idx: np.ndarray, ids: list[list[int]], lengths: np.ndarray,
+             out: np.ndarray) -> None:
+        """One ONNX call: embed the texts ``idx`` (padded to the longest) into ``out[idx]``."""
+        width = int(lengths[idx[-1]])
+        input_ids = np.zeros((len(idx), width), dtype=np.int64)
+        mask = np.zeros((len(idx), width), dtype=np.int64)
+        for r, i in enumerate(idx):
+            k = int(lengths[i])
+            input_ids[r, :k] = ids[i]
+            mask[r, :k] = 1
+        out[idx] = session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0]
+
+    def _run_spread(self, chunks, ids, lengths, out) -> None:
+        """Run the calls on ``self._workers`` threads (the caller is one), one core each."""
+        if self._narrow is None:
+            self._narrow = _session(self.model, self.precision, "cpu", 1)[0]
+        sess = self._narrow
+        todo = iter(chunks)  # list iterators hand out items atomically under the GIL
+
+        def work() -> None:
+            for idx in todo:
+                self._run(sess, idx, ids, lengths, out)
+
+        futures = [_pool(self._workers).submit(work) for _ in range(min(self._workers, len(chunks)) - 1)]
+        try:
+            work()
+        except BaseException:
+            for _ in todo:  # stop the workers after their current call
+                pass
+            raise
+        finally:
+            for f in futures:
+                f.result()  # re-raises a worker's exception
