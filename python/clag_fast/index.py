@@ -60,6 +60,9 @@ class SearchResult:
 
 def _as_matrix(x: Any, dim: int, name: str) -> np.ndarray:
     """(n, dim) or (dim,) real numbers -> C-contiguous float32 (n, dim)."""
+    if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and x.shape[-1:] == (dim,) and 0 < x.ndim <= 2:
+        # The common case on the query path: nothing to convert (saves ~1.5 us per call).
+        return x.reshape(1, dim) if x.ndim == 1 else x
     a = np.asarray(x)
     if a.dtype.kind not in "fiu":
         raise ValueError(f"{name} must hold real numbers, got dtype {a.dtype}")
