@@ -63,11 +63,6 @@ impl QuantBlock {
         self.scales.is_empty()
     }
 
-    /// Bytes held (for memory accounting).
-    pub fn bytes(&self) -> usize {
-        self.codes.len() + 8 * self.scales.len()
-    }
-
     /// Call `f(i, approx_score)` for every row, in order.
     #[inline]
     pub fn scan(&self, q: &QueryCodes, mut f: impl FnMut(usize, f32)) {
