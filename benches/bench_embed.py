@@ -50,14 +50,21 @@ def load_turns(n: int) -> list[str]:
 
 
 class ClagEngine:
-    """clag_fast.Embedder at one precision."""
+    """clag_fast.Embedder at one precision.
 
-    def __init__(self, precision: str, threads: int = THREADS) -> None:
+    ``spread=False`` is a diagnostic: the ONNX calls of one encode() then run one after the
+    other, each split over ``threads`` intra-op threads (the behaviour before the calls were
+    spread over 1-thread sessions on the worker threads; see embed.py).
+    """
+
+    def __init__(self, precision: str, threads: int = THREADS, spread: bool = True) -> None:
         from clag_fast.embed import Embedder
 
         self.threads = threads
-        self.name = f"clag_fast {precision}, {threads} thr"
+        self.name = f"clag_fast {precision}{'' if spread else ' (calls in turn)'}, {threads} thr"
         self.emb = Embedder(precision=precision, device="cpu", threads=threads)
+        if not spread:
+            self.emb._workers = 1
 
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         return self.emb.encode(texts, batch_size=batch_size)
@@ -168,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n1", type=int, default=0, help="turns for batch 1 (default: all --n)")
     ap.add_argument("--no-baseline", action="store_true", help="skip sentence-transformers")
     ap.add_argument("--threads", type=int, nargs="+", default=[THREADS])
+    ap.add_argument("--engines", default="fp32,int8",
+                    help="clag_fast engines, comma-separated: fp32, int8, and the diagnostics "
+                         "fp32-inturn, int8-inturn (ONNX calls one after the other)")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(args.threads)))
     texts = load_turns(args.n)
@@ -178,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load before: {info['uptime']}")
     engines: list = []
     for t in args.threads:
-        engines += [ClagEngine("fp32", t), ClagEngine("int8", t)]
+        for spec in args.engines.split(","):
+            prec, _, mode = spec.partition("-")
+            engines.append(ClagEngine(prec, t, spread=mode != "inturn"))
         if not args.no_baseline:
             try:
                 engines.append(STEngine(t))

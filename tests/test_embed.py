@@ -90,12 +90,48 @@ def test_fp32_matches_golden_every_text(emb, golden_items, batch_size):
 
 
 def test_int8_close_to_golden(emb8, golden_items):
+    # The bar int8 must clear to be the default on VNNI CPUs (issue 3): 0.99 on every text.
     vecs = emb8.encode([it["text"] for it in golden_items])
     cos = _cosines(vecs, golden_items)
     worst = int(cos.argmin())
-    assert cos.min() >= 0.98, f"cosine {cos.min():.4f} for {golden_items[worst]['text'][:60]!r}"
-    assert cos.mean() >= 0.99
+    assert cos.min() >= 0.99, f"cosine {cos.min():.4f} for {golden_items[worst]['text'][:60]!r}"
+    assert cos.mean() >= 0.995
     assert emb8.precision == "int8"
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
+def test_precision_auto_is_int8_only_on_a_vnni_cpu(model_cache, monkeypatch):
+    from clag_fast import embed
+
+    monkeypatch.setattr(embed, "_cuda_available", lambda: False)
+    for vnni in (True, False):
+        monkeypatch.setattr(embed, "_cpu_has_vnni", lambda v=vnni: v)
+        assert embed.Embedder(threads=2).precision == ("int8" if vnni else "fp32")
+        assert embed.Embedder(precision="fp32", threads=2).precision == "fp32"
+    monkeypatch.setattr(embed, "_cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(embed, "_cuda_available", lambda: True)
+    # CUDA said to be present: fp32 (int8 has no CUDA kernels), even if the session then
+    # falls back to the CPU because no device can be initialised.
+    assert embed.Embedder(threads=2).precision == "fp32"
+    with pytest.raises(ValueError, match="precision"):
+        embed.Embedder(precision="bf16")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_spread_calls_match_calls_in_turn(model_cache, precision):
+    """encode() spreads its ONNX calls over 1-thread sessions; same vectors as one by one."""
+    from clag_fast.embed import Embedder
+
+    texts = [f"note {i}: " + "the quick brown fox jumps " * (i % 9) for i in range(70)]
+    spread = Embedder(precision=precision, threads=2, batch_size=8)
+    assert spread._workers == 2
+    inturn = Embedder(precision=precision, threads=2, batch_size=8)
+    inturn._workers = 1
+    a, b = spread.encode(texts), inturn.encode(texts)
+    if precision == "int8":
+        np.testing.assert_array_equal(a, b)
+    else:  # the 1-thread and 2-thread GEMMs may round differently
+        assert (a * b).sum(1).min() > 0.99999
 
 
 def test_int8_vector_does_not_depend_on_batch_mates(emb8):

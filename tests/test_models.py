@@ -205,6 +205,47 @@ def test_graph_builder_matches_numpy_reference(fuse):
     np.testing.assert_allclose(alone[0], got[1], atol=2e-6)
 
 
+@pytest.mark.parametrize("fuse", [False, True])
+def test_int8_graph_close_to_fp32_and_rows_independent(fuse):
+    """int8 recipe on a tiny BERT: per-token int8 dense matmuls (+ QAttention when fused)."""
+    import onnxruntime as ort
+
+    from clag_fast._bert_onnx import build_bert_graph
+    from clag_fast._model_build import _quiet, int8_graph_bytes
+
+    rng = np.random.default_rng(11)
+    heads, layers = 2, 2
+    w = _tiny_bert(rng, heads=heads, layers=layers, hidden=16, inter=32)
+    model = build_bert_graph(w, num_heads=heads, hidden=16, num_layers=layers, max_positions=12)
+    if fuse:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        with _quiet():
+            model = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=16,
+                                   opt_level=0).model
+        model.opset_import.append(__import__("onnx").helper.make_opsetid("com.microsoft", 1))
+    q = __import__("onnx").load_from_string(int8_graph_bytes(model))
+    ops = [n.op_type for n in q.graph.node]
+    # Every dense matmul of the encoder went int8; the pooling MatMul (and, unfused, the
+    # attention score / context products) stay float.
+    assert ops.count("MatMulIntegerToFloat") == layers * (3 if fuse else 6)
+    assert ops.count("MatMul") == 1 + (0 if fuse else 2 * layers)
+    assert ops.count("QAttention") == (layers if fuse else 0)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(q.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ids = rng.integers(1, 23, size=(3, 7)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0
+    ids[mask == 0] = 0
+    got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    ref = _reference(w, ids, mask, heads, layers)
+    assert (got * ref).sum(1).min() > 0.99
+    if not fuse:  # all-per-token: a row does not depend on its batch mates or padding
+        alone = sess.run(None, {"input_ids": ids[1:2, :4], "attention_mask": mask[1:2, :4]})[0]
+        np.testing.assert_allclose(alone[0], got[1], atol=1e-6)
+
+
 def test_builder_rejects_bad_shapes():
     from clag_fast._bert_onnx import build_bert_graph
 

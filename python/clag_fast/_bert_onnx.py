@@ -24,8 +24,15 @@ OPSET = 17
 #: Output name of the pooling MatMul (its node is ``POOL_MATMUL + "_node"``): int8 quantisation
 #: must leave it in fp32, since both of its inputs are activations.
 POOL_MATMUL = "mean_pool_sum"
-#: Name suffix of the FFN output projection weights (1536 -> 384), which int8 keeps in fp32.
+#: Name suffixes of the dense projection weights outside attention: attention output
+#: (384 -> 384), FFN input (384 -> 1536) and FFN output (1536 -> 384). int8 quantises these
+#: with per-token activation scales (see ``_model_build.int8_graph_bytes``).
+AO_SUFFIX = ".ao.weight_t"
+FFN_IN_SUFFIX = ".ffn_in.weight_t"
 FFN_OUT_SUFFIX = ".ffn_out.weight_t"
+#: Q/K/V projections: only present as MatMuls where the optimiser did not fuse attention.
+QKV_SUFFIXES = (".q.weight_t", ".k.weight_t", ".v.weight_t")
+DENSE_SUFFIXES = (AO_SUFFIX, FFN_IN_SUFFIX, FFN_OUT_SUFFIX) + QKV_SUFFIXES
 
 
 class _Graph:

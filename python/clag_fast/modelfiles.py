@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when the graph builder or the quantisation recipe changes: invalidates cached builds.
-BUILDER_VERSION = "2"  # 2: no SkipLayerNormalization fusion (slow CPU kernel)
+BUILDER_VERSION = "3"  # 2: no SkipLayerNormalization fusion; 3: per-token int8 matmuls
 PRECISIONS = ("fp32", "int8")
 DEFAULT_MODEL = "minilm-l6"
 
