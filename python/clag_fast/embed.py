@@ -33,6 +33,10 @@ from clag_fast import modelfiles
 log = logging.getLogger(__name__)
 
 DEVICES = ("cpu", "cuda", "auto")
+#: Most padded tokens per ONNX call (batch x width). Smaller calls keep a call's activations
+#: in the core's cache: at 1 thread on 1,000 LoCoMo turns, batches of 8-16 texts (~250-500
+#: tokens) ran fp32 7% faster than batches of 32 (~1,000 tokens).
+MAX_CALL_TOKENS = 512
 #: ``"auto"``: int8 on a CPU with VNNI, else fp32 (see ``Embedder``).
 PRECISIONS = ("auto",) + modelfiles.PRECISIONS
 #: onnxruntime graph transformers every session turns off. SkipLayerNormFusion would fuse the
@@ -46,16 +50,34 @@ SESSION_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 _lock = threading.Lock()
 _sessions: dict[tuple, object] = {}
 _tokenizers: dict[str, object] = {}
-_pools: dict[int, ThreadPoolExecutor] = {}
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """Process-wide worker threads for spreading one encode() over ``workers`` cores."""
+    """Process-wide worker threads for spreading one encode() over ``workers`` cores.
+
+    Keyed by pid too: a forked child inherits the parent's executor without its threads.
+    """
+    key = (os.getpid(), workers)
     with _lock:
-        pool = _pools.get(workers)
+        pool = _pools.get(key)
         if pool is None:
-            pool = _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="clag_fast_embed")
+            pool = _pools[key] = ThreadPoolExecutor(workers - 1, thread_name_prefix="clag_fast_embed")
         return pool
+
+
+def _chunks(order: np.ndarray, lengths: np.ndarray, batch_size: int, max_tokens: int) -> list[np.ndarray]:
+    """Split length-sorted ``order`` into ONNX calls: at most ``batch_size`` texts and at most
+    ``max_tokens`` padded tokens each (a single longer text still gets its own call)."""
+    chunks = []
+    start, n = 0, len(order)
+    while start < n:
+        stop = start + 1
+        while stop < n and stop - start < batch_size and (stop - start + 1) * lengths[order[stop]] <= max_tokens:
+            stop += 1
+        chunks.append(order[start:stop])
+        start = stop
+    return chunks
 
 
 def _cpu_has_vnni() -> bool:
@@ -162,20 +184,30 @@ class Embedder:
 
     Args:
         model: a model of the manifest (only ``"minilm-l6"`` today).
-        precision: ``"fp32"`` (matches sentence-transformers to cosine >= 0.9999) or ``"int8"``
-            (ONNX Runtime dynamic quantisation, CPU only; cosine >= 0.98 to
-            sentence-transformers on every golden text, 0.99 typical; faster where the CPU
-            has VNNI integer dot products -- see BENCHMARKS.md).
+        precision: ``"auto"`` (default): ``"int8"`` on a CPU with VNNI integer dot products
+            (AVX512-VNNI / AVX-VNNI), where it measured faster than fp32, else ``"fp32"``;
+            ``.precision`` tells which one was taken. ``"fp32"`` matches
+            sentence-transformers to cosine >= 0.9999 on every golden text. ``"int8"`` (CPU
+            only): every encoder matmul in int8 (see ``_model_build.int8_graph_bytes``);
+            cosine >= 0.99 to sentence-transformers on every golden text (min 0.992), and on
+            2,000 LoCoMo turns min 0.984 / mean 0.997 against fp32, with LoCoMo retrieval
+            recall unchanged (BENCHMARKS.md). On CPUs without VNNI, int8 is neither measured
+            nor the default.
         device: ``"auto"`` (default: CUDA for fp32 when onnxruntime-gpu and a device are
             present, else CPU), ``"cpu"``, or ``"cuda"`` (onnxruntime-gpu and a device
             required, else RuntimeError). ``.device`` tells which one was taken.
-        threads: ONNX Runtime intra-op threads; ``None`` lets ORT use one per physical core.
-        batch_size: texts per ONNX call. Texts are sorted by token length before batching,
-            so a batch pads only to its own longest item. int8 ignores it and runs one text
-            per call: dynamic quantisation scales activations per call, so in a batch a
-            text's vector would depend on its batch mates; one by one, identical texts
-            always get identical vectors. The price, measured on 600 LoCoMo turns at 1
-            thread: 91 texts/s one by one against 99 batched.
+        threads: cores to use (``None``: every core this process may run on). One ONNX call
+            (a single text, or one batch) is split over them by ONNX Runtime's intra-op
+            threads; an ``encode`` that makes several calls instead runs them side by side,
+            one core each, which measured faster (no per-operator fork/join; see
+            BENCHMARKS.md). That needs a second, 1-thread ONNX session per configuration,
+            made on first use (about +90 MB fp32, +60 MB int8).
+        batch_size: most texts per ONNX call. Texts are sorted by token length before
+            batching, so a call pads only to its own longest text, and a call holds at most
+            ``MAX_CALL_TOKENS`` padded tokens (smaller calls stay in cache). int8 ignores it
+            and runs one text per call: its Q/K/V quantisation scales activations per call,
+            so in a batch a text's vector would depend on its batch mates; one by one,
+            identical texts always get identical vectors.
 
     ``encode`` is safe to call from several threads at once.
     """
@@ -284,7 +316,7 @@ class Embedder:
             lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=n)
             # Length buckets: sorted order, so each batch pads only to its own longest text.
             order = np.argsort(lengths, kind="stable")
-            chunks = [order[start:start + bs] for start in range(0, n, bs)]
+            chunks = _chunks(order, lengths, bs, MAX_CALL_TOKENS)
             if len(chunks) > 1 and self._workers > 1:
                 self._run_spread(chunks, ids, lengths, out)
             else:
@@ -325,4 +357,5 @@ class Embedder:
             raise
         finally:
             for f in futures:
-                f.result()  # re-raises a worker's exception
+                if not f.cancel():  # not started yet (pool busy): nothing left for it anyway
+                    f.result()  # re-raises a worker's exception
