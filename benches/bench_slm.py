@@ -2,13 +2,16 @@
 
 Ingests one LoCoMo conversation (default: conversation 2, 663 turns) into a fresh
 MemoryStore the way an agent does, one ``add()`` per turn, with the managed
-SmolLM2-135M-Instruct server (llama-cpp-python, 2 threads), then ``flush()``. The same run
+SmolLM2-135M-Instruct server (llama-cpp-python, ManagedServer's defaults), then ``flush()``.
+With ``--background`` the store organises in its worker thread (``StoreConfig(background=True)``):
+``adds_s`` is then the time until the last ``add()`` returned and ``wall_s`` the time until
+``flush()`` had drained the worker's queue (the conversation ingested *and* organised). The same run
 with ``llm=False`` (vector-only organisation) is the baseline. Reports calls and tokens per
 memory, the share of routes decided by the SLM versus vectors, ``add()`` latency and the
 wall time. The server's start (and warm-up) is timed separately: it happens once per
 process, not per conversation.
 
-    .venv/bin/python benches/bench_slm.py [--conv 2] [--turns 0] [--skip-vector]
+    .venv/bin/python benches/bench_slm.py [--conv 2] [--turns 0] [--skip-vector] [--background]
 
 Prints a JSON report (and a Markdown summary) on stdout.
 """
@@ -16,6 +19,7 @@ Prints a JSON report (and a Markdown summary) on stdout.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import platform
@@ -42,11 +46,12 @@ def load_conversation(conv: int, turns: int) -> list[str]:
     return texts[:turns] if turns else texts
 
 
-def ingest(texts: list[str], llm, embedder) -> dict:
-    from clag_fast import MemoryStore
+def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
+    from clag_fast import MemoryStore, StoreConfig
 
     with tempfile.TemporaryDirectory() as d:
-        store = MemoryStore.open(Path(d) / "store", llm=llm, embedder=embedder)
+        store = MemoryStore.open(Path(d) / "store", llm=llm, embedder=embedder,
+                                 config=StoreConfig(background=background))
         lat = []
         t0 = time.perf_counter()
         for text in texts:
@@ -54,6 +59,7 @@ def ingest(texts: list[str], llm, embedder) -> dict:
             store.add(text)
             lat.append(time.perf_counter() - t)
         t_flush = time.perf_counter()
+        adds = t_flush - t0
         store.flush()
         wall = time.perf_counter() - t0
         st = store.stats()
@@ -64,6 +70,8 @@ def ingest(texts: list[str], llm, embedder) -> dict:
     lat_sorted = sorted(lat)
     return {
         "memories": n,
+        "background": background,
+        "adds_s": round(adds, 2),
         "wall_s": round(wall, 2),
         "flush_s": round(time.perf_counter() - t_flush, 2),
         "add_ms_p50": round(1000 * statistics.median(lat), 2),
@@ -88,6 +96,7 @@ def main() -> None:
     p.add_argument("--conv", type=int, default=2)
     p.add_argument("--turns", type=int, default=0, help="0 = the whole conversation")
     p.add_argument("--skip-vector", action="store_true", help="skip the llm=False baseline")
+    p.add_argument("--background", action="store_true", help="StoreConfig(background=True)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -103,16 +112,19 @@ def main() -> None:
             "nproc": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
             "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
             "python": platform.python_version(),
+            "llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
             "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         },
         "conversation": args.conv,
     }
     if not args.skip_vector:
-        report["vector_only"] = ingest(texts, False, embedder)
+        report["vector_only"] = ingest(texts, False, embedder, args.background)
     with ManagedServer() as srv:
-        report["server"] = {"start_s": round(srv.start_time_s, 2), "warmup_s": round(srv.warmup_s or 0, 2)}
+        report["server"] = {"start_s": round(srv.start_time_s, 2), "warmup_s": round(srv.warmup_s or 0, 2),
+                            "model": srv.served_model.name, "n_threads": srv.n_threads,
+                            "n_threads_batch": srv.n_threads_batch, "flash_attn": srv.flash_attn}
         llm = LLMClient(srv.url, timeout=120.0)
-        report["slm"] = ingest(texts, llm, embedder)
+        report["slm"] = ingest(texts, llm, embedder, args.background)
         report["slm"]["schema_mode"] = llm.schema_mode
     report["machine"]["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     json.dump(report, sys.stdout, indent=1)

@@ -99,16 +99,16 @@ def test_server_options_for_speed(monkeypatch, tmp_path):
     monkeypatch.setattr(server_mod.os, "cpu_count", lambda: 8)
     args, env = _start_args(monkeypatch, tmp_path)
     assert args["--flash_attn"] == "True"
-    assert args["--n_threads"] == "2" and args["--n_threads_batch"] == "2"
-    assert env["GOMP_SPINCOUNT"] == "10000"
-    # One core: one thread. Explicit settings and the user's OpenMP environment win.
+    assert args["--n_threads"] == "1" and args["--n_threads_batch"] == "2"
+    assert env["OMP_WAIT_POLICY"] == "passive"
+    # One core: one prompt thread. Explicit settings and the user's OpenMP environment win.
     monkeypatch.setattr(server_mod.os, "cpu_count", lambda: 1)
     args, _ = _start_args(monkeypatch, tmp_path)
     assert args["--n_threads"] == "1" and args["--n_threads_batch"] == "1"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
-    args, env = _start_args(monkeypatch, tmp_path, n_threads=1, n_threads_batch=2, flash_attn=False)
-    assert args["--n_threads"] == "1" and args["--n_threads_batch"] == "2" and args["--flash_attn"] == "False"
-    assert "GOMP_SPINCOUNT" not in env and env["OMP_WAIT_POLICY"] == "active"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5000")
+    args, env = _start_args(monkeypatch, tmp_path, n_threads=2, n_threads_batch=1, flash_attn=False)
+    assert args["--n_threads"] == "2" and args["--n_threads_batch"] == "1" and args["--flash_attn"] == "False"
+    assert "OMP_WAIT_POLICY" not in env and env["GOMP_SPINCOUNT"] == "5000"
 
 
 def test_unknown_quantisation_is_rejected():

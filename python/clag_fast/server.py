@@ -10,10 +10,10 @@ Speed on a small CPU (measured in BENCHMARKS.md, "SLM organiser cost"): the pack
 Q4_1, which llama.cpp's x86 batched matrix kernels (llamafile's tinyBLAS) do not cover, so
 prompts ran through the generic dot-product path at ~100 tokens/s on one core. The server
 serves a Q8_0 copy instead (converted once from the shipped file with llama.cpp's own
-quantiser and cached next to the embedder's ONNX files), with flash attention and 2 threads
-whose OpenMP barriers spin only briefly before sleeping (``GOMP_SPINCOUNT=10000``): with
-libgomp's default long spin, llama.cpp's threads busy-wait at every barrier, which is what
-made 2 threads collapse on shared cores.
+quantiser and cached next to the embedder's ONNX files), with flash attention, 2 threads for
+prompt batches and 1 for generation, and OpenMP threads that sleep instead of spinning at
+barriers (``OMP_WAIT_POLICY=passive``): llama.cpp's OpenMP threads busy-wait at every
+barrier by default, which is what made 2 threads collapse on shared cores.
 """
 
 from __future__ import annotations
@@ -161,17 +161,19 @@ class ManagedServer:
         quant: conversion of the default model ("q8_0", "f16", "f32"; None: serve the shipped
             Q4_1). Ignored when ``model_path`` is given.
         n_ctx: context window in tokens (our prompts stay well under 2048).
-        n_threads: CPU threads for generation; default 2 (1 on a 1-core machine).
-        n_threads_batch: CPU threads for prompt batches; default ``n_threads``.
+        n_threads: CPU threads for generation (one token at a time); default 1. Two were
+            1.5x faster on a quiet machine but slowed down badly next to other
+            multi-threaded work (an ONNX Runtime embedder on the same 2 cores).
+        n_threads_batch: CPU threads for prompt batches, most of the organiser's SLM time;
+            default 2 (1 on a 1-core machine).
         flash_attn: llama.cpp's fused attention (measured 1.2-1.6x faster prompts on CPU).
-        omp_spincount: ``GOMP_SPINCOUNT`` of the server process: how long an OpenMP thread
-            spins at a barrier before it sleeps. llama.cpp's threads meet at a barrier after
-            every operation; with libgomp's default (300,000 spins) a thread whose partner
-            was descheduled burns its core waiting, and 2 threads ran 2x slower than 1 on a
-            loaded 2-core machine. 10,000 (default) keeps the speed of spinning on an idle
-            machine and the behaviour of sleeping on a busy one (measured, BENCHMARKS.md).
-            None leaves the environment as it is; a ``GOMP_SPINCOUNT`` or
-            ``OMP_WAIT_POLICY`` already in the environment wins.
+        omp_wait_policy: ``OMP_WAIT_POLICY`` of the server process. llama.cpp's threads meet
+            at an OpenMP barrier after every operation; with the default (spinning) a thread
+            whose partner was descheduled burns its core waiting, and 2 prompt threads ran
+            2-4x slower than 1 on a loaded 2-core machine. "passive" (default) makes them
+            sleep: 2 prompt threads were then 1.3-1.9x faster than 1, loaded or not
+            (BENCHMARKS.md). None leaves the environment as it is; an ``OMP_WAIT_POLICY`` or
+            ``GOMP_SPINCOUNT`` already in the environment wins.
         port: fixed port, or None for a free one.
         startup_timeout: seconds to wait for ``/v1/models`` to answer.
         python: interpreter that has llama-cpp-python (default: this one).
@@ -196,7 +198,7 @@ class ManagedServer:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         flash_attn: bool = True,
-        omp_spincount: int | None = 10000,
+        omp_wait_policy: str | None = "passive",
         port: int | None = None,
         startup_timeout: float = 120.0,
         python: str | None = None,
@@ -208,10 +210,10 @@ class ManagedServer:
             raise ValueError(f"unknown quantisation {quant!r}; one of {sorted(_FTYPES)} or None")
         self.quant = quant
         self.n_ctx = int(n_ctx)
-        self.n_threads = int(n_threads) if n_threads else min(2, os.cpu_count() or 1)
-        self.n_threads_batch = int(n_threads_batch) if n_threads_batch else self.n_threads
+        self.n_threads = int(n_threads) if n_threads else 1
+        self.n_threads_batch = int(n_threads_batch) if n_threads_batch else min(2, os.cpu_count() or 1)
         self.flash_attn = bool(flash_attn)
-        self.omp_spincount = omp_spincount
+        self.omp_wait_policy = omp_wait_policy
         self.served_model: Path | None = None
         self.port = port
         self.startup_timeout = float(startup_timeout)
@@ -278,8 +280,8 @@ class ManagedServer:
                 *self.extra_args,
             ]
             env = dict(os.environ)
-            if self.omp_spincount is not None and not ({"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(env)):
-                env["GOMP_SPINCOUNT"] = str(int(self.omp_spincount))
+            if self.omp_wait_policy is not None and not ({"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(env)):
+                env["OMP_WAIT_POLICY"] = self.omp_wait_policy
             # The server's log goes to a temp file, not a pipe: an unread pipe fills up and
             # blocks the server.
             self._log = tempfile.TemporaryFile(mode="w+b")
