@@ -171,7 +171,7 @@ class ManagedServer:
             at an OpenMP barrier after every operation; with the default (spinning) a thread
             whose partner was descheduled burns its core waiting, and 2 prompt threads ran
             2-4x slower than 1 on a loaded 2-core machine. "passive" (default) makes them
-            sleep: 2 prompt threads were then 1.3-1.9x faster than 1, loaded or not
+            sleep: 2 prompt threads were then 1.2-1.9x faster than 1, loaded or not
             (BENCHMARKS.md). None leaves the environment as it is; an ``OMP_WAIT_POLICY`` or
             ``GOMP_SPINCOUNT`` already in the environment wins.
         port: fixed port, or None for a free one.
