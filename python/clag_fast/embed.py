@@ -201,7 +201,8 @@ class Embedder:
             threads; an ``encode`` that makes several calls instead runs them side by side,
             one core each (no per-operator fork/join; 2.3x / 2.0x the texts/s of
             calls in turn for fp32 / int8 on the loaded dev machine, see BENCHMARKS.md).
-            That needs a second, 1-thread ONNX session per configuration, made on first use (RSS +87 MB fp32, +46 MB int8; the first costs 174 / 49 MB).
+            That needs a second, 1-thread ONNX session per configuration, made on first
+            use (RSS +87 MB fp32, +46 MB int8; the first costs 174 / 49 MB).
         batch_size: most texts per ONNX call. Texts are sorted by token length before
             batching, so a call pads only to its own longest text, and a call holds at most
             ``MAX_CALL_TOKENS`` padded tokens (smaller calls stay in cache). int8 ignores it
