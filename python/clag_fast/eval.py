@@ -108,7 +108,8 @@ def _make_embedder(spec: Any, precision: str, threads: int | None) -> tuple[Any,
     if spec == "minilm":
         from clag_fast.embed import Embedder
 
-        return Embedder(precision=precision, threads=threads), f"minilm-l6-{precision}"
+        emb = Embedder(precision=precision, threads=threads)
+        return emb, f"minilm-l6-{emb.precision}"  # "auto" resolved: the cache key names what ran
     if hasattr(spec, "encode") and hasattr(spec, "dim"):
         return spec, type(spec).__name__
     raise ValueError(f"embedder must be 'minilm', 'hash' or an object with encode() and dim, got {spec!r}")
@@ -315,7 +316,7 @@ def run_eval(
     n_probe: Sequence[int] = DEFAULT_N_PROBE,
     llm: str | None = None,
     embedder: Any = "minilm",
-    precision: str = "fp32",
+    precision: str = "auto",
     threads: int | None = None,
     qa_modes: Sequence[str] = ("flat", "two_stage"),
     qa_questions: int | None = None,
@@ -683,7 +684,8 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp server URL, or 'managed' for the bundled SmolLM2 (default: none, retrieval only)")
     p.add_argument("--embedder", choices=["minilm", "hash"], default="minilm",
                    help="minilm (the product's embedder) or hash (bag-of-words, no model; tests only)")
-    p.add_argument("--precision", choices=["fp32", "int8"], default="fp32", help="MiniLM precision")
+    p.add_argument("--precision", choices=["auto", "fp32", "int8"], default="auto",
+                   help="MiniLM precision (auto: the Embedder's default, int8 on a CPU with VNNI)")
     p.add_argument("--threads", type=int, default=None, help="embedder threads (default: onnxruntime's)")
     p.add_argument("--qa-modes", default="flat,two_stage", help="search modes answered by the SLM")
     p.add_argument("--qa-questions", type=int, default=None,
