@@ -19,18 +19,21 @@ pub fn padded(dim: usize) -> usize {
 
 /// How many approximate candidates stage 2 re-scores exactly for a top-`k` search.
 ///
-/// Measured on the easy/hard/real bench sets: the exact top-10 sat within the approximate
-/// top-20 for every query; 4k + 32 leaves a wide margin at a cost of ~50 random row reads.
+/// int8 rounding moves a unit-vector score by well under 0.01, so only rows within that of
+/// the k-th score can swap; 4k + 32 (72 rows for k = 10, ~72 random row reads) gave the
+/// same recall@10 as the f32 scan, to three decimals, on the easy-1M, hard-1M and LoCoMo
+/// bench sets at n_probe 1, 4 and 16 (BENCHMARKS.md, "Current: int8 stage 2").
 pub fn rescore_depth(k: usize) -> usize {
     k.saturating_mul(4).saturating_add(32)
 }
 
 /// Quantised rows, contiguous, in the cluster's `primary` order.
+/// Fields are private: `scan` relies on every row being exactly `stride` bytes.
 pub struct QuantBlock {
-    pub stride: usize,
-    pub codes: Vec<i8>,
-    pub scales: Vec<f32>,
-    pub sums: Vec<i32>,
+    stride: usize,
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+    sums: Vec<i32>,
 }
 
 impl QuantBlock {
@@ -59,14 +62,12 @@ impl QuantBlock {
         self.scales.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.scales.is_empty()
-    }
-
     /// Call `f(i, approx_score)` for every row, in order.
     #[inline]
     pub fn scan(&self, q: &QueryCodes, mut f: impl FnMut(usize, f32)) {
-        debug_assert_eq!(q.codes.len(), self.stride);
+        // The kernel reads `stride` bytes of both; a query of another dimension would read
+        // past the row, so this is a hard check (once per block, not per row).
+        assert_eq!(q.codes.len(), self.stride, "query and block were quantised for different dims");
         let dot = q.kernel;
         for i in 0..self.len() {
             let row = &self.codes[i * self.stride..(i + 1) * self.stride];
@@ -101,17 +102,26 @@ impl QueryCodes {
     }
 }
 
+/// The dot kernel for this CPU, chosen once per process (a query pays no detection or
+/// environment lookup).
 fn pick_kernel() -> DotU8I8 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx512bw")
-            && std::env::var_os("CLAG_FAST_NO_AVX512").is_none()
+    static KERNEL: std::sync::OnceLock<DotU8I8> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
         {
-            return dot_vnni;
+            if vnni_usable() {
+                return dot_vnni;
+            }
         }
-    }
-    dot_portable
+        dot_portable
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn vnni_usable() -> bool {
+    is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512bw")
+        && std::env::var_os("CLAG_FAST_NO_AVX512").is_none()
 }
 
 /// Plain loop (LLVM vectorises it with pmaddwd on AVX2 machines).
@@ -171,7 +181,13 @@ mod tests {
             let b: Vec<i8> = (0..len).map(|i| ((i * 91 % 255) as i32 - 127) as i8).collect();
             let want: i32 = a.iter().zip(&b).map(|(&x, &y)| x as i32 * y as i32).sum();
             assert_eq!(unsafe { dot_portable(&a, &b) }, want);
-            assert_eq!(unsafe { (pick_kernel())(&a, &b) }, want);
+            #[cfg(target_arch = "x86_64")]
+            if vnni_usable() {
+                // SAFETY: VNNI checked just above; lengths are multiples of 64.
+                assert_eq!(unsafe { dot_vnni(&a, &b) }, want);
+            } else {
+                eprintln!("no AVX-512 VNNI here: dot_vnni not tested");
+            }
         }
     }
 
