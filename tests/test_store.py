@@ -431,3 +431,31 @@ def test_stats_shape(store):
     assert st["memories"] == 60 and st["searches"] == 1 and st["clusters"] >= 2
     assert "organizer_errors" in st["llm"]  # no SLM: no call counters, but the error count
     json.dumps(st)
+
+
+def _meta(path, key):
+    with sqlite3.connect(path / "memories.db") as db:
+        row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+    return None if row is None else row[0]
+
+
+def test_default_embedder_precision_is_fixed_per_store(tmp_path):
+    """A store keeps the precision it started with, whatever Embedder() would pick now."""
+    from clag_fast.embed import resolve_precision
+
+    new = tmp_path / "new"
+    MemoryStore.open(new, config=FAST, llm=False).close()
+    assert _meta(new, "embed_precision") == resolve_precision()
+    # A store moved to a machine where "auto" means something else keeps its own.
+    other = "fp32" if resolve_precision() == "int8" else "int8"
+    with sqlite3.connect(new / "memories.db") as db:
+        db.execute("UPDATE meta SET value=? WHERE key='embed_precision'", (other,))
+    with MemoryStore.open(new, config=FAST, llm=False) as s:
+        assert s._get_embedder().precision == other
+    # Stores written before the key existed hold fp32 vectors.
+    legacy = tmp_path / "legacy"
+    with open_store(legacy) as s:
+        fill(s, n=5)
+    assert _meta(legacy, "embed_precision") is None  # an explicit embedder records nothing
+    MemoryStore.open(legacy, config=FAST, llm=False).close()
+    assert _meta(legacy, "embed_precision") == "fp32"

@@ -95,6 +95,7 @@ class MemoryStore:
             self._cache: OrderedDict[tuple, Hits] = OrderedDict()
             self._embedder_arg = embedder
             self._embedder = embedder if embedder not in (None, False) else None
+            self._embed_precision = self._settle_precision() if embedder is None else None
             self._counters = {
                 "adds": 0, "searches": 0, "cache_hits": 0, "organizations": 0,
                 "embed_s": 0.0, "add_s": 0.0, "search_s": 0.0,
@@ -129,6 +130,26 @@ class MemoryStore:
         if config.dim != dim:
             raise ValueError(f"store {self.path} holds {dim}-dimensional vectors, config says dim={config.dim}")
         return config
+
+    def _settle_precision(self) -> str:
+        """The default embedder's precision, fixed for the life of the store.
+
+        ``Embedder()`` picks int8 or fp32 by CPU, so without this a store created on one
+        machine would mix int8 and fp32 vectors after moving to another (or after the
+        default changed). Stores written before the key existed hold fp32 vectors.
+        """
+        row = self._db.execute("SELECT value FROM meta WHERE key='embed_precision'").fetchone()
+        if row is not None:
+            return str(row[0])
+        if len(self._index) > 0:
+            precision = "fp32"
+        else:
+            from clag_fast.embed import resolve_precision
+
+            precision = resolve_precision()
+        if not self.read_only:
+            self._db.execute("INSERT INTO meta (key, value) VALUES ('embed_precision', ?)", (precision,))
+        return precision
 
     def _load_rows(self) -> None:
         n_vectors = len(self._index)
@@ -589,7 +610,7 @@ class MemoryStore:
                 raise ValueError("this store was opened with embedder=False: pass embeddings / a query vector")
             from clag_fast.embed import Embedder
 
-            self._embedder = Embedder()
+            self._embedder = Embedder(precision=self._embed_precision or "auto")
         return self._embedder
 
     def _row_of(self, memory_id: int, include_archived: bool = False) -> int:
