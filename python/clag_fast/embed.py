@@ -66,9 +66,12 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
-def _chunks(order: np.ndarray, lengths: np.ndarray, batch_size: int, max_tokens: int) -> list[np.ndarray]:
+def _chunks(order: np.ndarray, lengths: np.ndarray, batch_size: int, max_tokens: int | None) -> list[np.ndarray]:
     """Split length-sorted ``order`` into ONNX calls: at most ``batch_size`` texts and at most
-    ``max_tokens`` padded tokens each (a single longer text still gets its own call)."""
+    ``max_tokens`` padded tokens each (a single longer text still gets its own call; None:
+    no token cap)."""
+    if max_tokens is None:
+        max_tokens = np.iinfo(np.int64).max
     chunks = []
     start, n = 0, len(order)
     while start < n:
@@ -94,6 +97,17 @@ def _cpu_has_vnni() -> bool:
     except OSError:
         pass
     return False
+
+
+def resolve_precision(precision: str = "auto", device: str = "auto") -> str:
+    """The concrete precision ``Embedder(precision, device)`` runs: "auto" becomes int8 only
+    where it was measured faster than fp32 (a CPU with VNNI); CUDA is fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "auto":
+        return precision
+    on_cpu = device == "cpu" or (device == "auto" and not _cuda_available())
+    return "int8" if on_cpu and _cpu_has_vnni() else "fp32"
 
 
 def _cpu_count() -> int:
@@ -163,8 +177,9 @@ def _session(model: str, precision: str, device: str, threads: int | None):
     # One op at a time: BERT is a chain, so inter-op threads would only spin.
     so.inter_op_num_threads = 1
     try:
-        sess = ort.InferenceSession(str(path), so, providers=providers,
-                                    disabled_optimizers=SESSION_DISABLED_OPTIMIZERS)
+        # SkipLayerNorm's slowness was measured on ORT's CPU kernel; CUDA keeps the fusion.
+        disabled = SESSION_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
+        sess = ort.InferenceSession(str(path), so, providers=providers, disabled_optimizers=disabled)
     except Exception as exc:
         if device != "cuda":
             raise
@@ -190,9 +205,10 @@ class Embedder:
             sentence-transformers to cosine >= 0.9999 on every golden text. ``"int8"`` (CPU
             only): every encoder matmul in int8 (see ``_model_build.int8_graph_bytes``);
             cosine >= 0.99 to sentence-transformers on every golden text (min 0.992), and on
-            2,000 LoCoMo turns min 0.984 / mean 0.997 against fp32, with LoCoMo retrieval
-            recall unchanged (BENCHMARKS.md). On CPUs without VNNI, int8 is neither measured
-            nor the default.
+            2,000 LoCoMo turns min 0.984 / mean 0.997 against fp32. LoCoMo Recall@10 with
+            int8 vectors: flat 0.419 vs 0.421, store two-stage 0.409 vs 0.417 (BENCHMARKS.md).
+            On CPUs without VNNI, int8 is neither measured nor the default. A MemoryStore
+            records the precision it started with and keeps it.
         device: ``"auto"`` (default: CUDA for fp32 when onnxruntime-gpu and a device are
             present, else CPU), ``"cpu"``, or ``"cuda"`` (onnxruntime-gpu and a device
             required, else RuntimeError). ``.device`` tells which one was taken.
@@ -219,10 +235,7 @@ class Embedder:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-        if precision == "auto":
-            # int8 only where it was measured faster than fp32 (a CPU with VNNI); CUDA is fp32.
-            on_cpu = device == "cpu" or (device == "auto" and not _cuda_available())
-            precision = "int8" if on_cpu and _cpu_has_vnni() else "fp32"
+        precision = resolve_precision(precision, device)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -317,7 +330,9 @@ class Embedder:
             lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=n)
             # Length buckets: sorted order, so each batch pads only to its own longest text.
             order = np.argsort(lengths, kind="stable")
-            chunks = _chunks(order, lengths, bs, MAX_CALL_TOKENS)
+            # The token cap was measured on CPU threads only; CUDA gets plain batches.
+            cap = MAX_CALL_TOKENS if self.device == "cpu" else None
+            chunks = _chunks(order, lengths, bs, cap)
             if len(chunks) > 1 and self._workers > 1:
                 self._run_spread(chunks, ids, lengths, out)
             else:
