@@ -96,13 +96,13 @@ def _start_args(monkeypatch, tmp_path, **server_kw):
 def test_server_options_for_speed(monkeypatch, tmp_path):
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setattr(server_mod.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(server_mod, "_usable_cpus", lambda: 8)
     args, env = _start_args(monkeypatch, tmp_path)
     assert args["--flash_attn"] == "True"
     assert args["--n_threads"] == "1" and args["--n_threads_batch"] == "2"
     assert env["OMP_WAIT_POLICY"] == "passive"
     # One core: one prompt thread. Explicit settings and the user's OpenMP environment win.
-    monkeypatch.setattr(server_mod.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(server_mod, "_usable_cpus", lambda: 1)
     args, _ = _start_args(monkeypatch, tmp_path)
     assert args["--n_threads"] == "1" and args["--n_threads_batch"] == "1"
     monkeypatch.setenv("GOMP_SPINCOUNT", "5000")
