@@ -132,11 +132,22 @@ def test_served_model_is_converted_once(tmp_path, monkeypatch):
     require_slm()
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
     src = default_gguf_path()
+    stale = tmp_path / f"{src.stem}.q8_0-from-an-older-source.gguf"
+    stale.write_bytes(b"GGUF stale copy")
     out = server_mod.serving_gguf_path("q8_0")
     assert out.parent == tmp_path and out != src and ".q8_0-" in out.name
+    assert not stale.exists()  # replaced copies do not pile up in the cache
     with open(out, "rb") as f:
         assert f.read(4) == b"GGUF"
     # Q8_0 keeps 8 bits a weight where the shipped Q4_1 has 5: the file is about 1.5x larger.
     assert 1.3 < out.stat().st_size / src.stat().st_size < 1.7
     mtime = out.stat().st_mtime_ns
     assert server_mod.serving_gguf_path("q8_0") == out and out.stat().st_mtime_ns == mtime
+    # A cached file that is not a GGUF (a crash, a stray file) is converted again.
+    out.write_bytes(b"garbage")
+    assert server_mod.serving_gguf_path("q8_0") == out and _gguf_magic(out)
+
+
+def _gguf_magic(path):
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"

@@ -105,7 +105,7 @@ def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = N
     st = src.stat()
     key = f"{st.st_size:x}-{st.st_mtime_ns:x}"
     out = cache_dir() / f"{src.stem}.{quant}-{key}.gguf"
-    if out.is_file() and out.stat().st_size > 0:
+    if _is_gguf(out):
         return out
     tmp = None
     try:
@@ -120,6 +120,14 @@ def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = N
         os.replace(tmp, out)  # atomic: a concurrent converter writes the same bytes
         tmp = None
         log.info("converted %s to %s in %.1f s: %s", src.name, quant, time.perf_counter() - t0, out)
+        # Copies made from an older source file are dead weight (~145 MB each). A server
+        # still serving one keeps its mapping: unlinking does not pull the file from under it.
+        for old in out.parent.glob(f"{src.stem}.{quant}-*.gguf"):
+            if old != out:
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
         return out
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("could not convert %s to %s (%s); serving it as shipped (slower)", src.name, quant, e)
@@ -130,6 +138,15 @@ def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = N
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def _is_gguf(path: Path) -> bool:
+    """A cached conversion is used only if it is there and starts with the GGUF magic."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _die_with_parent() -> None:
