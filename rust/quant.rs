@@ -166,13 +166,7 @@ pub unsafe fn dot_vnni(a: &[u8], b: &[i8]) -> i32 {
 mod tests {
     use super::*;
     use crate::kernels;
-    use crate::kmeans::Rng;
-
-    fn unit_rows(n: usize, dim: usize, seed: u64) -> Vec<f32> {
-        let mut rng = Rng::new(seed);
-        let raw: Vec<f32> = (0..n * dim).map(|_| rng.next_f64() as f32 - 0.5).collect();
-        kernels::normalized(&raw, dim, "rows").unwrap()
-    }
+    use crate::search::tests::data as unit_rows;
 
     #[test]
     fn kernels_agree_exactly() {

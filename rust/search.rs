@@ -369,11 +369,12 @@ fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kmeans::Rng;
 
-    fn data(n: usize, dim: usize, seed: u64) -> Vec<f32> {
+    /// `n` random unit rows of `dim` (also used by the quant tests).
+    pub(crate) fn data(n: usize, dim: usize, seed: u64) -> Vec<f32> {
         let mut rng = Rng::new(seed);
         let raw: Vec<f32> = (0..n * dim).map(|_| rng.next_f64() as f32 - 0.5).collect();
         kernels::normalized(&raw, dim, "t").unwrap()

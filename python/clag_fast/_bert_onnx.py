@@ -21,8 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 #: opset 17 has LayerNormalization as a standard op (one kernel instead of seven nodes).
 OPSET = 17
-#: Output name of the pooling MatMul (its node is ``POOL_MATMUL + "_node"``): int8 quantisation
-#: must leave it in fp32, since both of its inputs are activations.
+#: Output name of the pooling MatMul (its node is ``POOL_MATMUL + "_node"``); it stays fp32
+#: in the int8 graph too (the int8 recipe only touches the weight projections).
 POOL_MATMUL = "mean_pool_sum"
 #: Name suffixes of the dense projection weights outside attention: attention output
 #: (384 -> 384), FFN input (384 -> 1536) and FFN output (1536 -> 384). int8 quantises these

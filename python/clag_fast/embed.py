@@ -110,7 +110,8 @@ def resolve_precision(precision: str = "auto", device: str = "auto") -> str:
     return "int8" if on_cpu and _cpu_has_vnni() else "fp32"
 
 
-def _cpu_count() -> int:
+def usable_cpus() -> int:
+    """CPUs this process may run on (a container's CPU set, not the host's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -253,7 +254,7 @@ class Embedder:
         # Several ONNX calls in one encode() (int8: one per text; fp32: one per batch) run
         # side by side on `workers` threads, each call on one core (a 1-thread session),
         # instead of one call at a time split over every core: no per-operator fork/join.
-        self._workers = 1 if self.device != "cpu" else (threads or _cpu_count())
+        self._workers = 1 if self.device != "cpu" else (threads or usable_cpus())
         self._narrow = None  # the 1-thread session, made on first use
 
     @property

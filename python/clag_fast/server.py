@@ -77,11 +77,9 @@ sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref
 
 
 def _usable_cpus() -> int:
-    """CPUs this process may run on (a container's CPU set, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    from clag_fast.embed import usable_cpus  # light: numpy + the manifest, no onnxruntime
+
+    return usable_cpus()
 
 
 def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = None,
