@@ -371,8 +371,10 @@ class Embedder:
         except BaseException:
             for _ in todo:  # stop the workers after their current call
                 pass
-            raise
-        finally:
             for f in futures:
-                if not f.cancel():  # not started yet (pool busy): nothing left for it anyway
-                    f.result()  # re-raises a worker's exception
+                if not f.cancel():
+                    f.exception()  # wait for it; the caller's own error is the one raised
+            raise
+        for f in futures:
+            if not f.cancel():  # not started yet (pool busy): nothing left for it anyway
+                f.result()  # re-raises a worker's exception
