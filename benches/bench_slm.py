@@ -12,6 +12,11 @@ wall time. The server's start (and warm-up) is timed separately: it happens once
 process, not per conversation.
 
     .venv/bin/python benches/bench_slm.py [--conv 2] [--turns 0] [--skip-vector] [--background]
+        [--capture calls.jsonl]
+
+``--capture`` writes every SLM call (messages, schema, max_tokens, answer, latency) as JSON
+lines, so ``benches/replay_slm.py`` can replay the same prompts against other server builds
+or settings without re-running the store.
 
 Prints a JSON report (and a Markdown summary) on stdout.
 """
@@ -91,12 +96,41 @@ def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
     }
 
 
+def recording_client_class():
+    from clag_fast.llm import LLMClient, LLMError
+
+    class RecordingClient(LLMClient):
+        """An LLMClient that appends each chat_json call to a JSON-lines file."""
+
+        def __init__(self, url: str, path: Path, **kw):
+            super().__init__(url, **kw)
+            self._out = open(path, "w")
+
+        def chat_json(self, messages, schema, max_tokens=256):
+            t0 = time.perf_counter()
+            rec = {"messages": messages, "schema": schema, "max_tokens": max_tokens}
+            try:
+                rec["answer"] = value = super().chat_json(messages, schema, max_tokens)
+                return value
+            except LLMError as e:
+                rec["error"] = f"{type(e).__name__}: {e}"
+                raise
+            finally:
+                rec["latency_s"] = round(time.perf_counter() - t0, 3)
+                self._out.write(json.dumps(rec) + "\n")
+                self._out.flush()
+
+    return RecordingClient
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--conv", type=int, default=2)
     p.add_argument("--turns", type=int, default=0, help="0 = the whole conversation")
     p.add_argument("--skip-vector", action="store_true", help="skip the llm=False baseline")
     p.add_argument("--background", action="store_true", help="StoreConfig(background=True)")
+    p.add_argument("--capture", type=Path, help="write the SLM calls to this JSON-lines file")
+    p.add_argument("--server-python", help="interpreter whose llama-cpp-python build serves (default: this one)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -104,6 +138,7 @@ def main() -> None:
     from clag_fast.llm import LLMClient
     from clag_fast.server import ManagedServer
 
+    RecordingClient = recording_client_class()
     texts = load_conversation(args.conv, args.turns)
     embedder = Embedder(device="cpu")
     embedder.encode(texts[:4])  # load the model outside the timed part
@@ -113,17 +148,19 @@ def main() -> None:
             "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
             "python": platform.python_version(),
             "llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
+            "server_python": args.server_python or sys.executable,
             "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         },
         "conversation": args.conv,
     }
     if not args.skip_vector:
         report["vector_only"] = ingest(texts, False, embedder, args.background)
-    with ManagedServer() as srv:
+    with ManagedServer(python=args.server_python) as srv:
         report["server"] = {"start_s": round(srv.start_time_s, 2), "warmup_s": round(srv.warmup_s or 0, 2),
                             "model": srv.served_model.name, "n_threads": srv.n_threads,
                             "n_threads_batch": srv.n_threads_batch, "flash_attn": srv.flash_attn}
-        llm = LLMClient(srv.url, timeout=120.0)
+        llm = (RecordingClient(srv.url, args.capture, timeout=120.0) if args.capture
+               else LLMClient(srv.url, timeout=120.0))
         report["slm"] = ingest(texts, llm, embedder, args.background)
         report["slm"]["schema_mode"] = llm.schema_mode
     report["machine"]["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()

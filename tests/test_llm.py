@@ -91,6 +91,20 @@ def test_validate_accepts_good_and_names_bad_paths():
         validate({"a": 1, "b": 2}, {"type": "object", "properties": {"a": {}}, "additionalProperties": False})
 
 
+
+def test_validate_prefix_items_checks_each_position():
+    tup = {"type": "array", "prefixItems": [{"enum": [1, 2]}, {"enum": [3]}], "items": False}
+    validate([2, 3], tup)
+    validate([1], tup)  # prefixItems alone does not require every position
+    with pytest.raises(SchemaError, match=r"\$\[1\]: 2 is not one of \[3\]"):
+        validate([1, 2], tup)
+    with pytest.raises(SchemaError, match="more than the 2 allowed"):
+        validate([1, 3, 3], tup)
+    # Without items: false, later entries follow "items" when it is a schema.
+    with pytest.raises(SchemaError, match=r"\$\[2\]: expected string"):
+        validate([1, 3, 4], {"type": "array", "prefixItems": tup["prefixItems"], "items": {"type": "string"}})
+
+
 # ----------------------------------------------------------------------------- client basics
 
 

@@ -164,7 +164,8 @@ def validate(value: Any, schema: dict, path: str = "$") -> None:
     """Check ``value`` against the JSON-schema subset clag_fast's prompts use.
 
     Supported: ``type`` (object/array/string/integer/number/boolean/null, or a list of them),
-    ``properties``, ``required``, ``additionalProperties: false``, ``items``, ``minItems``,
+    ``properties``, ``required``, ``additionalProperties: false``, ``items`` (a schema or
+    false), ``prefixItems``, ``minItems``,
     ``maxItems``, ``enum``, ``minLength``, ``maxLength``, ``minimum``, ``maximum``. Raises
     :class:`SchemaError` naming the first offending path.
     """
@@ -203,9 +204,15 @@ def validate(value: Any, schema: dict, path: str = "$") -> None:
             raise SchemaError(f"{path}: {len(value)} items, fewer than {schema['minItems']}")
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             raise SchemaError(f"{path}: {len(value)} items, more than {schema['maxItems']}")
-        if "items" in schema:
-            for i, item in enumerate(value):
-                validate(item, schema["items"], f"{path}[{i}]")
+        prefix = schema.get("prefixItems", ())
+        for i, sub in enumerate(prefix[: len(value)]):
+            validate(value[i], sub, f"{path}[{i}]")
+        rest = schema.get("items")
+        if rest is False and len(value) > len(prefix):
+            raise SchemaError(f"{path}: {len(value)} items, more than the {len(prefix)} allowed")
+        if isinstance(rest, dict):
+            for i in range(len(prefix), len(value)):
+                validate(value[i], rest, f"{path}[{i}]")
     elif isinstance(value, str):
         if "minLength" in schema and len(value) < schema["minLength"]:
             raise SchemaError(f"{path}: string shorter than {schema['minLength']}")

@@ -365,17 +365,24 @@ class Organizer:
         ]
         schema = prompts.route_schema(options)
         answer = self._ask("routing", prompts.ROUTE_SYSTEM, prompts.route_user(lines, notes), schema,
-                           max_tokens=12 * len(batch) + 16)
+                           max_tokens=6 * len(batch) + 16)
+        choices = answer.get("choices") if answer is not None else None
+        if not isinstance(choices, list):
+            choices = []
         routes = []
         for k, (_, _, cands, _) in enumerate(batch):
-            picked = answer.get(f"note{k + 1}") if answer is not None else None
+            picked = choices[k] if k < len(choices) else None
             if isinstance(picked, int) and picked in options[k]:
                 routes.append(Route(by_number[picked], "slm"))
                 self._count("route_slm")
+                if by_number[picked] == cands[0].id:
+                    # How often the SLM agrees with the vectors' first choice (a diagnostic:
+                    # near 100% would mean the call buys nothing).
+                    self._count("route_slm_agrees")
             else:
                 if answer is not None:
                     # Only reachable with a client that skips validation: count it all the same.
-                    self._fail("routing", f"note{k + 1}: {picked!r} is not among {options[k]}")
+                    self._fail("routing", f"note {k + 1}: {picked!r} is not among {options[k]}")
                 routes.append(Route(cands[0].id, "fallback"))
                 self._count("route_fallback")
         return routes
