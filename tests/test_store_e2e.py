@@ -159,3 +159,30 @@ def test_query_time_cluster_selection(tmp_path, fake_server):  # noqa: F811
         # vector queries never ask the SLM
         s.search(vecs[5], k=3)
         assert len(fake_server.chat_requests()) == n_before + 1
+
+
+def test_failed_slm_profiles_are_not_asked_again_until_the_cluster_drifts(tmp_path, fake_server):  # noqa: F811
+    fake_server.reply_text("no json here")
+    vecs, top = topic_vectors(120, 3, seed=5, spread=0.6)
+    config = StoreConfig(min_memories_to_cluster=30, organize_every=0, slm_profile_min_size=2)
+
+    def profile_requests():
+        return [b for b in fake_server.chat_requests() if "shared by a group" in b["messages"][0]["content"]]
+
+    with MemoryStore.open(tmp_path / "s", config=config, embedder=False, llm=fake_server.url) as s:
+        s.add_many(texts_for(top), embeddings=vecs)
+        s.flush()
+        asked = len(profile_requests())
+        assert asked > 0, "the cold start asks the SLM for profiles"
+        assert all(c.summary for c in s.clusters()), "vector profiles stand in"
+        # A second SLM pass with nothing changed asks nothing: the failure keeps inertia.
+        assert s._slm.write_profiles(use_slm=True) == 0
+        assert len(profile_requests()) == asked
+        # A cluster that grows by the drift share is asked again.
+        big = max(s.clusters(), key=lambda c: c.size)
+        centre = np.mean([vecs[i] for i in range(120) if s.get(i + 1).cluster_id == big.id], axis=0)
+        for i in range(big.size):
+            s.add(f"more {i}", embedding=centre + 0.01 * np.random.default_rng(i).standard_normal(centre.shape))
+        s.flush()
+        s._slm.write_profiles(use_slm=True)
+        assert len(profile_requests()) > asked

@@ -319,7 +319,9 @@ class SLMSide:
     def write_profiles(self, use_slm: bool = True) -> int:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
         profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
-        A vector profile written in place of an SLM one is redone by the next SLM pass."""
+        A vector profile written because ``use_slm`` was off is redone by the next SLM pass;
+        one written because the SLM failed keeps the usual inertia (redone when the cluster
+        drifts), so an unusable answer is not asked for again at every re-organisation."""
         store = self._store
         with store._lock.read():
             todo = maintenance.clusters_needing_profiles(store, self.org_config.profile_drift_share)
@@ -337,9 +339,12 @@ class SLMSide:
             if cid not in profiles:
                 profiles[cid] = maintenance.vector_profile(briefs[cid].examples)
         with store._lock.write():
-            # Clusters that deserved an SLM profile but got a vector one stay marked as
-            # unprofiled (profiled_size 0) so the next SLM pass picks them up.
-            pending_slm = set(big) - set(slm_done) if self.enabled else set()
+            # Clusters that deserved an SLM profile but were not asked stay marked as
+            # unprofiled (profiled_size 0) so the next SLM pass picks them up. Clusters the SLM
+            # failed on are not: in background mode (an SLM pass at every re-organisation)
+            # SmolLM2's invalid answers were asked again and again, 65 of 135 calls on a
+            # 663-turn conversation (BENCHMARKS.md).
+            pending_slm = set(big) - set(slm_done) if self.enabled and not use_slm else set()
             maintenance.save_profiles(store, profiles, time.time(), unprofiled=pending_slm)
         return len(profiles)
 
