@@ -156,6 +156,31 @@ def test_schema_mode_detects_llama_cpp_python_and_remembers(fake_server):
     assert llm.stats.snapshot()["errors"] == 0
 
 
+def test_a_schema_the_remembered_mode_refuses_goes_down_the_list_for_that_call(fake_server):
+    # An OpenAI-strict server: json_schema works, but not with prefixItems (routing's schema).
+    tuple_schema = {"type": "object", "properties": {"choices": {
+        "type": "array", "prefixItems": [{"type": "integer", "enum": [1, 2]}], "minItems": 1, "maxItems": 1}},
+        "required": ["choices"]}
+
+    def behaviour(body):
+        rf = body.get("response_format") or {}
+        if rf.get("type") == "json_schema" and "prefixItems" in json.dumps(rf):
+            return (400, {"error": "prefixItems is not supported"})
+        if rf.get("type") == "json_schema" and "choices" not in json.dumps(rf):
+            return (200, completion(json.dumps(GOOD)))
+        return (200, completion('{"choices": [2]}'))
+
+    fake_server.behaviour = behaviour
+    llm = client(fake_server.url)
+    assert llm.chat_json(MSGS, SCHEMA) == GOOD
+    assert llm.schema_mode == "json_schema"
+    assert llm.chat_json(MSGS, tuple_schema) == {"choices": [2]}
+    assert llm.schema_mode == "json_schema"  # the remembered mode is kept for other schemas
+    types = [(r.get("response_format") or {}).get("type") for r in fake_server.chat_requests()]
+    assert types == ["json_schema", "json_schema", "json_object"]
+    assert llm.stats.snapshot()["errors"] == 0
+
+
 def test_schema_mode_falls_back_to_prompt_only(fake_server):
     def behaviour(body):
         if "response_format" in body:

@@ -167,3 +167,25 @@ def test_unloadable_cached_copy_falls_back_to_the_shipped_file(tmp_path, monkeyp
                 assert r.status == 200
     assert "could not load" in caplog.text
     assert not copy.exists()  # dropped, so the next start converts afresh
+
+
+def test_only_a_model_load_failure_counts_as_one():
+    exited = server_mod._ExitedDuringStart
+    load = "llama_model_load: error\nValueError: Failed to load model from file: /x.gguf\n"
+    assert exited("m", 1, load).model_load_failed
+    assert exited("m", 1, load).cause() == "ValueError: Failed to load model from file: /x.gguf"
+    assert not exited("m", -9, load).model_load_failed  # killed (out of memory): not the file's fault
+    assert not exited("m", 1, "OSError: [Errno 98] address already in use").model_load_failed
+    assert not exited("m", 2, "error: unrecognized arguments: --bogus").model_load_failed
+
+
+@pytest.mark.slm
+def test_other_start_up_failures_keep_the_cached_copy(tmp_path, monkeypatch):
+    require_slm()
+    monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
+    copy = server_mod.serving_gguf_path("q8_0")
+    assert copy.parent == tmp_path
+    srv = ManagedServer(startup_timeout=60, extra_args=["--no_such_option", "1"])
+    with pytest.raises(ServerUnavailable, match="exited with code"):
+        srv.start()
+    assert copy.exists() and srv.served_model == copy  # no fallback, nothing deleted

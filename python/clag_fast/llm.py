@@ -11,6 +11,10 @@ servers disagree on how a JSON schema is passed, so the client detects it once p
 2. ``{"type": "json_object", "schema": S}`` (llama-cpp-python 0.3.x answers HTTP 500 to 1.);
 3. no ``response_format`` at all: the prompt alone asks for JSON.
 
+A detected mode whose server refuses one particular schema with HTTP 400/422 (a strict server
+and a keyword it lacks, such as routing's ``prefixItems``) sends that call down the list; the
+mode stays remembered for the other schemas.
+
 Whatever the server does, the reply goes through a tolerant parser (think blocks, code fences,
 prose around the object, raw newlines in strings) and a validator for the schema subset we use.
 """
@@ -363,6 +367,7 @@ class LLMClient:
         self._lock = threading.Lock()
         # The detected (or forced) way of passing a schema; None until the first success.
         self._schema_mode: str | None = None if schema_mode == "auto" else schema_mode
+        self._detected = schema_mode == "auto"  # a mode the user fixed is never second-guessed
         self._down_until = 0.0
 
     def __repr__(self) -> str:
@@ -528,10 +533,20 @@ class LLMClient:
     def _chat_json(self, messages: list[dict], schema: dict, max_tokens: int) -> dict:
         wire = _wire_schema(schema)
         mode = self._schema_mode
-        if mode is not None:
-            content, _ = self._completion(messages, max_tokens, _response_format(mode, wire))
-        else:
+        if mode is None:
             content = self._detect(messages, wire, max_tokens)
+        else:
+            try:
+                content, _ = self._completion(messages, max_tokens, _response_format(mode, wire))
+            except LLMHTTPError as e:
+                later = SCHEMA_MODES[SCHEMA_MODES.index(mode) + 1:]
+                if e.status not in (400, 422) or not later or not self._detected:
+                    raise
+                # The server took this form before but refuses this schema (an OpenAI-strict
+                # server and a keyword it does not support, e.g. prefixItems): this call
+                # alone goes down the list; the remembered mode stays.
+                log.debug("server refused this schema as %s (HTTP %d); trying %s for this call", mode, e.status, later)
+                content = self._detect(messages, wire, max_tokens, modes=later, remember=False)
         value = parse_json_object(content)
         try:
             validate(value, schema)
@@ -539,7 +554,8 @@ class LLMClient:
             raise LLMInvalidOutput(f"reply does not match the schema: {e}", content) from e
         return value
 
-    def _detect(self, messages: list[dict], wire: dict, max_tokens: int) -> str:
+    def _detect(self, messages: list[dict], wire: dict, max_tokens: int,
+                modes: tuple[str, ...] = SCHEMA_MODES, remember: bool = True) -> str:
         """Try each schema mode in turn; remember the first the server accepts.
 
         A server that rejects a response_format answers 4xx (OpenAI-strict servers) or 500
@@ -548,8 +564,8 @@ class LLMClient:
         was merely broken is probed again on the next call.
         """
         last: LLMHTTPError | None = None
-        for mode in SCHEMA_MODES:
-            probing = mode != SCHEMA_MODES[-1]
+        for mode in modes:
+            probing = mode != modes[-1]
             try:
                 content, _ = self._completion(
                     messages, max_tokens, _response_format(mode, wire), retry_http=not probing
@@ -561,7 +577,7 @@ class LLMClient:
                     continue
                 raise
             with self._lock:
-                if self._schema_mode is None:
+                if remember and self._schema_mode is None:
                     self._schema_mode = mode
                     log.info("LLM server %s takes schemas as %r", self.base_url, mode)
             return content

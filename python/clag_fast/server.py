@@ -46,7 +46,21 @@ class ServerUnavailable(RuntimeError):
 
 
 class _ExitedDuringStart(ServerUnavailable):
-    """The server process exited before answering (typically: it could not load the model)."""
+    """The server process exited before answering."""
+
+    def __init__(self, message: str, returncode: int, log_tail: str):
+        super().__init__(message)
+        self.returncode = returncode
+        self.log_tail = log_tail
+
+    @property
+    def model_load_failed(self) -> bool:
+        """llama-cpp-python could not load the GGUF (not: port taken, killed, missing modules)."""
+        return self.returncode > 0 and "failed to load model" in self.log_tail.lower()
+
+    def cause(self) -> str:
+        lines = [l for l in self.log_tail.splitlines() if l.strip()]
+        return lines[-1].strip() if lines else f"exit code {self.returncode}"
 
 
 def default_gguf_path() -> Path:
@@ -297,20 +311,24 @@ class ManagedServer:
                 return self._launch(Path(model))
             model = serving_gguf_path(self.quant, python=self.python)
             shipped = default_gguf_path()
+            auto_port = self.port is None
             try:
                 return self._launch(model)
             except _ExitedDuringStart as e:
-                if model == shipped:
+                if model == shipped or not e.model_load_failed:
                     raise
                 # The cached conversion would not load (damaged after its magic, or written by
                 # a llama.cpp this one cannot read): serve the shipped file now, and drop the
-                # copy so the next start converts afresh.
-                log.warning("llama_cpp.server could not load %s; serving %s as shipped (slower): %s",
-                            model.name, shipped.name, str(e).splitlines()[0])
+                # copy so the next start converts afresh. start_time_s then counts only this
+                # second launch.
+                log.warning("llama_cpp.server could not load %s (%s); serving %s as shipped (slower)",
+                            model.name, e.cause(), shipped.name)
                 try:
                     model.unlink()
                 except OSError:
                     pass
+                if auto_port:
+                    self.port = None  # a fresh free port: the first may have been taken meanwhile
                 return self._launch(shipped)
 
     def _launch(self, model: Path) -> "ManagedServer":
@@ -360,8 +378,10 @@ class ManagedServer:
         while True:
             assert self._proc is not None
             if self._proc.poll() is not None:
+                tail = self._tail()
                 raise _ExitedDuringStart(
-                    f"llama_cpp.server exited with code {self._proc.returncode} during start-up:\n{self._tail()}"
+                    f"llama_cpp.server exited with code {self._proc.returncode} during start-up:\n{tail}",
+                    self._proc.returncode, tail,
                 )
             try:
                 with opener.open(url, timeout=2.0) as r:
