@@ -12,7 +12,7 @@ wall time. The server's start (and warm-up) is timed separately: it happens once
 process, not per conversation.
 
     .venv/bin/python benches/bench_slm.py [--conv 2] [--turns 0] [--skip-vector] [--background]
-        [--capture calls.jsonl]
+        [--capture calls.jsonl] [--server-python /path/to/other/venv/bin/python]
 
 ``--capture`` writes every SLM call (messages, schema, max_tokens, answer, latency) as JSON
 lines, so ``benches/replay_slm.py`` can replay the same prompts against other server builds
@@ -24,7 +24,6 @@ Prints a JSON report (and a Markdown summary) on stdout.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import platform
@@ -32,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +105,7 @@ def recording_client_class():
         def __init__(self, url: str, path: Path, **kw):
             super().__init__(url, **kw)
             self._out = open(path, "w")
+            self._out_lock = threading.Lock()  # background mode calls from the worker thread
 
         def chat_json(self, messages, schema, max_tokens=256):
             t0 = time.perf_counter()
@@ -117,8 +118,12 @@ def recording_client_class():
                 raise
             finally:
                 rec["latency_s"] = round(time.perf_counter() - t0, 3)
-                self._out.write(json.dumps(rec) + "\n")
-                self._out.flush()
+                with self._out_lock:
+                    self._out.write(json.dumps(rec) + "\n")
+                    self._out.flush()
+
+        def close(self) -> None:
+            self._out.close()
 
     return RecordingClient
 
@@ -147,8 +152,12 @@ def main() -> None:
             "nproc": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
             "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
             "python": platform.python_version(),
-            "llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
             "server_python": args.server_python or sys.executable,
+            "llama_cpp_python": subprocess.run(
+                [args.server_python or sys.executable, "-c",
+                 "import importlib.metadata as m, llama_cpp; print(m.version('llama-cpp-python'), "
+                 "llama_cpp.llama_print_system_info().decode().strip())"],
+                capture_output=True, text=True).stdout.strip(),
             "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         },
         "conversation": args.conv,
@@ -163,6 +172,8 @@ def main() -> None:
                else LLMClient(srv.url, timeout=120.0))
         report["slm"] = ingest(texts, llm, embedder, args.background)
         report["slm"]["schema_mode"] = llm.schema_mode
+        if args.capture:
+            llm.close()
     report["machine"]["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     json.dump(report, sys.stdout, indent=1)
     print()

@@ -66,6 +66,8 @@ def main() -> None:
     from clag_fast.server import ManagedServer
 
     calls = [json.loads(l) for l in args.calls.read_text().splitlines() if l.strip()]
+    if not calls:
+        raise SystemExit(f"{args.calls} holds no captured calls")
     variants = [parse_variant(v) for v in args.variant]
     results: dict[str, list[dict]] = {label: [] for label, _ in variants}
     for r in range(args.rounds):
@@ -74,6 +76,7 @@ def main() -> None:
                 load = open("/proc/loadavg").read().split()[0]
                 res = replay(srv.url, calls)
                 res["load_before"] = load
+                res["served_model"] = srv.served_model.name  # the shipped file after a fallback
                 res["load_after"] = open("/proc/loadavg").read().split()[0]
                 results[label].append(res)
                 print(f"round {r + 1} {label}: {json.dumps(res)}", file=sys.stderr, flush=True)

@@ -101,6 +101,7 @@ def test_slm_picks_among_candidates_in_one_batched_prompt(fake_server):
     ]
     routes = org.route(items)
     assert routes == [Route(7, "slm"), Route(3, "slm"), Route(3, "slm")]
+    assert org.stats()["diagnostics"] == {"route_slm_agrees": 1}  # only note 2 took its nearest cluster
     reqs = fake_server.chat_requests()
     assert len(reqs) == 1
     # Each note's answer is constrained to its own options (union numbered 1..3).
@@ -211,13 +212,14 @@ def test_prompts_have_no_placeholder_values(fake_server):
 
 def test_route_prompt_is_short(fake_server):
     """Prompt size per routed memory stays far below the reference's 1,200-2,000 tokens."""
-    fake_server.reply_json({f"note{i + 1}": 1 for i in range(4)})
+    fake_server.reply_json({"choices": [1, 1, 1, 1]})
     org = org_for(fake_server)
     long_text = "word " * 500
     briefs = [ClusterBrief(i, "s " * 200, ["a", "b", "c"], ["e " * 300], 5) for i in range(5)]
     org.route([(long_text, briefs, [0.40, 0.39, 0.38, 0.37, 0.36]) for _ in range(4)])
     chars = sum(len(m["content"]) for m in fake_server.chat_requests()[0]["messages"])
-    assert chars < 2400  # ~600 tokens for 4 memories
+    assert chars < 1800  # ~450 tokens for 4 memories (notes cut at 160, groups at 80 characters)
+    assert org.stats()["decisions"]["route_slm"] == 4
 
 
 # ----------------------------------------------------------------------------- topics

@@ -186,3 +186,24 @@ def test_failed_slm_profiles_are_not_asked_again_until_the_cluster_drifts(tmp_pa
         s.flush()
         s._slm.write_profiles(use_slm=True)
         assert len(profile_requests()) > asked
+
+
+def test_profiles_lost_to_a_failing_server_are_asked_again(tmp_path, fake_server):  # noqa: F811
+    from llm_fixtures import completion
+
+    def profile_requests():
+        return [b for b in fake_server.chat_requests() if "shared by a group" in b["messages"][0]["content"]]
+
+    fake_server.behaviour = lambda body: (400, {"error": "overloaded"})
+    vecs, top = topic_vectors(120, 3, seed=5, spread=0.6)
+    config = StoreConfig(min_memories_to_cluster=30, organize_every=0, slm_profile_min_size=2)
+    with MemoryStore.open(tmp_path / "s", config=config, embedder=False, llm=fake_server.url) as s:
+        s.add_many(texts_for(top), embeddings=vecs)
+        s.flush()
+        asked = len(profile_requests())
+        assert asked > 0
+        answer = {"shared_topic": "Weekend baking plans", "keywords": ["baking", "bread", "oven"]}
+        fake_server.behaviour = lambda body: (200, completion(json.dumps(answer)))
+        assert s._slm.write_profiles(use_slm=True) > 0
+        assert len(profile_requests()) > asked
+        assert any(c.summary == "Weekend baking plans" for c in s.clusters())

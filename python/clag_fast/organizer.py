@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from clag_fast import prompts
-from clag_fast.llm import LLMClient, LLMError
+from clag_fast.llm import LLMClient, LLMError, LLMInvalidOutput
 
 log = logging.getLogger("clag_fast.organizer")
 
-__all__ = ["Organizer", "OrganizerConfig", "ClusterBrief", "Profile", "Route", "Evolution"]
+__all__ = ["Organizer", "OrganizerConfig", "ClusterBrief", "Profile", "ProfileBatch", "Route", "Evolution"]
 
 
 @dataclass
@@ -151,6 +151,16 @@ class Profile:
 
 
 @dataclass
+class ProfileBatch:
+    """Outcome of :meth:`Organizer.profile_batch`: the profiles written, and the clusters
+    whose call failed for a reason worth retrying soon (server unreachable, timeout, HTTP
+    error), as opposed to an answer that was unusable."""
+
+    profiles: dict[int, "Profile"]
+    retry: set[int]
+
+
+@dataclass
 class Route:
     """Where a memory goes. ``cluster_id`` None means "open a new cluster".
 
@@ -230,6 +240,7 @@ class Organizer:
         self._lock = threading.Lock()
         self._errors: Counter[str] = Counter()
         self._decisions: Counter[str] = Counter()
+        self._diagnostics: Counter[str] = Counter()
 
     def __repr__(self) -> str:
         return f"Organizer(llm={self.llm!r}, errors={self.errors})"
@@ -243,12 +254,15 @@ class Organizer:
             return sum(self._errors.values())
 
     def stats(self) -> dict[str, Any]:
-        """Counts of decisions by kind ("route_vector", "route_slm", ...) and errors by kind."""
+        """Counts of decisions by kind ("route_vector", "route_slm", ...), errors by kind, and
+        diagnostics ("route_slm_agrees": SLM routes that equal the vectors' first choice, a
+        subset of "route_slm")."""
         with self._lock:
             return {
                 "errors": sum(self._errors.values()),
                 "errors_by_kind": dict(self._errors),
                 "decisions": dict(self._decisions),
+                "diagnostics": dict(self._diagnostics),
             }
 
     def _count(self, key: str, n: int = 1) -> None:
@@ -269,16 +283,19 @@ class Organizer:
 
     def _ask(self, decision: str, system: str, user: str, schema: dict, max_tokens: int) -> dict | None:
         """One SLM call; None (error counted) when it fails."""
+        return self._ask_result(decision, system, user, schema, max_tokens)[0]
+
+    def _ask_result(self, decision: str, system: str, user: str, schema: dict,
+                    max_tokens: int) -> tuple[dict | None, BaseException | None]:
+        """One SLM call: (answer, None), or (None, the error, counted)."""
         if self.llm is None:
-            return None
+            return None, None
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         try:
-            return self.llm.chat_json(messages, schema, max_tokens=max_tokens)
-        except LLMError as e:
-            self._fail(decision, e)
+            return self.llm.chat_json(messages, schema, max_tokens=max_tokens), None
         except Exception as e:  # a user-supplied client may raise anything; never propagate
             self._fail(decision, e)
-        return None
+            return None, e
 
     # ------------------------------------------------------------------ routing
 
@@ -384,9 +401,10 @@ class Organizer:
                 routes.append(Route(by_number[picked], "slm"))
                 self._count("route_slm")
                 if by_number[picked] == cands[0].id:
-                    # How often the SLM agrees with the vectors' first choice (a diagnostic:
-                    # near 100% would mean the call buys nothing).
-                    self._count("route_slm_agrees")
+                    # How often the SLM agrees with the vectors' first choice: near 100% would
+                    # mean the call buys nothing.
+                    with self._lock:
+                        self._diagnostics["route_slm_agrees"] += 1
             else:
                 if answer is not None:
                     # Only reachable with a client that skips validation: count it all the same.
@@ -441,17 +459,25 @@ class Organizer:
         Tags are cleaned to single lowercase words; when the SLM gives fewer than three
         distinct usable ones the rest are the most frequent content words of the examples.
         """
+        return self.profile_batch(clusters).profiles
+
+    def profile_batch(self, clusters: Sequence[ClusterBrief]) -> ProfileBatch:
+        """:meth:`write_profiles`, also telling which failures are worth retrying soon."""
         out: dict[int, Profile] = {}
+        retry: set[int] = set()
         if self.llm is None:
-            return out
+            return ProfileBatch(out, retry)
         cfg = self.config
         for c in clusters:
             examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
             if not examples:
                 continue
             user = prompts.profile_user([prompts.note(e, cfg.max_note_chars) for e in examples])
-            answer = self._ask("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA, max_tokens=64)
+            answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA,
+                                           max_tokens=64)
             if answer is None:
+                if err is not None and not isinstance(err, LLMInvalidOutput):
+                    retry.add(c.id)  # the server, not the answer, failed
                 continue
             summary = prompts.clip(answer.get("shared_topic", ""), 200)
             if not _wordy(summary):
@@ -467,7 +493,7 @@ class Organizer:
                 tags += keywords(examples, 3 - len(tags), exclude=tags)
             out[c.id] = Profile(summary=summary, tags=tags[:3])
             self._count("profile")
-        return out
+        return ProfileBatch(out, retry)
 
     def needs_profile_refresh(
         self,

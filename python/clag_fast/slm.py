@@ -319,9 +319,10 @@ class SLMSide:
     def write_profiles(self, use_slm: bool = True) -> int:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
         profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
-        A vector profile written because ``use_slm`` was off is redone by the next SLM pass;
-        one written because the SLM failed keeps the usual inertia (redone when the cluster
-        drifts), so an unusable answer is not asked for again at every re-organisation."""
+        A vector profile written because ``use_slm`` was off, or because the server failed,
+        is redone by the next SLM pass; one written because the SLM's answer was unusable
+        keeps the usual inertia (redone when the cluster drifts), so it is not asked for
+        again at every re-organisation."""
         store = self._store
         with store._lock.read():
             todo = maintenance.clusters_needing_profiles(store, self.org_config.profile_drift_share)
@@ -330,21 +331,30 @@ class SLMSide:
             return 0
         profiles: dict[int, tuple[str, list[str]]] = {}
         big = [c for c in todo if briefs[c].size >= store.config.slm_profile_min_size]
+        retry: set[int] = set()
         if self.enabled and big and use_slm:
             org = self.organizer()
-            for cid, prof in org.write_profiles([briefs[c] for c in big]).items():
+            batch = org.profile_batch([briefs[c] for c in big])
+            retry = batch.retry
+            for cid, prof in batch.profiles.items():
                 profiles[cid] = (prof.summary, list(prof.tags))
         slm_done = list(profiles)
         for cid in todo:
             if cid not in profiles:
                 profiles[cid] = maintenance.vector_profile(briefs[cid].examples)
         with store._lock.write():
-            # Clusters that deserved an SLM profile but were not asked stay marked as
-            # unprofiled (profiled_size 0) so the next SLM pass picks them up. Clusters the SLM
-            # failed on are not: in background mode (an SLM pass at every re-organisation)
+            # Clusters that deserved an SLM profile but were not asked, or whose call failed
+            # on the server's side (down, timeout, HTTP error), stay marked as unprofiled
+            # (profiled_size 0) so the next SLM pass picks them up. Clusters whose answer was
+            # unusable are not: in background mode (an SLM pass at every re-organisation)
             # SmolLM2's invalid answers were asked again and again, 65 of 135 calls on a
             # 663-turn conversation (BENCHMARKS.md).
-            pending_slm = set(big) - set(slm_done) if self.enabled and not use_slm else set()
+            if not self.enabled:
+                pending_slm = set()
+            elif use_slm:
+                pending_slm = retry
+            else:
+                pending_slm = set(big) - set(slm_done)
             maintenance.save_profiles(store, profiles, time.time(), unprofiled=pending_slm)
         return len(profiles)
 
