@@ -79,22 +79,27 @@ def route_user(group_lines: list[str], notes: list[str]) -> str:
 
 # ----------------------------------------------------------------------------- profiles
 
-# Measured with SmolLM2-135M on three LoCoMo-like groups: keys named "summary"/"tags" and an
-# instruction only in the system message got the first note copied as the summary every time;
-# a closing question and self-describing keys gave topic phrases ("Baking Sourdough Bread").
+# Measured with SmolLM2-135M. Keys "summary"/"tags" with the instruction only in the system
+# message got the first note copied as the summary every time. "shared_topic" (a one-sentence
+# description) then "keywords" still got a note copied back for 39 of 56 LoCoMo clusters
+# (background mode's profile prompts, replayed). Keywords first, then a "title" of two to five
+# words: 5 copies, with titles like "Local Politics and Community Development"; more replies
+# run out of tokens in the keywords (10 of 56 at 96 tokens, 8 before at 64), the rest of the
+# time is unchanged (BENCHMARKS.md).
 PROFILE_SYSTEM = (
-    "You find the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON with a "
-    "one-sentence description of the shared topic and three one-word keywords."
+    "You name the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON: keywords are "
+    "three single lowercase words for what the notes talk about; title names their shared topic "
+    "in two to five words, like a chapter title."
 )
-PROFILE_QUESTION = "What is the shared topic of these notes?"
+PROFILE_QUESTION = "What are these notes about?"
 
 PROFILE_SCHEMA = {
     "type": "object",
     "properties": {
-        "shared_topic": {"type": "string"},
         "keywords": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3},
+        "title": {"type": "string"},
     },
-    "required": ["shared_topic", "keywords"],
+    "required": ["keywords", "title"],
 }
 
 
