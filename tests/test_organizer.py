@@ -194,7 +194,7 @@ def test_prompts_have_no_placeholder_values(fake_server):
     fake_server.reply_json({"categories": ["a b", "c d", "e f"]})
     org = org_for(fake_server, evolution=True, slm_select_clusters=True)
     org.propose_topics("a travel agent", ["I love Rome."])
-    fake_server.reply_json({"title": "Food.", "keywords": ["food", "bread", "oven"]})
+    fake_server.reply_json({"shared_topic": "Food.", "keywords": ["food", "bread", "oven"]})
     org.write_profiles([COOKING])
     fake_server.reply_json({"choices": [1]})
     org.route([("x", [COOKING, WORK], [0.40, 0.39])])
@@ -254,10 +254,10 @@ def test_topics_without_llm_or_samples():
 
 def test_write_profiles_cleans_tags_and_fills_from_keywords(fake_server):
     answers = iter([
-        {"title": "Home baking and cooking.", "keywords": ["Baking", "tag", "baking!"]},
-        {"title": "", "keywords": ["a", "b", "c"]},
-        {"title": "\U0001f331\U0001f496\u2728 #LGBTQ #123", "keywords": ["a", "b", "c"]},
-        {"title": "Office work.", "keywords": ["work", "Meetings", "career_growth"]},
+        {"shared_topic": "Home baking and cooking.", "keywords": ["Baking", "tag", "baking!"]},
+        {"shared_topic": "", "keywords": ["a", "b", "c"]},
+        {"shared_topic": "\U0001f331\U0001f496\u2728 #LGBTQ #123", "keywords": ["a", "b", "c"]},
+        {"shared_topic": "Office work.", "keywords": ["work", "Meetings", "career_growth"]},
     ])
     fake_server.behaviour = lambda body: (200, completion(json.dumps(next(answers))))
     org = org_for(fake_server)
@@ -332,24 +332,24 @@ def test_evolve(fake_server):
 
 
 @pytest.mark.parametrize(
-    "title",
+    "summary",
     [
-        "What are these notes about?</pre>",            # the question echoed, with markup
+        "What is the shared topic of these notes?",     # the question echoed
         "{{#1}}",                                        # template debris
         "Chat soon!</pre>",
         "We hiked near Denver last weekend with the dog",  # a member note copied back
     ],
 )
-def test_unusable_profile_titles_keep_the_vector_profile(fake_server, title):
-    fake_server.reply_json({"title": title, "keywords": ["a", "b", "c"]})
+def test_unusable_profile_summaries_keep_the_vector_profile(fake_server, summary):
+    fake_server.reply_json({"shared_topic": summary, "keywords": ["a", "b", "c"]})
     org = org_for(fake_server)
     travel = ClusterBrief(12, examples=["We hiked near Denver last weekend with the dog.", "Flights to Denver."])
     assert org.write_profiles([travel]) == {}
     assert org.stats()["errors_by_kind"] == {"profile:invalid": 1}
 
 
-def test_short_or_new_titles_are_kept(fake_server):
-    fake_server.reply_json({"title": "Trips to Denver", "keywords": ["travel", "denver", "hiking"]})
+def test_short_or_new_summaries_are_kept(fake_server):
+    fake_server.reply_json({"shared_topic": "Trips to Denver", "keywords": ["travel", "denver", "hiking"]})
     org = org_for(fake_server)
     travel = ClusterBrief(12, examples=["We hiked near Denver last weekend with the dog.", "Flights to Denver."])
     assert org.write_profiles([travel])[12] == Profile("Trips to Denver", ["travel", "denver", "hiking"])

@@ -202,7 +202,7 @@ def test_profiles_lost_to_a_failing_server_are_asked_again(tmp_path, fake_server
         s.flush()
         asked = len(profile_requests())
         assert asked > 0
-        answer = {"title": "Weekend baking plans", "keywords": ["baking", "bread", "oven"]}
+        answer = {"shared_topic": "Weekend baking plans", "keywords": ["baking", "bread", "oven"]}
         fake_server.behaviour = lambda body: (200, completion(json.dumps(answer)))
         assert s._slm.write_profiles(use_slm=True) > 0
         assert len(profile_requests()) > asked

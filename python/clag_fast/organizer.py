@@ -144,11 +144,7 @@ class ClusterBrief:
 
 @dataclass
 class Profile:
-    """A cluster's description: a one-line summary and three one-word tags.
-
-    The summary is what the SLM calls the cluster's title (2-5 words): asked for a sentence,
-    SmolLM2-135M copied a member note back for most clusters (see ``prompts.PROFILE_SYSTEM``).
-    """
+    """A cluster's description: one-sentence summary and three one-word tags."""
 
     summary: str
     tags: list[str]
@@ -220,12 +216,13 @@ def _wordy(text: str) -> bool:
     return letters >= 3 and letters >= 0.6 * len(chars)
 
 
-def _usable_title(title: str, examples: Sequence[str]) -> bool:
-    """A profile title worth showing: words, not markup, not the prompt's own question echoed,
-    and not a member note copied back (the vector profile already shows one of those)."""
-    if not _wordy(title) or any(ch in title for ch in "<>{}"):
+def _usable_summary(summary: str, examples: Sequence[str]) -> bool:
+    """A profile summary worth showing: words, not markup, not the prompt's own question
+    echoed, and not a member note copied back (the vector profile already shows the most
+    typical member)."""
+    if not _wordy(summary) or any(ch in summary for ch in "<>{}"):
         return False
-    low = " ".join(title.lower().split())
+    low = " ".join(summary.lower().split())
     if "these notes" in low:
         return False
     return len(low) < 20 or not any(low[:40] in " ".join(str(e).lower().split()) for e in examples)
@@ -489,13 +486,13 @@ class Organizer:
                 continue
             user = prompts.profile_user([prompts.note(e, cfg.max_note_chars) for e in examples])
             answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA,
-                                           max_tokens=96)
+                                           max_tokens=64)
             if answer is None:
                 if err is not None and not isinstance(err, LLMInvalidOutput):
                     retry.add(c.id)  # the server, not the answer, failed
                 continue
-            summary = prompts.clip(answer.get("title", ""), 200)
-            if not _usable_title(summary, examples):
+            summary = prompts.clip(answer.get("shared_topic", ""), 200)
+            if not _usable_summary(summary, examples):
                 # Empty, emoji / hashtag runs, "</pre>" debris, the question echoed, a copied
                 # note (all seen from SmolLM2): the vector profile is better.
                 self._fail("profile", f"cluster {c.id}: unusable summary {summary!r:.80}")

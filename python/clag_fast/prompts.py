@@ -79,27 +79,27 @@ def route_user(group_lines: list[str], notes: list[str]) -> str:
 
 # ----------------------------------------------------------------------------- profiles
 
-# Measured with SmolLM2-135M. Keys "summary"/"tags" with the instruction only in the system
-# message got the first note copied as the summary every time. "shared_topic" (a one-sentence
-# description) then "keywords" still got a note copied back for 39 of 56 LoCoMo clusters
-# (background mode's profile prompts, replayed). Keywords first, then a "title" of two to five
-# words: 5 copies, with titles like "Local Politics and Community Development"; more replies
-# run out of tokens in the keywords (10 of 56 at 96 tokens, 8 before at 64), the rest of the
-# time is unchanged (BENCHMARKS.md).
+# Measured with SmolLM2-135M on three LoCoMo-like groups: keys named "summary"/"tags" and an
+# instruction only in the system message got the first note copied as the summary every time;
+# a closing question and self-describing keys gave topic phrases ("Baking Sourdough Bread").
+# On real conversations it still copies a member note back for most clusters (39 of 56 in
+# background mode on LoCoMo); such answers are rejected in the organiser. Tried and not
+# adopted: keywords first, then a 2-5 word "title": 5 copies in 56, but more truncated
+# replies, as many hallucinated titles on the demo trip ("Sentiment Analysis (S3), 2.0" for
+# a calendar cluster) and 40% more answer tokens (the demo took 78 s instead of 63 s).
 PROFILE_SYSTEM = (
-    "You name the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON: keywords are "
-    "three single lowercase words for what the notes talk about; title names their shared topic "
-    "in two to five words, like a chapter title."
+    "You find the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON with a "
+    "one-sentence description of the shared topic and three one-word keywords."
 )
-PROFILE_QUESTION = "What are these notes about?"
+PROFILE_QUESTION = "What is the shared topic of these notes?"
 
 PROFILE_SCHEMA = {
     "type": "object",
     "properties": {
+        "shared_topic": {"type": "string"},
         "keywords": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3},
-        "title": {"type": "string"},
     },
-    "required": ["keywords", "title"],
+    "required": ["shared_topic", "keywords"],
 }
 
 
