@@ -96,6 +96,15 @@ def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
     }
 
 
+def server_build(python: str) -> str:
+    """llama-cpp-python's version and llama.cpp's CPU features in the serving interpreter."""
+    proc = subprocess.run(
+        [python, "-c", "import importlib.metadata as m, llama_cpp; print(m.version('llama-cpp-python'), "
+                       "llama_cpp.llama_print_system_info().decode().strip())"],
+        capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else f"unknown ({proc.stderr.strip()[-200:]})"
+
+
 def recording_client_class():
     from clag_fast.llm import LLMClient, LLMError
 
@@ -153,11 +162,7 @@ def main() -> None:
             "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
             "python": platform.python_version(),
             "server_python": args.server_python or sys.executable,
-            "llama_cpp_python": subprocess.run(
-                [args.server_python or sys.executable, "-c",
-                 "import importlib.metadata as m, llama_cpp; print(m.version('llama-cpp-python'), "
-                 "llama_cpp.llama_print_system_info().decode().strip())"],
-                capture_output=True, text=True).stdout.strip(),
+            "llama_cpp_python": server_build(args.server_python or sys.executable),
             "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         },
         "conversation": args.conv,
@@ -170,10 +175,12 @@ def main() -> None:
                             "n_threads_batch": srv.n_threads_batch, "flash_attn": srv.flash_attn}
         llm = (RecordingClient(srv.url, args.capture, timeout=120.0) if args.capture
                else LLMClient(srv.url, timeout=120.0))
-        report["slm"] = ingest(texts, llm, embedder, args.background)
+        try:
+            report["slm"] = ingest(texts, llm, embedder, args.background)
+        finally:
+            if args.capture:
+                llm.close()
         report["slm"]["schema_mode"] = llm.schema_mode
-        if args.capture:
-            llm.close()
     report["machine"]["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     json.dump(report, sys.stdout, indent=1)
     print()

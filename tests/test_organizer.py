@@ -276,7 +276,7 @@ def test_write_profiles_missing_where_slm_fails(fake_server):
     fake_server.behaviour = lambda body: (500, {"error": "x"})
     org = org_for(fake_server)
     assert org.write_profiles([COOKING, WORK]) == {}
-    assert org.errors == 2
+    assert org.errors == 1  # a server error ends the batch: WORK is not asked into the same outage
     assert Organizer(None).write_profiles([COOKING]) == {}
 
 
@@ -335,9 +335,10 @@ def test_evolve(fake_server):
     "summary",
     [
         "What is the shared topic of these notes?",     # the question echoed
-        "{{#1}}",                                        # template debris
-        "Chat soon!</pre>",
+        "Travel plans {{#1}}",                           # template debris
+        "Chat soon!</pre>",                              # tag debris
         "We hiked near Denver last weekend with the dog",  # a member note copied back
+        "They hiked near Denver last weekend with a dog",  # ... nearly word for word
     ],
 )
 def test_unusable_profile_summaries_keep_the_vector_profile(fake_server, summary):
@@ -348,8 +349,45 @@ def test_unusable_profile_summaries_keep_the_vector_profile(fake_server, summary
     assert org.stats()["errors_by_kind"] == {"profile:invalid": 1}
 
 
-def test_short_or_new_summaries_are_kept(fake_server):
-    fake_server.reply_json({"shared_topic": "Trips to Denver", "keywords": ["travel", "denver", "hiking"]})
+@pytest.mark.parametrize(
+    "summary, kept",
+    [
+        ("Trips to Denver", "Trips to Denver"),
+        # A phrase the members also use is no copy.
+        ("Education and infrastructure", "Education and infrastructure"),
+        ("Hiking and flights to Denver in the autumn", "Hiking and flights to Denver in the autumn"),
+        ("Using std::vector<int> in C++ code", "Using std::vector<int> in C++ code"),
+        # A preamble is dropped, the summary behind it kept.
+        ("The shared topic of these notes is weekend trips to Denver.", "Weekend trips to Denver."),
+    ],
+)
+def test_profile_summaries_that_are_kept(fake_server, summary, kept):
+    fake_server.reply_json({"shared_topic": summary, "keywords": ["travel", "denver", "hiking"]})
     org = org_for(fake_server)
-    travel = ClusterBrief(12, examples=["We hiked near Denver last weekend with the dog.", "Flights to Denver."])
-    assert org.write_profiles([travel])[12] == Profile("Trips to Denver", ["travel", "denver", "hiking"])
+    travel = ClusterBrief(12, examples=["We hiked near Denver last weekend with the dog.", "Flights to Denver.",
+                                        "The town votes on improving education and infrastructure."])
+    assert org.write_profiles([travel])[12] == Profile(kept, ["travel", "denver", "hiking"])
+
+
+@pytest.mark.parametrize(
+    "status, retried",
+    [(503, True), (500, True), (429, True), (408, True), (400, False), (401, False), (404, False)],
+)
+def test_profile_batch_retries_only_transient_failures(fake_server, status, retried):
+    fake_server.behaviour = lambda body: (status, {"error": "x"})
+    llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
+    org = Organizer(llm)
+    batch = org.profile_batch([COOKING, WORK])
+    assert batch.profiles == {}
+    # A transient failure stops the batch: the rest is retried without a call of its own.
+    assert batch.retry == ({3, 7} if retried else set())
+    assert len(fake_server.chat_requests()) == (1 if retried else 2)
+
+
+def test_a_client_that_raises_its_own_errors_is_not_retried():
+    class Broken:
+        def chat_json(self, *a, **k):
+            raise RuntimeError("bug in a user client")
+
+    batch = Organizer(Broken()).profile_batch([COOKING])
+    assert batch.profiles == {} and batch.retry == set()

@@ -80,6 +80,14 @@ class LLMInvalidOutput(LLMError):
         super().__init__(message)
 
 
+def is_transient(e: BaseException) -> bool:
+    """True for failures that may pass if the same request is sent again later: the server
+    unreachable or too slow, HTTP 408 / 429 / 5xx. Not: 4xx, invalid output, other errors."""
+    if isinstance(e, (LLMUnreachable, LLMTimeout)):
+        return True
+    return isinstance(e, LLMHTTPError) and (e.status in (408, 429) or e.status >= 500)
+
+
 class SchemaError(ValueError):
     """A value does not match a JSON schema; the message names the path (``$.tags[2]``)."""
 
@@ -419,9 +427,7 @@ class LLMClient:
 
     @staticmethod
     def _retryable(e: LLMError, retry_http: bool) -> bool:
-        if isinstance(e, (LLMUnreachable, LLMTimeout)):
-            return True
-        return retry_http and isinstance(e, LLMHTTPError) and (e.status == 429 or e.status >= 500)
+        return is_transient(e) if retry_http else isinstance(e, (LLMUnreachable, LLMTimeout))
 
     def _with_retries(self, fn, *args, retry_http: bool = True):
         """Call ``fn(*args)`` with bounded retries and exponential backoff.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from clag_fast import prompts
-from clag_fast.llm import LLMClient, LLMError, LLMInvalidOutput
+from clag_fast.llm import LLMClient, LLMError, is_transient
 
 log = logging.getLogger("clag_fast.organizer")
 
@@ -153,8 +153,9 @@ class Profile:
 @dataclass
 class ProfileBatch:
     """Outcome of :meth:`Organizer.profile_batch`: the profiles written, and the clusters
-    whose call failed for a reason worth retrying soon (server unreachable, timeout, HTTP
-    error), as opposed to an answer that was unusable."""
+    worth asking again soon: the server failed transiently (unreachable, timeout, HTTP 408 /
+    429 / 5xx) on their call or an earlier one of the batch. An unusable answer, or a
+    permanent error (another 4xx, a client's own exception), is not retried."""
 
     profiles: dict[int, "Profile"]
     retry: set[int]
@@ -216,16 +217,48 @@ def _wordy(text: str) -> bool:
     return letters >= 3 and letters >= 0.6 * len(chars)
 
 
-def _usable_summary(summary: str, examples: Sequence[str]) -> bool:
-    """A profile summary worth showing: words, not markup, not the prompt's own question
-    echoed, and not a member note copied back (the vector profile already shows the most
-    typical member)."""
-    if not _wordy(summary) or any(ch in summary for ch in "<>{}"):
-        return False
-    low = " ".join(summary.lower().split())
-    if "these notes" in low:
-        return False
-    return len(low) < 20 or not any(low[:40] in " ".join(str(e).lower().split()) for e in examples)
+# Tag and template debris SmolLM2 leaves in summaries ("</pre>", "</note>", "{{#1}}"); a
+# lone "<" or "{" (code, "std::vector<int>") is fine.
+_DEBRIS_RE = re.compile(r"</\w+>|<(?:note|pre|code|textarea|div|span|br|h\d)\b|\{\{|\{[#%]", re.IGNORECASE)
+# Preambles that carry no information; what follows them is the summary.
+_PREAMBLE_RE = re.compile(r"^(?:the\s+)?shared\s+topic\s+of\s+these\s+notes\s+is\s*:?\s*|^these\s+notes\s+are\s+about\s+",
+                          re.IGNORECASE)
+_WORDS_RE = re.compile(r"\w+")
+
+
+def _longest_shared_run(a: list[str], b: list[str]) -> int:
+    """Length of the longest run of consecutive words that ``a`` and ``b`` share."""
+    best = 0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0] * (len(b) + 1)
+        for j, y in enumerate(b):
+            if x == y:
+                cur[j + 1] = prev[j] + 1
+                best = max(best, cur[j + 1])
+        prev = cur
+    return best
+
+
+def _summary_from(raw: Any, examples: Sequence[str], max_chars: int) -> str | None:
+    """The summary to keep from an SLM profile answer, or None when it is unusable: no words,
+    tag / template debris, the prompt's question echoed, or a member note copied back (the
+    vector profile already shows the most typical member). Compared against the notes as the
+    SLM saw them; a phrase a member also uses ("education and infrastructure") is no copy."""
+    raw = str(raw)
+    if _DEBRIS_RE.search(raw):
+        return None
+    summary = prompts.clip(_PREAMBLE_RE.sub("", raw.strip()), 200)
+    if not _wordy(summary):
+        return None
+    words = _WORDS_RE.findall(summary.casefold())
+    if words == _WORDS_RE.findall(prompts.PROFILE_QUESTION.casefold()):
+        return None
+    for e in examples:
+        run = _longest_shared_run(words, _WORDS_RE.findall(prompts.clip(e, max_chars).casefold()))
+        if run >= 6 or (len(words) >= 5 and run >= 0.6 * len(words)):
+            return None
+    return summary[0].upper() + summary[1:]
 
 
 def _clean_tag(tag: Any) -> str | None:
@@ -298,7 +331,7 @@ class Organizer:
         return self._ask_result(decision, system, user, schema, max_tokens)[0]
 
     def _ask_result(self, decision: str, system: str, user: str, schema: dict,
-                    max_tokens: int) -> tuple[dict | None, BaseException | None]:
+                    max_tokens: int) -> tuple[dict | None, Exception | None]:
         """One SLM call: (answer, None), or (None, the error, counted)."""
         if self.llm is None:
             return None, None
@@ -480,22 +513,25 @@ class Organizer:
         if self.llm is None:
             return ProfileBatch(out, retry)
         cfg = self.config
-        for c in clusters:
+        for i, c in enumerate(clusters):
             examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
             if not examples:
                 continue
             user = prompts.profile_user([prompts.note(e, cfg.max_note_chars) for e in examples])
             answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA,
                                            max_tokens=64)
-            if answer is None:
-                if err is not None and not isinstance(err, LLMInvalidOutput):
-                    retry.add(c.id)  # the server, not the answer, failed
+            if err is not None and is_transient(err):
+                # The server, not the answer, failed: retry these clusters at the next pass, and
+                # do not spend a timeout on each of the others now.
+                retry.update(x.id for x in clusters[i:])
+                break
+            if not isinstance(answer, dict):  # failed, or a user client that skips validation
                 continue
-            summary = prompts.clip(answer.get("shared_topic", ""), 200)
-            if not _usable_summary(summary, examples):
+            summary = _summary_from(answer.get("shared_topic", ""), examples, cfg.max_note_chars)
+            if summary is None:
                 # Empty, emoji / hashtag runs, "</pre>" debris, the question echoed, a copied
                 # note (all seen from SmolLM2): the vector profile is better.
-                self._fail("profile", f"cluster {c.id}: unusable summary {summary!r:.80}")
+                self._fail("profile", f"cluster {c.id}: unusable summary {answer.get('shared_topic')!r:.80}")
                 continue
             tags: list[str] = []
             for t in answer.get("keywords", []):

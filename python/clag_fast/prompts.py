@@ -86,7 +86,7 @@ def route_user(group_lines: list[str], notes: list[str]) -> str:
 # background mode on LoCoMo); such answers are rejected in the organiser. Tried and not
 # adopted: keywords first, then a 2-5 word "title": 5 copies in 56, but more truncated
 # replies, as many hallucinated titles on the demo trip ("Sentiment Analysis (S3), 2.0" for
-# a calendar cluster) and 40% more answer tokens (the demo took 78 s instead of 63 s).
+# a calendar cluster) and 43% more answer tokens (the demo took 78 s instead of 63 s).
 PROFILE_SYSTEM = (
     "You find the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON with a "
     "one-sentence description of the shared topic and three one-word keywords."

@@ -344,7 +344,7 @@ class SLMSide:
                 profiles[cid] = maintenance.vector_profile(briefs[cid].examples)
         with store._lock.write():
             # Clusters that deserved an SLM profile but were not asked, or whose call failed
-            # on the server's side (down, timeout, HTTP error), stay marked as unprofiled
+            # on the server's side (down, timeout, HTTP 408/429/5xx), stay marked as unprofiled
             # (profiled_size 0) so the next SLM pass picks them up. Clusters whose answer was
             # unusable are not: in background mode (an SLM pass at every re-organisation)
             # SmolLM2's invalid answers were asked again and again, 65 of 135 calls on a
