@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from clag_fast.llm import LLMClient, LLMError
+
 LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
 
 
@@ -105,36 +107,31 @@ def server_build(python: str) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else f"unknown ({proc.stderr.strip()[-200:]})"
 
 
-def recording_client_class():
-    from clag_fast.llm import LLMClient, LLMError
+class RecordingClient(LLMClient):
+    """An LLMClient that appends each chat_json call to a JSON-lines file."""
 
-    class RecordingClient(LLMClient):
-        """An LLMClient that appends each chat_json call to a JSON-lines file."""
+    def __init__(self, url: str, path: Path, **kw):
+        super().__init__(url, **kw)
+        self._out = open(path, "w")
+        self._out_lock = threading.Lock()  # background mode calls from the worker thread
 
-        def __init__(self, url: str, path: Path, **kw):
-            super().__init__(url, **kw)
-            self._out = open(path, "w")
-            self._out_lock = threading.Lock()  # background mode calls from the worker thread
+    def chat_json(self, messages, schema, max_tokens=256):
+        t0 = time.perf_counter()
+        rec = {"messages": messages, "schema": schema, "max_tokens": max_tokens}
+        try:
+            rec["answer"] = value = super().chat_json(messages, schema, max_tokens)
+            return value
+        except LLMError as e:
+            rec["error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            rec["latency_s"] = round(time.perf_counter() - t0, 3)
+            with self._out_lock:
+                self._out.write(json.dumps(rec) + "\n")
+                self._out.flush()
 
-        def chat_json(self, messages, schema, max_tokens=256):
-            t0 = time.perf_counter()
-            rec = {"messages": messages, "schema": schema, "max_tokens": max_tokens}
-            try:
-                rec["answer"] = value = super().chat_json(messages, schema, max_tokens)
-                return value
-            except LLMError as e:
-                rec["error"] = f"{type(e).__name__}: {e}"
-                raise
-            finally:
-                rec["latency_s"] = round(time.perf_counter() - t0, 3)
-                with self._out_lock:
-                    self._out.write(json.dumps(rec) + "\n")
-                    self._out.flush()
-
-        def close(self) -> None:
-            self._out.close()
-
-    return RecordingClient
+    def close(self) -> None:
+        self._out.close()
 
 
 def main() -> None:
@@ -149,10 +146,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     from clag_fast import Embedder
-    from clag_fast.llm import LLMClient
     from clag_fast.server import ManagedServer
 
-    RecordingClient = recording_client_class()
     texts = load_conversation(args.conv, args.turns)
     embedder = Embedder(device="cpu")
     embedder.encode(texts[:4])  # load the model outside the timed part

@@ -157,7 +157,7 @@ class ProfileBatch:
     429 / 5xx) on their call or an earlier one of the batch. An unusable answer, or a
     permanent error (another 4xx, a client's own exception), is not retried."""
 
-    profiles: dict[int, "Profile"]
+    profiles: dict[int, Profile]
     retry: set[int]
 
 
@@ -223,7 +223,9 @@ _DEBRIS_RE = re.compile(r"</\w+>|<(?:note|pre|code|textarea|div|span|br|h\d)\b|\
 # Preambles that carry no information; what follows them is the summary.
 _PREAMBLE_RE = re.compile(r"^(?:the\s+)?shared\s+topic\s+of\s+these\s+notes\s+is\s*:?\s*|^these\s+notes\s+are\s+about\s+",
                           re.IGNORECASE)
-_WORDS_RE = re.compile(r"\w+")
+# Unlike _WORD_RE (tag candidates): digits and non-ASCII words count when comparing texts.
+_ANY_WORD_RE = re.compile(r"\w+")
+_QUESTION_WORDS = _ANY_WORD_RE.findall(prompts.PROFILE_QUESTION.casefold())
 
 
 def _longest_shared_run(a: list[str], b: list[str]) -> int:
@@ -251,11 +253,11 @@ def _summary_from(raw: Any, examples: Sequence[str], max_chars: int) -> str | No
     summary = prompts.clip(_PREAMBLE_RE.sub("", raw.strip()), 200)
     if not _wordy(summary):
         return None
-    words = _WORDS_RE.findall(summary.casefold())
-    if words == _WORDS_RE.findall(prompts.PROFILE_QUESTION.casefold()):
+    words = _ANY_WORD_RE.findall(summary.casefold())
+    if words == _QUESTION_WORDS:
         return None
     for e in examples:
-        run = _longest_shared_run(words, _WORDS_RE.findall(prompts.clip(e, max_chars).casefold()))
+        run = _longest_shared_run(words, _ANY_WORD_RE.findall(prompts.clip(e, max_chars).casefold()))
         if run >= 6 or (len(words) >= 5 and run >= 0.6 * len(words)):
             return None
     return summary[0].upper() + summary[1:]
