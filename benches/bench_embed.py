@@ -58,7 +58,7 @@ class ClagEngine:
     """
 
     def __init__(self, precision: str, threads: int = THREADS, spread: bool = True) -> None:
-        from clag_fast.embed import Embedder
+        from clag_fast.embed.embedder import Embedder
 
         self.threads = threads
         self.name = f"clag_fast {precision}{'' if spread else ' (calls in turn)'}, {threads} thr"
@@ -77,7 +77,7 @@ class STEngine:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        from clag_fast import modelfiles
+        from clag_fast.embed import modelfiles
 
         self.torch = torch
         self.threads = threads

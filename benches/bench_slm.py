@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from clag_fast.llm import LLMClient, LLMError
+from clag_fast.slm.client import LLMClient, LLMError
 
 LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
 
@@ -146,7 +146,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     from clag_fast import Embedder
-    from clag_fast.server import ManagedServer
+    from clag_fast.slm.server import ManagedServer
 
     texts = load_conversation(args.conv, args.turns)
     embedder = Embedder(device="cpu")

@@ -35,7 +35,7 @@ def parse_variant(spec: str) -> tuple[str, dict]:
 
 
 def replay(url: str, calls: list[dict]) -> dict:
-    from clag_fast.llm import LLMClient, LLMError
+    from clag_fast.slm.client import LLMClient, LLMError
 
     llm = LLMClient(url, timeout=300.0)
     same = errors = 0
@@ -63,7 +63,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
 
-    from clag_fast.server import ManagedServer
+    from clag_fast.slm.server import ManagedServer
 
     calls = [json.loads(l) for l in args.calls.read_text().splitlines() if l.strip()]
     if not calls:

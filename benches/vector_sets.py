@@ -184,10 +184,10 @@ def locomo_texts(path: Path = LOCOMO) -> tuple[list[str], list[str]]:
 def _embed(texts: list[str]) -> tuple[np.ndarray, str]:
     """MiniLM vectors: the project Embedder when it exists, else sentence-transformers."""
     try:
-        from clag_fast.embed import Embedder  # noqa: PLC0415 -- optional, lands with issue 3
+        from clag_fast.embed.embedder import Embedder  # noqa: PLC0415 -- optional, lands with issue 3
 
         emb = Embedder()
-        return np.asarray(emb.encode(texts), dtype=np.float32), "clag_fast.embed.Embedder (ONNX MiniLM-L6)"
+        return np.asarray(emb.encode(texts), dtype=np.float32), "clag_fast.embed.embedder.Embedder (ONNX MiniLM-L6)"
     except ImportError:
         pass
     # Bench-only fallback (torch must never be imported by the product itself).

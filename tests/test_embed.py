@@ -41,14 +41,14 @@ def model_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def emb(model_cache):
-    from clag_fast.embed import Embedder
+    from clag_fast.embed.embedder import Embedder
 
     return Embedder(precision="fp32", threads=2)
 
 
 @pytest.fixture(scope="session")
 def emb8(model_cache):
-    from clag_fast.embed import Embedder
+    from clag_fast.embed.embedder import Embedder
 
     return Embedder(precision="int8", threads=2)
 
@@ -101,7 +101,7 @@ def test_int8_close_to_golden(emb8, golden_items):
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider'")
 def test_precision_auto_is_int8_only_on_a_vnni_cpu(model_cache, monkeypatch):
-    from clag_fast import embed
+    from clag_fast.embed import embedder as embed
 
     monkeypatch.setattr(embed, "_cuda_available", lambda: False)
     for vnni in (True, False):
@@ -120,7 +120,7 @@ def test_precision_auto_is_int8_only_on_a_vnni_cpu(model_cache, monkeypatch):
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_spread_calls_match_calls_in_turn(model_cache, precision):
     """encode() spreads its ONNX calls over 1-thread sessions; same vectors as one by one."""
-    from clag_fast.embed import Embedder
+    from clag_fast.embed.embedder import Embedder
 
     texts = [f"note {i}: " + "the quick brown fox jumps " * (i % 9) for i in range(70)]
     spread = Embedder(precision=precision, threads=2, batch_size=8)
@@ -210,7 +210,7 @@ def test_bad_items_raise_value_error_naming_index(emb, bad, index, words):
 
 
 def test_bare_string_and_bad_arguments(emb, model_cache):
-    from clag_fast.embed import Embedder
+    from clag_fast.embed.embedder import Embedder
 
     with pytest.raises(TypeError, match="list of str"):
         emb.encode("hello")
@@ -238,7 +238,7 @@ def test_long_text_truncated_like_sentence_transformers(emb):
 def test_devices(emb, model_cache):
     import onnxruntime as ort
 
-    from clag_fast.embed import Embedder
+    from clag_fast.embed.embedder import Embedder
 
     auto = Embedder(device="auto", threads=2)
     cuda = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -252,14 +252,14 @@ def test_devices(emb, model_cache):
 
 
 def test_sessions_are_shared(emb, model_cache):
-    from clag_fast.embed import Embedder
+    from clag_fast.embed.embedder import Embedder
 
     other = Embedder(precision="fp32", threads=2)
     assert other._session is emb._session
 
 
 def test_product_never_imports_torch(model_cache):
-    code = ("import sys; from clag_fast.embed import Embedder; "
+    code = ("import sys; from clag_fast.embed.embedder import Embedder; "
             "v = Embedder(threads=1).encode(['no torch here']); "
             "assert v.shape == (1, 384); "
             "bad = [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]; "

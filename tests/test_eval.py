@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clag_fast.eval import HashingEmbedder, add_eval_parser, main, run_eval
-from clag_fast.eval_data import load_dataset
-from clag_fast.metrics import recall_at_k
+from clag_fast.eval.runner import HashingEmbedder, add_eval_parser, main, run_eval
+from clag_fast.eval.data import load_dataset
+from clag_fast.eval.metrics import recall_at_k
 
 TINY = Path(__file__).parent / "data" / "tiny_locomo.json"
 # 41 memories: cluster from 10 on, ~5 clusters, so two_stage really prunes.

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import math
 
-from clag_fast.forgetting import DAY, ForgettingPolicy
+from clag_fast.decay import DAY, ForgettingPolicy
 
 
 @settings(max_examples=50, deadline=None)

@@ -185,8 +185,10 @@ def test_kmeans_is_a_deterministic_partition_with_mean_centres(tmp_path_factory,
             v = ix.vectors().astype(np.float64)
             for cid, cen in zip(ix.cluster_ids(), ix.centres()):
                 m = ix.members(cid)
-                if len(m):
-                    np.testing.assert_allclose(cen, unit(v[m].sum(0)), atol=1e-5)
+                total = v[m].sum(0)
+                # Members that cancel out (x and -x) leave no direction to compare with.
+                if len(m) and np.linalg.norm(total) > 1e-3:
+                    np.testing.assert_allclose(cen, unit(total), atol=1e-5)
             out.append((labels, ix.centres()))
     np.testing.assert_array_equal(out[0][0], out[1][0])
     np.testing.assert_array_equal(out[0][1], out[1][1])

@@ -9,7 +9,7 @@ import time
 import pytest
 from llm_fixtures import completion, dead_url, fake_server  # noqa: F401
 
-from clag_fast.llm import (
+from clag_fast.slm.client import (
     LLMClient,
     LLMHTTPError,
     LLMInvalidOutput,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from llm_fixtures import managed_server, real_llm  # noqa: F401
 
-from clag_fast.organizer import ClusterBrief, Organizer, OrganizerConfig
+from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig
 
 pytestmark = pytest.mark.slm
 

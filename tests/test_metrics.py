@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clag_fast.metrics import (
+from clag_fast.eval.metrics import (
     answer_tokens,
     bleu1,
     ndcg_at_k,

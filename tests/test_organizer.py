@@ -9,8 +9,8 @@ import re
 import pytest
 from llm_fixtures import completion, dead_url, fake_server  # noqa: F401
 
-from clag_fast.llm import LLMClient
-from clag_fast.organizer import ClusterBrief, Organizer, OrganizerConfig, Profile, Route
+from clag_fast.slm.client import LLMClient
+from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig, Profile, Route
 
 COOKING = ClusterBrief(3, "Cooking and baking at home.", ["food", "baking", "recipes"],
                        ["I baked sourdough bread this morning."], 12)
@@ -40,10 +40,8 @@ def test_config_validates():
         OrganizerConfig(route_batch=0)
     with pytest.raises(ValueError, match="min_topics"):
         OrganizerConfig(min_topics=6, max_topics=5)
-    with pytest.raises(ValueError, match="labels"):
-        OrganizerConfig(labels=["work", " "])
-    cfg = OrganizerConfig(labels=["work", "family"])
-    assert cfg.new_cluster_threshold is None  # labels mode never opens clusters
+    org = Organizer(None, OrganizerConfig(), labels=["work", "family"])
+    assert org.new_cluster_threshold is None  # labels mode never opens clusters
 
 
 # ----------------------------------------------------------------------------- routing by vectors
@@ -161,11 +159,11 @@ def test_llm_failures_fall_back_never_raise(fake_server, behaviour):
 
 def test_server_down_falls_back_and_logs_once(caplog):
     org = Organizer(LLMClient(dead_url(), timeout=1.0, backoff=0.01, max_retries=0))
-    caplog.set_level(logging.DEBUG, logger="clag_fast.organizer")
+    caplog.set_level(logging.DEBUG, logger="clag_fast.slm.organizer")
     for _ in range(3):
         assert org.route([("x", [COOKING, WORK], [0.40, 0.39])]) == [Route(3, "fallback")]
     assert org.errors == 3
-    warnings = [r for r in caplog.records if r.name == "clag_fast.organizer" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "clag_fast.slm.organizer" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "routing" in warnings[0].getMessage()
 
 
@@ -192,7 +190,7 @@ def test_prompt_injection_cannot_reach_an_unoffered_cluster(fake_server):
 
 def test_prompts_have_no_placeholder_values(fake_server):
     fake_server.reply_json({"categories": ["a b", "c d", "e f"]})
-    org = org_for(fake_server, evolution=True, slm_select_clusters=True)
+    org = org_for(fake_server, evolution=True, select_clusters=True)
     org.propose_topics("a travel agent", ["I love Rome."])
     fake_server.reply_json({"shared_topic": "Food.", "keywords": ["food", "bread", "oven"]})
     org.write_profiles([COOKING])
@@ -313,7 +311,7 @@ def test_select_clusters(fake_server):
     off = org_for(fake_server)
     assert off.select_clusters("q", cands) == [3, 7, 12]  # default: vectors, no call
     assert fake_server.chat_requests() == []
-    on = org_for(fake_server, slm_select_clusters=True)
+    on = org_for(fake_server, select_clusters=True)
     assert on.select_clusters("where did we hike?", cands) == [12, 3]  # best vector one kept
     fake_server.reply_json({"groups": [9]})
     assert on.select_clusters("q", cands) == [3, 7, 12]

@@ -6,14 +6,15 @@ import threading
 
 import pytest
 
-from clag_fast.organizer import OrganizerConfig
-from clag_fast.triggers import Triggers
+from clag_fast.slm.organizer import OrganizerConfig
+from clag_fast.slm.triggers import Triggers
 
 
 def trig(**kw) -> Triggers:
-    base = dict(organize_every=0, confusion_window=3, confusion_threshold=0.3, drift_window=4, drift_drop=0.1)
+    every = kw.pop("organize_every", 0)
+    base = dict(confusion_window=3, confusion_threshold=0.3, drift_window=4, drift_drop=0.1)
     base.update(kw)
-    return Triggers(OrganizerConfig(**base))
+    return Triggers(OrganizerConfig(**base), organize_every=every)
 
 
 def test_nothing_due_initially():

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 from llm_fixtures import managed_server, require_slm  # noqa: F401
 
-from clag_fast import server as server_mod
-from clag_fast.server import ManagedServer, ServerUnavailable, default_gguf_path
+from clag_fast.slm import server as server_mod
+from clag_fast.slm.server import ManagedServer, ServerUnavailable, default_gguf_path
 
 
 def test_url_before_start_is_an_error():
@@ -120,7 +120,7 @@ def test_failed_conversion_serves_the_source(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf")
-    with caplog.at_level("WARNING", logger="clag_fast.llm"):
+    with caplog.at_level("WARNING", logger="clag_fast.slm.client"):
         assert server_mod.serving_gguf_path("q8_0", source=bad) == bad
     assert "could not convert" in caplog.text
     assert list((tmp_path / "cache").iterdir()) == []  # no half-written file left behind
@@ -160,7 +160,7 @@ def test_unloadable_cached_copy_falls_back_to_the_shipped_file(tmp_path, monkeyp
     src = default_gguf_path()
     copy = server_mod._cached_copy_path(src, "q8_0")
     copy.write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing llama.cpp can load
-    with caplog.at_level("WARNING", logger="clag_fast.llm"):
+    with caplog.at_level("WARNING", logger="clag_fast.slm.client"):
         with ManagedServer(startup_timeout=60) as srv:
             assert srv.running and srv.served_model == src
             with urllib.request.urlopen(srv.url + "/v1/models", timeout=10) as r:

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from clag_fast.server import ManagedServer
+from clag_fast.slm.server import ManagedServer
 
 CHILD = textwrap.dedent(
     """
     import time
-    from clag_fast.server import ManagedServer
+    from clag_fast.slm.server import ManagedServer
     s = ManagedServer(warmup=False)
     s.start()
     print(s._proc.pid, flush=True)

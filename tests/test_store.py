@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from clag_fast.config import StoreConfig
-from clag_fast.forgetting import ForgettingPolicy
-from clag_fast.schema import StoreFormatError
+from clag_fast.decay import ForgettingPolicy
+from clag_fast.store.catalog import StoreFormatError
 from clag_fast.store import MemoryStore
 from store_helpers import DIM, exact_top, texts_for, topic_vectors
 
@@ -243,7 +243,7 @@ def test_near_duplicate_clusters_are_merged(tmp_path):
         # 2 very tight topics, but k-means is asked for ~10 clusters: many near-duplicates
         fill(s, 100, topics=2)
         s.organize()
-        centres = s._index.centres()
+        centres = s._state.index.centres()
         sims = centres @ centres.T
         np.fill_diagonal(sims, -1)
         assert sims.max() < 0.9
@@ -345,7 +345,7 @@ def test_foreign_sqlite_file_is_refused(tmp_path):
 
 
 def test_second_writer_is_refused_reader_allowed(tmp_path):
-    from clag_fast._locks import StoreLockedError
+    from clag_fast.store.locks import StoreLockedError
 
     with open_store(tmp_path / "s") as s:
         ids, vecs, _ = fill(s, 20)
@@ -402,7 +402,7 @@ def test_decay_ranks_fresh_memories_first_and_prunes(tmp_path):
         old = s.add("old", embedding=v)
         new = s.add("new", embedding=v)
         stale = s.add("stale", embedding=v)
-        rows = s._rows
+        rows = s._state.rows
 
         def age(mid, days):  # what reopening the store `days` later would see
             r = int(np.flatnonzero(rows.memory_id[: rows.n] == mid)[0])
@@ -441,7 +441,7 @@ def _meta(path, key):
 
 def test_default_embedder_precision_is_fixed_per_store(tmp_path):
     """A store keeps the precision it started with, whatever Embedder() would pick now."""
-    from clag_fast.embed import resolve_precision
+    from clag_fast.embed.embedder import resolve_precision
 
     new = tmp_path / "new"
     MemoryStore.open(new, config=FAST, llm=False).close()

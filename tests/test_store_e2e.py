@@ -9,8 +9,8 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from clag_fast.config import StoreConfig
-from clag_fast.eval_data import load_dataset
+from clag_fast.config import SLMConfig, StoreConfig
+from clag_fast.eval.data import load_dataset
 from clag_fast.store import MemoryStore
 from llm_fixtures import dead_url, fake_server, real_llm  # noqa: F401
 from store_helpers import texts_for, topic_vectors
@@ -18,7 +18,7 @@ from store_helpers import texts_for, topic_vectors
 
 @pytest.fixture(scope="module")
 def embedder():
-    from clag_fast.embed import Embedder
+    from clag_fast.embed.embedder import Embedder
 
     return Embedder()
 
@@ -45,8 +45,9 @@ def test_text_search_with_the_real_embedder(tmp_path, embedder):
         assert hits[0].memory_id == ids[1]
 
 
-def _ambiguous_store(path, llm, **cfg):
-    config = StoreConfig(min_memories_to_cluster=30, organize_every=0, route_batch=2, **cfg)
+def _ambiguous_store(path, llm, **slm):
+    config = StoreConfig(min_memories_to_cluster=30, organize_every=0,
+                         slm=SLMConfig(route_batch=2, background=False, **slm))
     return MemoryStore.open(path, config=config, embedder=False, llm=llm)
 
 
@@ -117,7 +118,7 @@ def _scripted(body):
 def test_localized_evolution_links_and_tags(tmp_path, fake_server):  # noqa: F811
     fake_server.behaviour = _scripted
     vecs, top = topic_vectors(40, 2, seed=8)
-    cfg = StoreConfig(min_memories_to_cluster=20, organize_every=0, evolution=True)
+    cfg = StoreConfig(min_memories_to_cluster=20, organize_every=0, slm=SLMConfig(evolution=True, background=False))
     with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=fake_server.url) as s:
         s.add_many(texts_for(top), embeddings=vecs)
         mid = s.add("a new memory", embedding=vecs[0], metadata={"day": 1})
@@ -139,22 +140,23 @@ def test_query_time_cluster_selection(tmp_path, fake_server):  # noqa: F811
             return np.stack([vecs[5] for _ in texts])
 
     vecs, top = topic_vectors(200, 6, seed=9)
-    cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm_select_clusters=True, n_probe=2,
+    cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm=SLMConfig(select_clusters=True), n_probe=2,
                       cache_size=0)
     with MemoryStore.open(tmp_path / "s", config=cfg, embedder=Emb(), llm=fake_server.url) as s:
         s.add_many(texts_for(top), embeddings=vecs)
+        s.flush()  # the cold start ran in the background worker
         n_before = len(fake_server.chat_requests())
         hits = s.search("which memory?", k=3)
         selects = [r for r in fake_server.chat_requests()[n_before:]
                    if "where to look" in r["messages"][0]["content"]]
         assert len(selects) == 1, "one SLM call picks the clusters"
-        order = np.argsort(-(s._index.centres() @ vecs[5]), kind="stable")
-        ids = s._index.cluster_ids()
+        order = np.argsort(-(s._state.index.centres() @ vecs[5]), kind="stable")
+        ids = s._state.index.cluster_ids()
         want = [int(ids[order[1]]), int(ids[order[0]])]  # the SLM's pick, then the best vector one
         assert hits.clusters_probed == want
         assert hits[0].score == pytest.approx(1.0, abs=1e-5)
         assert all(h.cluster_id in want for h in hits)
-        members = sum(len(np.union1d(s._index.members(c), s._index.secondary_members(c))) for c in want)
+        members = sum(len(np.union1d(s._state.index.members(c), s._state.index.secondary_members(c))) for c in want)
         assert hits.scanned <= members
         # vector queries never ask the SLM
         s.search(vecs[5], k=3)
@@ -164,7 +166,7 @@ def test_query_time_cluster_selection(tmp_path, fake_server):  # noqa: F811
 def test_failed_slm_profiles_are_not_asked_again_until_the_cluster_drifts(tmp_path, fake_server):  # noqa: F811
     fake_server.reply_text("no json here")
     vecs, top = topic_vectors(120, 3, seed=5, spread=0.6)
-    config = StoreConfig(min_memories_to_cluster=30, organize_every=0, slm_profile_min_size=2)
+    config = StoreConfig(min_memories_to_cluster=30, organize_every=0, slm=SLMConfig(profile_min_size=2))
 
     def profile_requests():
         return [b for b in fake_server.chat_requests() if "shared by a group" in b["messages"][0]["content"]]
@@ -176,7 +178,7 @@ def test_failed_slm_profiles_are_not_asked_again_until_the_cluster_drifts(tmp_pa
         assert asked > 0, "the cold start asks the SLM for profiles"
         assert all(c.summary for c in s.clusters()), "vector profiles stand in"
         # A second SLM pass with nothing changed asks nothing: the failure keeps inertia.
-        assert s._slm.write_profiles(use_slm=True) == 0
+        assert s._slm.write_profiles(use_slm=True)[0] == 0
         assert len(profile_requests()) == asked
         # A cluster that grows by the drift share is asked again.
         big = max(s.clusters(), key=lambda c: c.size)
@@ -194,11 +196,11 @@ def test_profiles_lost_to_a_failing_server_are_asked_again(tmp_path, fake_server
     def profile_requests():
         return [b for b in fake_server.chat_requests() if "shared by a group" in b["messages"][0]["content"]]
 
-    from clag_fast.llm import LLMClient
+    from clag_fast.slm.client import LLMClient
 
     fake_server.behaviour = lambda body: (503, {"error": "overloaded"})
     vecs, top = topic_vectors(120, 3, seed=5, spread=0.6)
-    config = StoreConfig(min_memories_to_cluster=30, organize_every=0, slm_profile_min_size=2)
+    config = StoreConfig(min_memories_to_cluster=30, organize_every=0, slm=SLMConfig(profile_min_size=2))
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
     with MemoryStore.open(tmp_path / "s", config=config, embedder=False, llm=llm) as s:
         s.add_many(texts_for(top), embeddings=vecs)
@@ -207,6 +209,6 @@ def test_profiles_lost_to_a_failing_server_are_asked_again(tmp_path, fake_server
         assert asked == 1, "a transient failure stops the batch"
         answer = {"shared_topic": "Weekend baking plans", "keywords": ["baking", "bread", "oven"]}
         fake_server.behaviour = lambda body: (200, completion(json.dumps(answer)))
-        assert s._slm.write_profiles(use_slm=True) > 0
+        assert s._slm.write_profiles(use_slm=True)[0] > 0
         assert len(profile_requests()) > 1 + asked, "every cluster is asked again"
         assert any(c.summary == "Weekend baking plans" for c in s.clusters())

@@ -4,6 +4,10 @@
     with MemoryStore.open("mem/") as store:
         store.add("The user is allergic to seafood", namespace="user-42")
         hits = store.search("what can the user eat?", k=5, namespace="user-42")
+
+Subpackages: ``store`` (MemoryStore and the state it owns), ``slm`` (client, managed server,
+organiser), ``embed`` (the ONNX MiniLM embedder), ``eval`` (LoCoMo evaluation); ``index`` is
+the facade over the native core, ``config`` every setting, ``errors`` every exception.
 """
 
 from __future__ import annotations
@@ -11,27 +15,38 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from clag_fast._clag_fast import __version__
-from clag_fast.config import StoreConfig
-from clag_fast.forgetting import ForgettingPolicy
+from clag_fast.config import SLMConfig, StoreConfig
+from clag_fast.decay import ForgettingPolicy
+from clag_fast.errors import (
+    LLMError,
+    LLMHTTPError,
+    LLMInvalidOutput,
+    LLMTimeout,
+    LLMUnreachable,
+    ModelFilesError,
+    SchemaError,
+    ServerUnavailable,
+    StoreFormatError,
+    StoreLockedError,
+)
 from clag_fast.index import VectorIndex
 from clag_fast.results import ClusterInfo, Hit, Hits, Memory
 from clag_fast.store import MemoryStore
 
 if TYPE_CHECKING:
     from clag_fast.embed import Embedder
-    from clag_fast.llm import LLMClient, LLMError
-    from clag_fast.organizer import Organizer, OrganizerConfig
-    from clag_fast.server import ManagedServer
+    from clag_fast.slm.client import LLMClient
+    from clag_fast.slm.organizer import Organizer, OrganizerConfig
+    from clag_fast.slm.server import ManagedServer
 
-# Heavier parts (ONNX Runtime, HTTP client) load on first use, so `import clag_fast` stays
-# fast for users who bring their own vectors.
+# ONNX Runtime loads on first use, so `import clag_fast` stays fast for users who bring their
+# own vectors.
 _LAZY = {
     "Embedder": "clag_fast.embed",
-    "LLMClient": "clag_fast.llm",
-    "LLMError": "clag_fast.llm",
-    "ManagedServer": "clag_fast.server",
-    "Organizer": "clag_fast.organizer",
-    "OrganizerConfig": "clag_fast.organizer",
+    "LLMClient": "clag_fast.slm.client",
+    "ManagedServer": "clag_fast.slm.server",
+    "Organizer": "clag_fast.slm.organizer",
+    "OrganizerConfig": "clag_fast.slm.organizer",
 }
 
 
@@ -52,12 +67,22 @@ __all__ = [
     "Hits",
     "LLMClient",
     "LLMError",
+    "LLMHTTPError",
+    "LLMInvalidOutput",
+    "LLMTimeout",
+    "LLMUnreachable",
     "ManagedServer",
     "Memory",
     "MemoryStore",
+    "ModelFilesError",
     "Organizer",
     "OrganizerConfig",
+    "SLMConfig",
+    "SchemaError",
+    "ServerUnavailable",
     "StoreConfig",
+    "StoreFormatError",
+    "StoreLockedError",
     "VectorIndex",
     "__version__",
 ]

@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_stats)
 
     try:
-        from clag_fast.eval import add_eval_parser
+        from clag_fast.eval.runner import add_eval_parser
     except ImportError:  # the evaluation needs optional extras; the rest of the CLI does not
         pass
     else:
@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    from clag_fast.eval_data import load_dataset
+    from clag_fast.eval.data import load_dataset
 
     data_path = resources.files("clag_fast") / "data" / "demo_trip.json"
     with resources.as_file(data_path) as p:
@@ -202,7 +202,7 @@ def _read_ingest_file(path: Path) -> tuple[list[str], list[str], list[dict | Non
     except json.JSONDecodeError:
         data = [json.loads(line) for line in raw.splitlines() if line.strip()]
     if isinstance(data, list) and data and isinstance(data[0], dict) and "conversation" in data[0]:
-        from clag_fast.eval_data import parse_samples
+        from clag_fast.eval.data import parse_samples
 
         turns = [t for s in parse_samples(data) for t in s.turns]
         return ([t.memory_text() for t in turns], [_turn_kind(t.text) for t in turns],

@@ -1,4 +1,8 @@
-"""StoreConfig: every tunable of a MemoryStore in one frozen dataclass."""
+"""Every tunable of a store, each defined once: ``StoreConfig(..., slm=SLMConfig(...))``.
+
+Both are frozen dataclasses; ``MemoryStore.open(path, config=...)`` takes the whole tree, and
+``config.replace(...)`` / ``dataclasses.replace`` derive variants.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,108 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from clag_fast.forgetting import ForgettingPolicy
+from clag_fast.decay import ForgettingPolicy
+
+__all__ = ["SLMConfig", "StoreConfig"]
+
+
+def _check(owner: str, checks: list[tuple[bool, str]]) -> None:
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(f"{owner}: {message}")
+
+
+@dataclass(frozen=True)
+class SLMConfig:
+    """What the store asks its small language model, and when (the organiser's knobs).
+
+    Similarities are cosines between a memory and a cluster centre with all-MiniLM-L6-v2:
+    related sentences score about 0.4-0.7, unrelated ones 0.0-0.2; a centre scores higher
+    than a typical member does.
+
+    Connection:
+      mode: "auto" (managed SmolLM2 llama.cpp server, started on first need, when installed)
+        or "off" (vector-only organisation). ``MemoryStore.open(llm=...)`` overrides it.
+      background: SLM work (ambiguous routes, profiles, re-organisation) runs in a worker
+        thread, so ``add()`` returns after vector routing; ``flush()``/``close()`` wait for it.
+        Off: that work runs inside the ``add()`` that triggers it (seconds with SmolLM2).
+    Routing:
+      route_candidates: nearest clusters (by centre) considered for a new memory.
+      slm_window: the SLM is asked only when a runner-up is within this much of the best.
+      assign_threshold, assign_margin: even inside the window, a best similarity at or above
+        ``assign_threshold`` that leads by ``assign_margin`` is taken without asking.
+      slm_max_options: at most this many candidates per memory in a routing prompt.
+      new_cluster_threshold: below this even the nearest cluster is unrelated: the memory
+        opens a new cluster (vector routing uses it too). None = never.
+      route_batch: ambiguous memories routed in one SLM prompt.
+    Triggers (re-organisation besides ``StoreConfig.organize_every``):
+      confusion_window / confusion_threshold: the last ``window`` searches all had a best
+        score below the threshold.
+      drift_window / drift_drop: the mean affinity of the last ``window`` assignments fell by
+        ``drop`` versus the ``window`` before it.
+    Profiles and topics:
+      profile_examples: member texts (nearest the centre) shown when writing a profile.
+      profile_drift_share: rewrite a profile when this share of the members changed since it
+        was written (inertia).
+      profile_centre_similarity: ... or when the centre moved below this cosine.
+      profile_min_size: smaller clusters keep a vector profile (most typical member +
+        keywords) until they grow: an SLM call per 4-memory cluster costs more than it gives.
+      profile_budget_s: ``organize()`` writes SLM profiles for at most this long before it
+        returns; the rest are written in the background (vector profiles meanwhile).
+      topic_samples, min_topics, max_topics: topic proposal from a sample of memories.
+    Other:
+      evolution: localized evolution (the paper's): the SLM links each new memory to related
+        neighbours in its cluster and tags it (one call per memory; off for speed).
+      select_clusters: query-time cluster selection by the SLM (one call per text search).
+      max_note_chars / max_group_chars: memory texts / cluster descriptions are cut to this
+        many characters in prompts (prompt evaluation is most of the SLM's time).
+    """
+
+    mode: str = "auto"
+    background: bool = True
+    # Measured on LoCoMo conversation 2 (BENCHMARKS.md, "SLM organiser cost"): these send 18%
+    # of the routed turns to the SLM, 4 per call (~0.05 calls per memory).
+    route_candidates: int = 5
+    assign_threshold: float = 0.6
+    assign_margin: float = 0.01
+    slm_window: float = 0.03
+    slm_max_options: int = 3
+    new_cluster_threshold: float | None = 0.2
+    route_batch: int = 4
+    confusion_window: int = 5
+    confusion_threshold: float = 0.3
+    # Two drift windows must fit inside organize_every, or periodic always fires first.
+    drift_window: int = 15
+    drift_drop: float = 0.1
+    profile_examples: int = 5
+    profile_drift_share: float = 0.5
+    profile_centre_similarity: float = 0.95
+    profile_min_size: int = 6
+    profile_budget_s: float = 10.0
+    topic_samples: int = 12
+    min_topics: int = 3
+    max_topics: int = 5
+    evolution: bool = False
+    select_clusters: bool = False
+    max_note_chars: int = 160
+    max_group_chars: int = 80
+
+    def __post_init__(self) -> None:
+        positive = ("route_candidates", "slm_max_options", "route_batch", "confusion_window",
+                    "drift_window", "profile_examples", "profile_min_size", "topic_samples",
+                    "min_topics", "max_topics", "max_note_chars", "max_group_chars")
+        checks = [(isinstance(getattr(self, n), int) and getattr(self, n) >= 1, f"{n} must be an int >= 1, "
+                   f"got {getattr(self, n)!r}") for n in positive]
+        checks += [
+            (self.mode in ("auto", "off"), f"mode must be 'auto' or 'off', got {self.mode!r}"),
+            (self.min_topics <= self.max_topics, f"min_topics ({self.min_topics}) > max_topics ({self.max_topics})"),
+            (0.0 < self.profile_drift_share <= 1.0, "profile_drift_share must be in (0, 1]"),
+            (self.profile_budget_s >= 0, "profile_budget_s must be >= 0"),
+        ]
+        _check("SLMConfig", checks)
+
+    def replace(self, **changes: object) -> "SLMConfig":
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -20,34 +125,23 @@ class StoreConfig:
         within this margin of the best one (widens stage 2 only where a memory sits on a
         border, so recall rises without scanning every memory K times).
       n_probe: clusters searched in stage 2 by default; None = automatic: ``probe_fraction``
-        of the clusters (at least 4 and at most ``max_probe``), so the share of memories a
-        search scans stays put as the store grows from hundreds to a few thousand memories.
+        of the clusters (at least 4 and at most ``max_probe``).
       min_memories_to_cluster: the store stays flat (exact search) below this many memories,
         then clusters itself (the paper's cold start).
       target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.
-        Many small clusters probed in numbers beat a few big ones (LoCoMo, BENCHMARKS.md:
-        size 4 with 22% of clusters probed scans 29% of memories at -0.6 points Recall@10),
-        hence 4 for conversation-sized stores; above ~1,000 memories both sizes grow with
-        sqrt(memories) / 8 (``cluster_sizes_for``) so stage 1 stays cheap.
-      max_cluster_size: a cluster larger than this is split in two at the next organisation,
-        which keeps clusters near the target size as the store grows.
+        Many small clusters probed in numbers beat a few big ones on LoCoMo (BENCHMARKS.md);
+        above ~1,000 memories both sizes grow with sqrt(memories) / 8 (``cluster_sizes_for``).
+      max_cluster_size: a cluster larger than this is split in two at the next organisation.
       min_cluster_size: smaller clusters that survived an organisation are merged away.
       merge_threshold: clusters whose centres are at least this similar are merged.
       topic_weight: weight of an SLM topic's (or template label's) embedding in its cluster
         centre, in member-equivalents: the inertia that keeps a topic cluster on topic.
       labels: templated-labels mode: a fixed label set to organise by (no invented topics).
     Organisation:
-      slm: "auto" (managed SmolLM2 server, started on first need, when installed), "off".
-      background: organise in a worker thread; add() returns after vector routing.
-      organize_every: periodic re-organisation every N new memories (0 = never).
-      route_batch: ambiguous memories routed by the SLM in one prompt.
-      slm_profile_min_size: clusters smaller than this keep a vector profile (their most
-        typical member + keywords) until they grow: with clusters of ~4 memories, an SLM
-        profile for each would cost more calls than the memories are worth.
-      evolution: localized evolution (the paper's, off for speed): the SLM links each new
-        memory to related neighbours in its cluster and tags it (one call per memory).
-      slm_select_clusters: query-time cluster selection: the SLM picks which candidate
-        clusters a text query searches (one call per search); off = the vector choice.
+      organize_every: periodic re-organisation every N new memories (0 = never); in a large
+        store the period grows with it (``organize_period``), so its cost per memory stays
+        bounded.
+      slm: the SLM organiser's settings (``SLMConfig``).
     Other:
       forgetting: decay / pruning policy (off by default).
       cache_size: retrieval cache entries (0 = off); invalidated by any write.
@@ -68,19 +162,16 @@ class StoreConfig:
     merge_threshold: float = 0.92
     topic_weight: float = 8.0
     labels: tuple[str, ...] | None = None
-    slm: str = "auto"
-    background: bool = False
     organize_every: int = 50
-    route_batch: int = 8
-    slm_profile_min_size: int = 6
-    evolution: bool = False
-    slm_select_clusters: bool = False
+    slm: SLMConfig = field(default_factory=SLMConfig)
     forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
     cache_size: int = 1024
     fsync: bool = False
 
     def __post_init__(self) -> None:
-        checks = [
+        if isinstance(self.slm, str):  # StoreConfig(slm="off"): the common switch, spelt short
+            object.__setattr__(self, "slm", SLMConfig(mode=self.slm))
+        _check("StoreConfig", [
             (self.dim > 0, "dim must be > 0"),
             (self.soft_k >= 1, "soft_k must be >= 1"),
             (self.spill_margin >= 0, "spill_margin must be >= 0"),
@@ -94,20 +185,15 @@ class StoreConfig:
             (self.min_cluster_size >= 1, "min_cluster_size must be >= 1"),
             (0 < self.merge_threshold <= 1, "merge_threshold must be in (0, 1]"),
             (self.topic_weight >= 0, "topic_weight must be >= 0"),
-            (self.slm in ("auto", "off"), "slm must be 'auto' or 'off'"),
             (self.organize_every >= 0, "organize_every must be >= 0"),
-            (self.route_batch >= 1, "route_batch must be >= 1"),
-            (self.slm_profile_min_size >= 1, "slm_profile_min_size must be >= 1"),
             (self.cache_size >= 0, "cache_size must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"StoreConfig: {message}")
+            (isinstance(self.slm, SLMConfig), f"slm must be an SLMConfig or 'auto'/'off', got {self.slm!r}"),
+        ])
         if self.labels is not None:
             labels = tuple(self.labels)
             if not labels or any(not isinstance(s, str) or not s.strip() for s in labels):
                 raise ValueError("StoreConfig: labels must be non-empty strings")
-            object.__setattr__(self, "labels", labels)
+            object.__setattr__(self, "labels", tuple(s.strip() for s in labels))
 
     def cluster_sizes_for(self, n_memories: int) -> tuple[int, int]:
         """(target, max) cluster size for a store of ``n_memories``: the configured sizes,
@@ -115,6 +201,14 @@ class StoreConfig:
         probing many small clusters measured better than few large ones)."""
         scale = max(1.0, math.sqrt(max(n_memories, 0)) / 8.0 / self.target_cluster_size)
         return round(self.target_cluster_size * scale), round(self.max_cluster_size * scale)
+
+    def organize_period(self, n_memories: int) -> int:
+        """New memories between periodic re-organisations: ``organize_every``, or 5% of the
+        store once that is more, so periodic organisation costs O(1) per memory however
+        large the store grows (each pass touches the whole cluster table)."""
+        if self.organize_every == 0:
+            return 0
+        return max(self.organize_every, n_memories // 20)
 
     def replace(self, **changes: object) -> "StoreConfig":
         return dataclasses.replace(self, **changes)

@@ -32,7 +32,11 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-log = logging.getLogger("clag_fast.llm")
+from clag_fast.errors import (  # noqa: F401 -- re-exported: callers catch them from here too
+    LLMError, LLMHTTPError, LLMInvalidOutput, LLMTimeout, LLMUnreachable, SchemaError,
+)
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LLMClient",
@@ -51,45 +55,12 @@ __all__ = [
 SCHEMA_MODES = ("json_schema", "json_object", "none")
 
 
-class LLMError(Exception):
-    """Base class of every error raised by :class:`LLMClient`."""
-
-
-class LLMUnreachable(LLMError):
-    """The server refused the connection, or the host does not resolve."""
-
-
-class LLMTimeout(LLMError):
-    """The server did not answer within the client's timeout."""
-
-
-class LLMHTTPError(LLMError):
-    """The server answered with a non-2xx status."""
-
-    def __init__(self, status: int, body: str):
-        self.status = status
-        self.body = body
-        super().__init__(f"HTTP {status}: {body[:200]}")
-
-
-class LLMInvalidOutput(LLMError):
-    """The server answered, but not with a JSON object matching the schema."""
-
-    def __init__(self, message: str, text: str = ""):
-        self.text = text
-        super().__init__(message)
-
-
 def is_transient(e: BaseException) -> bool:
     """True for failures that may pass if the same request is sent again later: the server
     unreachable or too slow, HTTP 408 / 429 / 5xx. Not: 4xx, invalid output, other errors."""
     if isinstance(e, (LLMUnreachable, LLMTimeout)):
         return True
     return isinstance(e, LLMHTTPError) and (e.status in (408, 429) or e.status >= 500)
-
-
-class SchemaError(ValueError):
-    """A value does not match a JSON schema; the message names the path (``$.tags[2]``)."""
 
 
 # --------------------------------------------------------------------------- parsing

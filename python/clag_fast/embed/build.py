@@ -1,6 +1,6 @@
 """Turn a model's verified source files into ONNX bytes (fp32 fused, or int8).
 
-Called by :func:`clag_fast.modelfiles.model_path` on a cache miss; import cost (onnx,
+Called by :func:`clag_fast.embed.modelfiles.model_path` on a cache miss; import cost (onnx,
 safetensors, the onnxruntime optimiser and quantiser) is only paid when building.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from clag_fast import _bert_onnx
-from clag_fast.modelfiles import ModelFilesError, manifest, source_file
+from clag_fast.embed import bert_onnx as _bert_onnx
+from clag_fast.embed.modelfiles import ModelFilesError, manifest, source_file
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def build_model_bytes(model: str, precision: str) -> bytes:
         return fused_graph(model).SerializeToString()
     if precision == "int8":
         # Quantise the cached, checksummed fp32 build rather than fusing a second time.
-        from clag_fast.modelfiles import model_path
+        from clag_fast.embed.modelfiles import model_path
 
         return int8_graph_bytes(onnx.load(str(model_path(model, "fp32"))))
     raise ValueError(f"unknown precision {precision!r}")

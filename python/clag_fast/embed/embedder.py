@@ -28,7 +28,7 @@ from typing import Iterable
 
 import numpy as np
 
-from clag_fast import modelfiles
+from clag_fast.embed import modelfiles
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clag_fast.forgetting import ForgettingPolicy
+from clag_fast.decay import ForgettingPolicy
 
 
 class RowTable:

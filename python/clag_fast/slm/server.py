@@ -31,18 +31,16 @@ import time
 import urllib.request
 from pathlib import Path
 
+from clag_fast.errors import ServerUnavailable
+
 # How the managed server converts the shipped GGUF before serving it; None serves it as is.
 SERVE_QUANT = "q8_0"
 
-log = logging.getLogger("clag_fast.llm")
+log = logging.getLogger(__name__)
 
 __all__ = ["ManagedServer", "ServerUnavailable", "default_gguf_path", "serving_gguf_path"]
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ServerUnavailable(RuntimeError):
-    """llama-cpp-python or the SmolLM2 model package is missing, or the server did not start."""
 
 
 class _ExitedDuringStart(ServerUnavailable):
@@ -95,7 +93,7 @@ sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref
 
 
 def _usable_cpus() -> int:
-    from clag_fast.embed import usable_cpus  # light: numpy + the manifest, no onnxruntime
+    from clag_fast.embed.embedder import usable_cpus  # light: numpy + the manifest, no onnxruntime
 
     return usable_cpus()
 
@@ -153,7 +151,7 @@ def serving_gguf_path(quant: str | None = SERVE_QUANT, *, python: str | None = N
 
 
 def _cached_copy_path(src: Path, quant: str) -> Path:
-    from clag_fast.modelfiles import cache_dir
+    from clag_fast.embed.modelfiles import cache_dir
 
     st = src.stat()
     key = f"{st.st_size:x}-{st.st_mtime_ns:x}"

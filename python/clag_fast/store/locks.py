@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from clag_fast.errors import StoreLockedError
+
 
 class RWLock:
     """Many concurrent readers or one writer; writers are not starved by a stream of readers.
@@ -63,10 +65,6 @@ class RWLock:
                 if self._depth == 0:
                     self._writer = None
                     self._cond.notify_all()
-
-
-class StoreLockedError(RuntimeError):
-    """Another process has the store open for writing."""
 
 
 class WriterLock:

@@ -1,6 +1,6 @@
 """Organizer: the small language model's decisions about how memory is organised.
 
-Each decision is one prompt plus one answer schema (see :mod:`clag_fast.prompts`). Vectors
+Each decision is one prompt plus one answer schema (see :mod:`clag_fast.slm.prompts`). Vectors
 decide first and the SLM is asked only where vectors are unsure, so most memories cost no LLM
 call. Any LLM failure or unusable answer (server down, timeout, HTTP error, garbage, an id that
 was not offered, empty topic lists) degrades to the vector decision: the error is counted in
@@ -16,119 +16,23 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from clag_fast import prompts
-from clag_fast.llm import LLMClient, LLMError, is_transient
+from clag_fast.config import SLMConfig
+from clag_fast.slm import prompts
+from clag_fast.slm.client import LLMClient, LLMError, is_transient
 
-log = logging.getLogger("clag_fast.organizer")
+log = logging.getLogger(__name__)
 
 __all__ = ["Organizer", "OrganizerConfig", "ClusterBrief", "Profile", "ProfileBatch", "Route", "Evolution"]
 
 
-@dataclass
-class OrganizerConfig:
-    """Thresholds and switches of the organiser (and of :class:`~clag_fast.triggers.Triggers`).
-
-    Similarities are cosines between a memory and a cluster centre (the normalised mean of
-    its members) with all-MiniLM-L6-v2: related sentences score about 0.4-0.7 with each
-    other and unrelated ones 0.0-0.2; a centre scores higher than a typical member does.
-
-    Routing:
-      route_candidates: nearest clusters (by centre) considered for a new memory.
-      slm_window: the SLM is asked only when a runner-up is within this much of the best
-        (a distant runner-up is no real alternative), and only those candidates are offered;
-        otherwise vectors decide.
-      assign_threshold, assign_margin: even inside the window, a best similarity at or above
-        ``assign_threshold`` that leads by ``assign_margin`` is taken without asking.
-      slm_max_options: at most this many candidates per memory in the SLM prompt.
-      new_cluster_threshold: below this even the nearest cluster is unrelated: open a new one
-        (its profile is written later, in a batch). None = never (templated labels mode).
-      route_batch: ambiguous memories routed in one SLM prompt.
-    Cold start and triggers:
-      min_memories_to_cluster: flat store until this many memories.
-      organize_every: periodic re-organisation every N new memories (0 = never).
-      confusion_window / confusion_threshold: re-organise when the last ``window`` searches
-        all had a best score below the threshold.
-      drift_window / drift_drop: re-organise when the mean affinity of the last ``window``
-        assignments fell by ``drop`` versus the ``window`` before it.
-    Profiles:
-      profile_examples: member texts (nearest the centre) shown when writing a profile.
-      profile_drift_share: rewrite a profile when this share of the members joined since it
-        was written (inertia: not on every insert).
-      profile_centre_similarity: ... or when the centre moved below this cosine to the centre
-        the profile was written for.
-    Other:
-      labels: templated labels mode: a fixed label set instead of invented topics.
-      evolution: localized evolution (link a new memory to neighbours; off for speed).
-      slm_select_clusters: let the SLM pick clusters at query time (off: vectors pick, search
-        makes no LLM call).
-      topic_samples, min_topics, max_topics: topic proposal from a sample of recent memories.
-      max_note_chars: memory text is cut to this many characters in prompts.
-      max_group_chars: a cluster's summary (or example) is cut to this many characters in
-        routing and cluster-selection prompts.
-    """
-
-    # Defaults measured on LoCoMo conversation 2 (663 turns, MiniLM fp32, 4 k-means clusters
-    # after 100 turns): best centre similarity p10/p50/p90 = 0.53/0.69/0.82, lead over the
-    # runner-up p10/p50/p90 = 0.009/0.047/0.133. These thresholds send 18% of the routed
-    # turns to the SLM (4 per call: ~0.05 calls per memory); a 0.05 window sent 51%.
-    route_candidates: int = 5
-    assign_threshold: float = 0.6
-    assign_margin: float = 0.01
-    slm_window: float = 0.03
-    slm_max_options: int = 3
-    new_cluster_threshold: float | None = 0.2
-    route_batch: int = 4
-    min_memories_to_cluster: int = 100
-    organize_every: int = 50
-    confusion_window: int = 5
-    confusion_threshold: float = 0.3
-    # Two drift windows must fit inside organize_every, or periodic always fires first. On
-    # LoCoMo conversation 2, 15 / 0.1 fired 3 times in 563 routed turns (at session changes),
-    # 15 / 0.06 fired 8 times.
-    drift_window: int = 15
-    drift_drop: float = 0.1
-    profile_examples: int = 5
-    profile_drift_share: float = 0.5
-    profile_centre_similarity: float = 0.95
-    labels: list[str] | None = None
-    evolution: bool = False
-    slm_select_clusters: bool = False
-    topic_samples: int = 12
-    min_topics: int = 3
-    max_topics: int = 5
-    # Prompt evaluation is most of the SLM's time (73% of the routing calls' time with
-    # SmolLM2 on 2 cores): 160 / 80 instead of 200 / 120 characters took 9% of the prompt
-    # tokens off and the 663-turn ingest from 54.4 s to 47.7-49.7 s, with SLM picks as often
-    # the vectors' first choice (61% vs 62%; BENCHMARKS.md).
-    max_note_chars: int = 160
-    max_group_chars: int = 80
-
-    def __post_init__(self) -> None:
-        for name in ("route_candidates", "slm_max_options", "route_batch", "confusion_window",
-                     "drift_window", "profile_examples", "topic_samples", "min_topics", "max_topics",
-                     "max_note_chars", "max_group_chars"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"OrganizerConfig.{name} must be an int >= 1, got {v!r}")
-        for name in ("min_memories_to_cluster", "organize_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"OrganizerConfig.{name} must be an int >= 0, got {v!r}")
-        if self.min_topics > self.max_topics:
-            raise ValueError(f"OrganizerConfig.min_topics ({self.min_topics}) > max_topics ({self.max_topics})")
-        if not 0.0 < self.profile_drift_share <= 1.0:
-            raise ValueError(f"OrganizerConfig.profile_drift_share must be in (0, 1], got {self.profile_drift_share}")
-        if self.labels is not None:
-            labels = [str(x).strip() for x in self.labels]
-            if not labels or any(not x for x in labels):
-                raise ValueError("OrganizerConfig.labels must be a non-empty list of non-empty strings")
-            self.labels = labels
-            # A fixed label set: every memory goes under one of the labels, none is opened.
-            self.new_cluster_threshold = None
+# The organiser's knobs live in one place, ``clag_fast.config.SLMConfig``; this name stays for
+# code written against the organiser alone.
+OrganizerConfig = SLMConfig
 
 
 @dataclass
@@ -275,15 +179,21 @@ class Organizer:
     """The SLM's decisions on memory organisation, with vector fallbacks.
 
     Args:
-        llm: an :class:`~clag_fast.llm.LLMClient`, or None for vector-only decisions.
-        config: thresholds; default :class:`OrganizerConfig()`.
+        llm: an :class:`~clag_fast.slm.client.LLMClient`, or None for vector-only decisions.
+        config: thresholds (:class:`~clag_fast.config.SLMConfig`); default ``SLMConfig()``.
+        labels: templated labels mode: memories never open a new cluster.
 
     Thread-safe: decisions may be taken from a background worker while the store searches.
     """
 
-    def __init__(self, llm: LLMClient | None, config: OrganizerConfig | None = None):
+    def __init__(self, llm: LLMClient | None, config: SLMConfig | None = None,
+                 labels: Sequence[str] | None = None):
         self.llm = llm
-        self.config = config if config is not None else OrganizerConfig()
+        self.config = config if config is not None else SLMConfig()
+        self.labels = list(labels) if labels else None
+        # A fixed label set (templated labels mode): every memory goes under one of the
+        # labels, none opens a new cluster.
+        self.new_cluster_threshold = None if self.labels else self.config.new_cluster_threshold
         self._lock = threading.Lock()
         self._errors: Counter[str] = Counter()
         self._decisions: Counter[str] = Counter()
@@ -352,7 +262,7 @@ class Organizer:
         if not scores:
             return []
         best = scores[0]
-        thr = cfg.new_cluster_threshold if cfg.new_cluster_threshold is not None else float("-inf")
+        thr = self.new_cluster_threshold if self.new_cluster_threshold is not None else float("-inf")
         out = [i for i, s in enumerate(scores) if s >= best - cfg.slm_window and s >= thr]
         return out[: cfg.slm_max_options]
 
@@ -363,7 +273,7 @@ class Organizer:
         if len(scores) == 0:
             return "new"
         best = float(scores[0])
-        if cfg.new_cluster_threshold is not None and best < cfg.new_cluster_threshold:
+        if self.new_cluster_threshold is not None and best < self.new_cluster_threshold:
             return "new"
         second = float(scores[1]) if len(scores) > 1 else float("-inf")
         if best >= cfg.assign_threshold and best - second >= cfg.assign_margin:
@@ -508,14 +418,19 @@ class Organizer:
         """
         return self.profile_batch(clusters).profiles
 
-    def profile_batch(self, clusters: Sequence[ClusterBrief]) -> ProfileBatch:
-        """:meth:`write_profiles`, also telling which failures are worth retrying soon."""
+    def profile_batch(self, clusters: Sequence[ClusterBrief], deadline: float | None = None) -> ProfileBatch:
+        """:meth:`write_profiles`, also telling which failures are worth retrying soon.
+        ``deadline`` (``time.monotonic()``): clusters not reached by then are returned in
+        ``retry`` unasked, so a caller can bound how long one pass blocks."""
         out: dict[int, Profile] = {}
         retry: set[int] = set()
         if self.llm is None:
             return ProfileBatch(out, retry)
         cfg = self.config
         for i, c in enumerate(clusters):
+            if deadline is not None and time.monotonic() > deadline:
+                retry.update(x.id for x in clusters[i:])
+                break
             examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
             if not examples:
                 continue
@@ -608,7 +523,7 @@ class Organizer:
         SLM cannot make recall collapse.
         """
         ids = [c.id for c in candidates]
-        if not self.config.slm_select_clusters or self.llm is None or len(ids) <= 1:
+        if not self.config.select_clusters or self.llm is None or len(ids) <= 1:
             return ids
         lines = [
             prompts.group_line(i + 1, c.summary, c.tags, c.examples[0] if c.examples else "",

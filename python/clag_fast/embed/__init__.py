@@ -1,0 +1,11 @@
+"""Embedding: all-MiniLM-L6-v2 through ONNX Runtime.
+
+  embedder    Embedder (tokenise, run, pool, normalise), precision and thread choices
+  modelfiles  the manifest, source package lookup, sha256 checks, the build cache
+  build       building the fp32 / int8 ONNX graphs from the safetensors weights
+  bert_onnx   the BERT graph written op by op
+"""
+
+from clag_fast.embed.embedder import Embedder, resolve_precision, usable_cpus
+
+__all__ = ["Embedder", "resolve_precision", "usable_cpus"]

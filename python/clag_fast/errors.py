@@ -1,0 +1,75 @@
+"""Every public exception of clag_fast, in one place (all exported from ``clag_fast``).
+
+Each subclasses the built-in its callers would already catch: a malformed store is a
+``ValueError``, missing model files an ``OSError``, a locked store a ``RuntimeError``. Errors
+raised by the native core map onto built-ins in ``rust/py/errors.rs`` (ValueError for bad
+shapes, dtypes and NaN; KeyError for unknown ids; OSError for I/O and corrupt files).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LLMError",
+    "LLMHTTPError",
+    "LLMInvalidOutput",
+    "LLMTimeout",
+    "LLMUnreachable",
+    "ModelFilesError",
+    "SchemaError",
+    "ServerUnavailable",
+    "StoreFormatError",
+    "StoreLockedError",
+]
+
+
+# -- the store ---------------------------------------------------------------------------
+class StoreFormatError(ValueError):
+    """The directory holds something that is not a clag_fast store we can open (another
+    application's database, a newer schema, a database missing or emptied beside vectors)."""
+
+
+class StoreLockedError(RuntimeError):
+    """Another process has the store open for writing."""
+
+
+# -- model files -------------------------------------------------------------------------
+class ModelFilesError(OSError):
+    """The model's source package is missing, has the wrong version, or fails its checksum."""
+
+
+# -- the SLM -----------------------------------------------------------------------------
+class LLMError(Exception):
+    """Base class of every error raised by ``LLMClient``."""
+
+
+class LLMUnreachable(LLMError):
+    """The server refused the connection, or the host does not resolve."""
+
+
+class LLMTimeout(LLMError):
+    """The server did not answer within the client's timeout."""
+
+
+class LLMHTTPError(LLMError):
+    """The server answered with a non-2xx status."""
+
+    def __init__(self, status: int, body: str):
+        self.status = status
+        self.body = body
+        super().__init__(f"HTTP {status}: {body[:200]}")
+
+
+class LLMInvalidOutput(LLMError):
+    """The server answered, but not with a JSON object matching the schema."""
+
+    def __init__(self, message: str, text: str = ""):
+        self.text = text
+        super().__init__(message)
+
+
+class SchemaError(ValueError):
+    """A value does not match a JSON schema; the message names the path (``$.tags[2]``)."""
+
+
+class ServerUnavailable(RuntimeError):
+    """llama-cpp-python or the SmolLM2 model package is missing, or the server did not start."""

@@ -1,0 +1,3 @@
+from clag_fast.eval.runner import main
+
+raise SystemExit(main())

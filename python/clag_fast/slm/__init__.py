@@ -1,0 +1,19 @@
+"""The SLM side: the client, the managed llama.cpp server, the prompts, the organiser's
+decisions, the re-organisation triggers and the per-store scheduler.
+
+  client     LLMClient: OpenAI-compatible chat with JSON-schema answers
+  server     ManagedServer: llama_cpp.server with the bundled SmolLM2 on a loopback port
+  prompts    every prompt and answer schema
+  organizer  Organizer: prompts in, decisions out, vector fallbacks
+  triggers   Triggers: periodic / drift / confusion / explicit
+  scheduler  SLMScheduler: when a store asks the SLM, and how answers are applied
+"""
+
+from clag_fast.config import SLMConfig
+from clag_fast.slm.client import LLMClient
+from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig, Profile, Route
+from clag_fast.slm.server import ManagedServer
+from clag_fast.slm.triggers import Triggers
+
+__all__ = ["ClusterBrief", "LLMClient", "ManagedServer", "Organizer", "OrganizerConfig", "Profile", "Route",
+           "SLMConfig", "Triggers"]

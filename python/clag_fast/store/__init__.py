@@ -1,0 +1,19 @@
+"""The store: ``MemoryStore`` and the state it owns.
+
+Modules, each owning one thing:
+  memory_store  the public facade (``MemoryStore``)
+  state         ``StoreState``: what one open store owns (catalog, index, row table, caches, lock)
+  catalog       the SQLite database: schema, migrations and every SQL statement
+  rowtable      per-row columns for filters and decay, in memory
+  routing       the vector routing policy (pure numpy)
+  placement     routing new rows into clusters, applying the SLM's routes
+  organize      cold start, topics, split, merge, vector profiles
+  search        filters, probe rule, native search, hits with labels
+  recovery      checks and repairs on open
+  forgetting    applying the decay / prune policy
+  locks         readers-writer lock and the writer's lock file
+"""
+
+from clag_fast.store.memory_store import MemoryStore
+
+__all__ = ["MemoryStore"]

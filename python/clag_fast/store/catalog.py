@@ -1,0 +1,381 @@
+"""The store's SQLite database: schema, migrations and every SQL statement the store runs.
+
+The database holds everything but the vectors: memory texts and metadata, cluster profiles,
+soft assignments and links. Vectors and cluster centres live in the native index beside it
+(``VectorIndex``); ``memories.vector_row`` is the join key. No other module writes SQL: they
+call :class:`Catalog`'s methods, so a schema change touches this file only.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from clag_fast.errors import StoreFormatError
+
+APP_ID = "clag_fast"
+SCHEMA_VERSION = 1
+
+# Memory states. Archived memories are kept but never searched; deleted ones keep their row
+# only so that their vector row is never reused.
+LIVE, ARCHIVED, DELETED = 0, 1, 2
+
+_V1 = """
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE memories (
+    id            INTEGER PRIMARY KEY,
+    text          TEXT    NOT NULL,
+    kind          TEXT    NOT NULL,
+    namespace     TEXT    NOT NULL,
+    metadata      TEXT,
+    created_at    REAL    NOT NULL,
+    last_accessed REAL,
+    access_count  INTEGER NOT NULL DEFAULT 0,
+    strength      REAL    NOT NULL DEFAULT 1.0,
+    state         INTEGER NOT NULL DEFAULT 0,
+    vector_row    INTEGER NOT NULL UNIQUE
+);
+CREATE INDEX memories_namespace ON memories (namespace, state);
+CREATE TABLE clusters (
+    id            INTEGER PRIMARY KEY,
+    summary       TEXT    NOT NULL DEFAULT '',
+    tags          TEXT    NOT NULL DEFAULT '[]',
+    source        TEXT    NOT NULL,
+    created_at    REAL    NOT NULL,
+    updated_at    REAL    NOT NULL,
+    archived      INTEGER NOT NULL DEFAULT 0,
+    profiled_size INTEGER NOT NULL DEFAULT 0,
+    last_hit_at   REAL
+);
+CREATE TABLE assignments (
+    memory_id  INTEGER NOT NULL REFERENCES memories (id),
+    rank       INTEGER NOT NULL,
+    cluster_id INTEGER NOT NULL,
+    affinity   REAL    NOT NULL,
+    PRIMARY KEY (memory_id, rank)
+) WITHOUT ROWID;
+CREATE INDEX assignments_cluster ON assignments (cluster_id);
+CREATE TABLE links (
+    src        INTEGER NOT NULL REFERENCES memories (id),
+    dst        INTEGER NOT NULL REFERENCES memories (id),
+    relation   TEXT    NOT NULL,
+    created_at REAL    NOT NULL,
+    PRIMARY KEY (src, dst, relation)
+) WITHOUT ROWID;
+INSERT INTO meta (key, value) VALUES ('app', 'clag_fast');
+"""
+
+# MIGRATIONS[v] upgrades a database at version v to v + 1. Version 0 is an empty file.
+MIGRATIONS: dict[int, str] = {0: _V1}
+
+
+def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
+    """Open (creating and migrating when writable) the store database at ``path``."""
+    if read_only:
+        uri = f"file:{path}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+    else:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        if not read_only:
+            # WAL lets readers in other processes see committed data while one process writes.
+            conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode survives a process crash (SIGKILL) at any point; only an OS
+            # crash or power loss can lose the last transactions (StoreConfig.fsync covers that).
+            conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        _check_and_migrate(conn, path, read_only)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _check_and_migrate(conn: sqlite3.Connection, path: Path, read_only: bool) -> None:
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as e:
+        raise StoreFormatError(f"{path} is not a clag_fast store database: {e}") from None
+    if version == 0 and tables:
+        raise StoreFormatError(f"{path} is an SQLite database of another application")
+    if version > SCHEMA_VERSION:
+        raise StoreFormatError(
+            f"{path} has schema version {version}, newer than this clag_fast "
+            f"(supports up to {SCHEMA_VERSION}); upgrade clag_fast to open it"
+        )
+    if version > 0:
+        row = conn.execute("SELECT value FROM meta WHERE key='app'").fetchone()
+        if row is None or row[0] != APP_ID:
+            raise StoreFormatError(f"{path} is an SQLite database of another application")
+    if version == SCHEMA_VERSION:
+        return
+    if read_only:
+        raise StoreFormatError(f"{path} needs a schema migration; open it writable once")
+    for v in range(version, SCHEMA_VERSION):
+        # executescript commits first, so run each migration inside an explicit transaction.
+        conn.executescript(f"BEGIN;\n{MIGRATIONS[v]}\nPRAGMA user_version={v + 1};\nCOMMIT;")
+
+
+class transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection.
+
+    Nests: inside an open transaction it only runs, and the outermost one commits or rolls
+    back everything, so write helpers can be composed into one atomic step.
+    """
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.outer = False
+
+    def __enter__(self) -> None:
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self.outer:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _loads(s: str | None) -> Any:
+    return None if s is None else json.loads(s)
+
+
+def _ids(n: int) -> str:
+    return ",".join("?" * n)
+
+
+# SQLite's default limit on host parameters per statement is 32766 (3.32+); IN lists are cut
+# into chunks well below it.
+_IN_CHUNK = 10_000
+
+
+class Catalog:
+    """Typed access to one store database. Methods that write run inside a transaction of
+    their own unless the caller holds one (``with catalog.transaction():``), so several
+    writes compose into one atomic step."""
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        self.path = path
+        self.db = connect(path, read_only=read_only)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def transaction(self) -> transaction:
+        return transaction(self.db)
+
+    # -- meta --------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # -- memories ----------------------------------------------------------------------
+    def row_columns(self) -> list[tuple]:
+        """(id, vector_row, namespace, kind, created_at, last_accessed, access_count,
+        strength, state) of every memory: what the in-memory row table is built from."""
+        return self.db.execute(
+            "SELECT id, vector_row, namespace, kind, created_at, last_accessed, access_count, "
+            "strength, state FROM memories").fetchall()
+
+    def count_memories(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
+
+    def count_state(self, state: int) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM memories WHERE state=?", (state,)).fetchone()[0])
+
+    def next_memory_id(self) -> int:
+        return int(self.db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM memories").fetchone()[0])
+
+    def insert_memories(self, ids: Sequence[int], texts: Sequence[str], kinds: Sequence[str],
+                        namespaces: Sequence[str], metadata: Sequence[str | None], now: float,
+                        rows: Sequence[int]) -> None:
+        self.db.executemany(
+            "INSERT INTO memories (id, text, kind, namespace, metadata, created_at, vector_row) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            zip(ids, texts, kinds, namespaces, metadata, [now] * len(ids), rows),
+        )
+
+    def set_metadata(self, memory_id: int, metadata_json: str | None) -> None:
+        self.db.execute("UPDATE memories SET metadata=? WHERE id=?", (metadata_json, memory_id))
+
+    def set_text(self, memory_id: int, text: str, vector_row: int) -> None:
+        self.db.execute("UPDATE memories SET text=?, vector_row=? WHERE id=?", (text, vector_row, memory_id))
+
+    def set_state(self, memory_ids: Iterable[int], state: int) -> None:
+        with self.transaction():
+            self.db.executemany("UPDATE memories SET state=? WHERE id=?", [(state, m) for m in memory_ids])
+
+    def row_of(self, memory_id: int) -> tuple[int, int] | None:
+        """(vector row, state) of a memory, or None."""
+        r = self.db.execute("SELECT vector_row, state FROM memories WHERE id=?", (memory_id,)).fetchone()
+        return None if r is None else (int(r[0]), int(r[1]))
+
+    def memory(self, memory_id: int) -> tuple | None:
+        """(id, text, kind, namespace, metadata, created_at, last_accessed, access_count,
+        strength, state, [(cluster id, affinity)...]) or None."""
+        r = self.db.execute(
+            "SELECT id, text, kind, namespace, metadata, created_at, last_accessed, access_count, "
+            "strength, state FROM memories WHERE id=?", (memory_id,)).fetchone()
+        if r is None:
+            return None
+        clusters = self.db.execute(
+            "SELECT cluster_id, affinity FROM assignments WHERE memory_id=? ORDER BY rank", (memory_id,)).fetchall()
+        return (*r[:4], _loads(r[4]), *r[5:], [(c, a) for c, a in clusters])
+
+    def details(self, memory_ids: Sequence[int]) -> dict[int, tuple[str, str, str, float, Any]]:
+        """memory id -> (text, kind, namespace, created_at, metadata) in one statement."""
+        out: dict[int, tuple] = {}
+        for i in range(0, len(memory_ids), _IN_CHUNK):
+            chunk = list(memory_ids[i:i + _IN_CHUNK])
+            for mid, text, kind, ns, created, meta in self.db.execute(
+                f"SELECT id, text, kind, namespace, created_at, metadata FROM memories WHERE id IN ({_ids(len(chunk))})",
+                chunk,
+            ):
+                out[mid] = (text, kind, ns, created, _loads(meta))
+        return out
+
+    def texts(self, memory_ids: Sequence[int]) -> dict[int, str]:
+        return {m: d[0] for m, d in self.details(memory_ids).items()}
+
+    def namespace_rows(self, namespace: str) -> list[tuple[int, int]]:
+        return self.db.execute("SELECT id, vector_row FROM memories WHERE namespace=?", (namespace,)).fetchall()
+
+    def existing_ids(self, memory_ids: Sequence[int]) -> set[int]:
+        if not memory_ids:
+            return set()
+        return {m for (m,) in self.db.execute(
+            f"SELECT id FROM memories WHERE id IN ({_ids(len(memory_ids))})", list(memory_ids))}
+
+    def delete_memories(self, memory_ids: Sequence[int]) -> None:
+        """Remove memories with their assignments and links, atomically."""
+        keys = [(m,) for m in memory_ids]
+        with self.transaction():
+            for table, column in (("assignments", "memory_id"), ("links", "src"), ("links", "dst"),
+                                  ("memories", "id")):
+                self.db.executemany(f"DELETE FROM {table} WHERE {column}=?", keys)
+
+    def record_access(self, accesses: dict[int, tuple[float, int]], cluster_hits: dict[int, float]) -> None:
+        """Searches' access counts (memory id -> (last access, count)) and cluster hit times."""
+        with self.transaction():
+            self.db.executemany(
+                "UPDATE memories SET last_accessed=?, access_count=access_count+? WHERE id=?",
+                [(t, n, m) for m, (t, n) in accesses.items()])
+            self.db.executemany("UPDATE clusters SET last_hit_at=? WHERE id=?", [(t, c) for c, t in cluster_hits.items()])
+
+    def tag_memory(self, memory_id: int, links: Sequence[int], tags: Sequence[str], now: float) -> None:
+        """Localized evolution: ``related`` links both ways and the memory's tags (in its
+        metadata under ``tags``), in one transaction; memories deleted meanwhile are skipped."""
+        with self.transaction():
+            row = self.db.execute("SELECT metadata FROM memories WHERE id=?", (memory_id,)).fetchone()
+            if row is None:
+                return
+            live = self.existing_ids(list(links))
+            self.db.executemany(
+                "INSERT OR IGNORE INTO links (src, dst, relation, created_at) VALUES (?, ?, 'related', ?)",
+                [(a, b, now) for m in links if m in live for a, b in ((memory_id, m), (m, memory_id))])
+            if tags:
+                meta = json.loads(row[0]) if row[0] else {}
+                if not isinstance(meta, dict):
+                    meta = {"value": meta}
+                meta["tags"] = list(tags)
+                self.db.execute("UPDATE memories SET metadata=? WHERE id=?",
+                                (json.dumps(meta, ensure_ascii=False), memory_id))
+
+    def links(self, memory_id: int) -> list[tuple[int, str]]:
+        return [(d, r) for d, r in self.db.execute(
+            "SELECT dst, relation FROM links WHERE src=? ORDER BY dst", (memory_id,))]
+
+    # -- assignments -------------------------------------------------------------------
+    def replace_assignments(self, memory_ids: Sequence[int], affinities: Sequence[Sequence[tuple[int, float]]]) -> None:
+        """Each memory's soft assignment becomes its (cluster id, affinity) pairs, best first."""
+        with self.transaction():
+            self.db.executemany("DELETE FROM assignments WHERE memory_id=?", [(m,) for m in memory_ids])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO assignments (memory_id, rank, cluster_id, affinity) VALUES (?, ?, ?, ?)",
+                [(m, r, c, a) for m, pairs in zip(memory_ids, affinities) for r, (c, a) in enumerate(pairs)])
+
+    def assignments(self) -> list[tuple[int, int, int, float]]:
+        """(memory id, rank, cluster id, affinity) of every stored assignment, by rank."""
+        return self.db.execute(
+            "SELECT memory_id, rank, cluster_id, affinity FROM assignments ORDER BY memory_id, rank").fetchall()
+
+    def renumber_clusters(self, mapping: dict[int, int]) -> None:
+        """Give clusters new ids (old -> new) in the clusters and assignments tables, atomically.
+        Old and new ids may overlap, so rows go through negative ids first. Archived clusters
+        (never in the index) keep a negative id, -1 - old, so no new id can collide with them."""
+        with self.transaction():
+            self.db.execute("UPDATE clusters SET id=-1-id WHERE archived=1 AND id>=0")
+            for table, column in (("clusters", "id"), ("assignments", "cluster_id")):
+                self.db.executemany(f"UPDATE {table} SET {column}=? WHERE {column}=?",
+                                    [(-1 - new, old) for old, new in mapping.items()])
+                self.db.execute(f"UPDATE {table} SET {column}=-1-{column} WHERE {column}<0"
+                                + (" AND archived=0" if table == "clusters" else ""))
+            self.db.execute("DELETE FROM assignments WHERE cluster_id NOT IN (SELECT id FROM clusters)")
+
+    def clear_assignments(self) -> None:
+        self.db.execute("DELETE FROM assignments")
+
+    # -- clusters ----------------------------------------------------------------------
+    def profiles(self) -> dict[int, tuple[str, list[str]]]:
+        return {c: (s, json.loads(t)) for c, s, t in self.db.execute(
+            "SELECT id, summary, tags FROM clusters WHERE archived=0")}
+
+    def cluster_rows(self) -> list[tuple]:
+        """(id, summary, tags, source, created_at, updated_at) of every live cluster."""
+        return [(c, s, json.loads(t), src, ca, ua) for c, s, t, src, ca, ua in self.db.execute(
+            "SELECT id, summary, tags, source, created_at, updated_at FROM clusters WHERE archived=0")]
+
+    def cluster_ids(self) -> set[int]:
+        return {c for (c,) in self.db.execute("SELECT id FROM clusters WHERE archived=0")}
+
+    def template_clusters(self) -> set[int]:
+        return {c for (c,) in self.db.execute("SELECT id FROM clusters WHERE source='template'")}
+
+    def clusters_created_before(self, t: float) -> set[int]:
+        return {c for (c,) in self.db.execute(
+            "SELECT id FROM clusters WHERE created_at < ? AND source != 'template'", (t,))}
+
+    def profile_states(self) -> list[tuple[int, str, int, str]]:
+        """(id, summary, profiled_size, source) of every live cluster."""
+        return self.db.execute("SELECT id, summary, profiled_size, source FROM clusters WHERE archived=0").fetchall()
+
+    def cluster_hits(self) -> list[tuple[int, float | None, float]]:
+        """(id, last_hit_at, created_at) of every live cluster."""
+        return self.db.execute("SELECT id, last_hit_at, created_at FROM clusters WHERE archived=0").fetchall()
+
+    def add_clusters(self, clusters: Sequence[tuple[int, str]], now: float,
+                     profiles: dict[int, tuple[str, list[str]]], profiled: bool = False) -> None:
+        """Insert (id, source) clusters with their first profile (``profiled``: counts as
+        written for its current size, as template labels do)."""
+        self.db.executemany(
+            "INSERT OR REPLACE INTO clusters (id, summary, tags, source, created_at, updated_at, profiled_size) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(c, profiles.get(c, ("", []))[0], json.dumps(profiles.get(c, ("", []))[1]), src, now, now,
+              1 if profiled else 0) for c, src in clusters])
+
+    def drop_clusters(self, cluster_ids: Iterable[int]) -> None:
+        keys = [(c,) for c in cluster_ids]
+        with self.transaction():
+            self.db.executemany("DELETE FROM clusters WHERE id=?", keys)
+            self.db.executemany("DELETE FROM assignments WHERE cluster_id=?", keys)
+
+    def archive_clusters(self, cluster_ids: Iterable[int]) -> None:
+        with self.transaction():
+            self.db.executemany("UPDATE clusters SET archived=1 WHERE id=?", [(c,) for c in cluster_ids])
+
+    def write_profiles(self, items: Sequence[tuple[int, str, list[str], int]], now: float) -> None:
+        """(cluster id, summary, tags, profiled size) for each cluster."""
+        with self.transaction():
+            self.db.executemany(
+                "UPDATE clusters SET summary=?, tags=?, updated_at=?, profiled_size=? WHERE id=?",
+                [(s, json.dumps(t), now, size, c) for c, s, t, size in items])

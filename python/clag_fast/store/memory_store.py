@@ -1,0 +1,660 @@
+"""MemoryStore: the public API joining the native index, the embedder and the SLM organiser.
+
+One directory holds a store:
+  memories.db   SQLite (WAL): texts, metadata, cluster profiles, soft assignments, links
+  index/        the native VectorIndex: memory-mapped vectors + cluster state
+  LOCK          the writer's lock file
+
+Write order (why a crash never loses a returned add): the vector row is appended first, then
+the SQLite transaction that references it commits, then ``add`` returns. A crash between the
+two leaves an unreferenced vector row, which is ignored. Cluster state is saved at
+organisations, flushes and close; on open ``recovery.reconcile`` re-routes whatever the last
+saved cluster state does not cover, so SQLite and the index always agree after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from clag_fast.config import StoreConfig
+from clag_fast.errors import StoreFormatError
+from clag_fast.results import ClusterInfo, Hit, Hits, Memory
+from clag_fast.slm.scheduler import SLMScheduler
+from clag_fast.store import catalog as catalog_mod
+from clag_fast.store import forgetting, organize, placement, recovery
+from clag_fast.store.catalog import Catalog
+from clag_fast.store.rowtable import RowTable
+from clag_fast.store.search import Searcher
+from clag_fast.store.locks import WriterLock
+from clag_fast.store.recovery import DB_NAME, INDEX_DIR
+from clag_fast.store.state import StoreState
+
+log = logging.getLogger(__name__)
+
+
+class MemoryStore:
+    """A persistent, clustered memory store for an agent. Use ``MemoryStore.open``.
+
+    Thread-safe: searches run concurrently (shared lock; the native search releases the GIL);
+    writes are serialised. One process writes a store at a time (``LOCK``); others may open
+    it with ``read_only=True`` and see the state as of their open (``refresh()`` to update).
+    """
+
+    # -- opening and closing -----------------------------------------------------------
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("use MemoryStore.open(path, ...)")
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        config: StoreConfig | None = None,
+        embedder: Any = None,
+        llm: Any = None,
+        read_only: bool = False,
+    ) -> "MemoryStore":
+        """Create or reopen the store in directory ``path``.
+
+        config: a ``StoreConfig`` (its ``slm=SLMConfig(...)`` holds the organiser's knobs).
+        embedder: None (the default ONNX MiniLM Embedder, loaded on first use), an object
+          with ``encode(list[str]) -> float32[n, dim]``, or False (bring your own vectors).
+        llm: None (a managed SmolLM2 llama.cpp server when ``config.slm.mode == "auto"`` and
+          it is installed, started on first need), a server base URL, an ``LLMClient``, or
+          False (vector-only organisation).
+        """
+        self = object.__new__(cls)
+        self._init(Path(path), config, embedder, llm, read_only)
+        return self
+
+    def _init(self, path: Path, config: StoreConfig | None, embedder: Any, llm: Any, read_only: bool) -> None:
+        self.path = path
+        self.read_only = read_only
+        self._closed = True
+        self._writer_lock: WriterLock | None = None
+        self._catalog: Catalog | None = None
+        self._state: StoreState | None = None
+        self._slm: SLMScheduler | None = None
+        _check_store_dir(path, read_only)
+        db_file = path / DB_NAME
+        db_was_blank = not db_file.exists() or db_file.stat().st_size == 0
+        if not read_only:
+            path.mkdir(parents=True, exist_ok=True)
+            self._writer_lock = WriterLock(path / "LOCK")
+        try:
+            if db_was_blank:
+                recovery.refuse_blank_database(path, True)
+            self._catalog = Catalog(db_file, read_only=read_only)
+            recovery.refuse_blank_database(path, self._catalog.meta("dim") is None)
+            self.config = self._settle_config(config)
+            index = recovery.open_index(path, self.config.dim, read_only)
+            self._state = StoreState(path, self.config, read_only, self._catalog, index)
+            self._embedder_arg = embedder
+            self._embedder = embedder if embedder not in (None, False) else None
+            self._embed_precision = self._settle_precision() if embedder is None else None
+            self._load_rows()
+            self._searcher = Searcher(self._state)
+            self._slm = SLMScheduler(self._state, llm, lambda texts: self._vectors(texts, None))
+            self._closed = False
+            if not read_only:
+                with self._state.lock.write():
+                    recovery.rebuild_clusters(self._state)
+                    recovery.reconcile(self._state)
+        except BaseException:
+            self._release()
+            raise
+
+    def _settle_config(self, config: StoreConfig | None) -> StoreConfig:
+        stored = self._catalog.meta("dim")
+        if stored is None:
+            config = config or StoreConfig()
+            if not self.read_only:
+                self._catalog.set_meta("dim", str(config.dim))
+            return config
+        dim = int(stored)
+        if config is None:
+            return StoreConfig(dim=dim)
+        if config.dim != dim:
+            raise ValueError(f"store {self.path} holds {dim}-dimensional vectors, config says dim={config.dim}")
+        return config
+
+    def _settle_precision(self) -> str:
+        """The default embedder's precision, fixed for the life of the store.
+
+        ``Embedder()`` picks int8 or fp32 by CPU, so without this a store created on one
+        machine would mix int8 and fp32 vectors after moving to another (or after the
+        default changed). Stores written before the key existed hold fp32 vectors.
+        """
+        stored = self._catalog.meta("embed_precision")
+        if stored is not None:
+            return stored
+        if len(self._state.index) > 0:
+            precision = "fp32"
+        else:
+            from clag_fast.embed.embedder import resolve_precision
+
+            precision = resolve_precision()
+        if not self.read_only:
+            self._catalog.set_meta("embed_precision", precision)
+        return precision
+
+    def _load_rows(self) -> None:
+        state = self._state
+        n_vectors = len(state.index)
+        state.rows.ensure(n_vectors)
+        data = self._catalog.row_columns()
+        if data:
+            mids, rows, nss, kinds, created, last, count, strength, st = zip(*data)
+            rows_a = np.asarray(rows, dtype=np.int64)
+            if rows_a.max() >= n_vectors:
+                raise StoreFormatError(
+                    f"{self.path}: the database references vector row {int(rows_a.max())} but the "
+                    f"vector file holds {n_vectors} rows (vector file truncated or replaced)"
+                )
+            state.rows.set_rows(
+                rows_a,
+                np.asarray(mids, dtype=np.int64),
+                list(nss),
+                list(kinds),
+                np.asarray(created, dtype=np.float64),
+                last_accessed=np.asarray([np.nan if v is None else v for v in last], dtype=np.float64),
+                access_count=np.asarray(count, dtype=np.float64),
+                strength=np.asarray(strength, dtype=np.float32),
+                live=np.asarray(st, dtype=np.int64) == catalog_mod.LIVE,
+            )
+        state.profiles = self._catalog.profiles()
+
+    def close(self) -> None:
+        """Finish pending organisation, persist everything and release the store."""
+        if self._closed:
+            return
+        try:
+            if not self.read_only:
+                self.flush()
+        finally:
+            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
+        if self._slm is not None:
+            self._slm.close()
+        if self._state is not None:
+            self._state.index.close()
+        if self._catalog is not None:
+            self._catalog.close()
+        if self._writer_lock is not None:
+            self._writer_lock.release()
+
+    def __enter__(self) -> "MemoryStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._state)} memories"
+        return f"MemoryStore({str(self.path)!r}, {state})"
+
+    def _check_open(self, write: bool = False) -> None:
+        if self._closed:
+            raise ValueError("the store is closed")
+        if write and self.read_only:
+            raise PermissionError(f"store {self.path} is open read-only")
+
+    # -- writing -----------------------------------------------------------------------
+    def add(
+        self,
+        text: str,
+        *,
+        kind: str = "user_input",
+        namespace: str = "default",
+        metadata: dict[str, Any] | None = None,
+        embedding: np.ndarray | None = None,
+    ) -> int:
+        """Store one memory and return its id. See ``add_many``."""
+        emb = None if embedding is None else np.asarray(embedding)[None, ...]
+        return self.add_many([text], embeddings=emb, kinds=[kind], namespaces=[namespace],
+                             metadata=[metadata])[0]
+
+    def add_many(
+        self,
+        texts: Sequence[str],
+        embeddings: np.ndarray | None = None,
+        kinds: Sequence[str] | str | None = None,
+        namespaces: Sequence[str] | str | None = None,
+        metadata: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[int]:
+        """Store memories (embedding them unless ``embeddings`` is given) and return their ids.
+
+        Each memory is routed to its clusters by vectors before this returns; SLM decisions
+        (ambiguous routes, profiles, re-organisation) are applied when they arrive, from a
+        background worker (``SLMConfig.background``, the default). A failing SLM never fails
+        an add.
+        """
+        self._check_open(write=True)
+        t0 = time.perf_counter()
+        texts = _check_texts(texts)
+        n = len(texts)
+        kinds_l = _per_item(kinds, n, "user_input", "kinds")
+        namespaces_l = _per_item(namespaces, n, "default", "namespaces")
+        meta_json = _metadata_json(metadata, n)
+        vectors = self._vectors(texts, embeddings)
+        if n == 0:
+            return []
+        if self.config.labels is not None and not self._catalog.template_clusters():
+            self.set_label_vectors(self._label_vectors())
+        state = self._state
+        with state.lock.write():
+            ids = self._insert(texts, vectors, kinds_l, namespaces_l, meta_json)
+            state.count("adds", n)
+            state.count("add_s", time.perf_counter() - t0)
+        self._slm.after_add()
+        return ids
+
+    def _insert(self, texts, vectors, kinds, namespaces, meta_json) -> list[int]:
+        state = self._state
+        now = time.time()
+        rows = state.index.append(vectors)  # validated + durable before SQLite references it
+        placed = placement.route_new_rows(state, rows, state.index.vectors()[rows])
+        first = self._catalog.next_memory_id()
+        ids = list(range(first, first + len(texts)))
+        with self._catalog.transaction():
+            self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows.tolist())
+            placement.record_placement(state, ids, texts, placed, now)
+        state.rows.set_rows(rows, np.asarray(ids, np.int64), namespaces, kinds, np.full(len(ids), now))
+        state.cache.clear()
+        self._slm.note_routes(ids, rows, texts, placed)
+        if self.config.fsync:
+            state.index.flush()
+        return ids
+
+    def update(self, memory_id: int, *, text: str | None = None, metadata: dict[str, Any] | None = None,
+               embedding: np.ndarray | None = None) -> None:
+        """Change a memory's text (re-embedded and re-routed) and/or metadata."""
+        self._check_open(write=True)
+        if text is None and metadata is None:
+            raise ValueError("update needs text= and/or metadata=")
+        vectors = None
+        if text is not None:
+            text = _check_texts([text])[0]
+            vectors = self._vectors([text], None if embedding is None else np.asarray(embedding)[None, ...])
+        meta = None if metadata is None else _metadata_json([metadata], 1)[0]
+        state = self._state
+        with state.lock.write():
+            old_row = self._row_of(memory_id)
+            with self._catalog.transaction():
+                if meta is not None:
+                    self._catalog.set_metadata(memory_id, meta)
+                if vectors is not None:
+                    new_row = state.index.append(vectors)
+                    placed = placement.route_new_rows(state, new_row, state.index.vectors()[new_row])
+                    self._catalog.set_text(memory_id, text, int(new_row[0]))
+                    placement.record_placement(state, [memory_id], [text], placed, time.time())
+            if vectors is not None:
+                state.index.unassign(np.asarray([old_row]))
+                r = state.rows
+                r.set_rows(new_row, np.asarray([memory_id]), [r.name("namespace", old_row)], [r.name("kind", old_row)],
+                           r.created_at[[old_row]], access_count=r.access_count[[old_row]])
+                r.kill(np.asarray([old_row]))
+                r.memory_id[old_row] = -1
+            state.cache.clear()
+
+    def delete(self, memory_id: int) -> None:
+        """Remove a memory (its text, metadata, assignments and links)."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            row = self._row_of(memory_id, include_archived=True)
+            self._state.delete_rows([memory_id], np.asarray([row]))
+
+    def delete_namespace(self, namespace: str) -> int:
+        """Remove every memory of ``namespace``; other namespaces are untouched. Returns the count."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            data = self._catalog.namespace_rows(namespace)
+            if data:
+                mids, rows = zip(*data)
+                self._state.delete_rows(list(mids), np.asarray(rows, np.int64))
+            return len(data)
+
+    def set_label_vectors(self, vectors: np.ndarray) -> list[int]:
+        """Templated-labels mode: create one cluster per ``config.labels`` entry, centred on
+        the given label embeddings (the store embeds the labels itself when it has an
+        embedder). Memories are then routed among these labels only."""
+        self._check_open(write=True)
+        labels = self.config.labels
+        if labels is None:
+            raise ValueError("set_label_vectors needs StoreConfig(labels=...)")
+        vecs = self._vectors(list(labels), vectors)
+        with self._state.lock.write():
+            if self._catalog.template_clusters():
+                raise ValueError("the label clusters exist already")
+            return organize.create_label_clusters(self._state, list(labels), vecs)
+
+    def _label_vectors(self) -> np.ndarray:
+        if self._embedder_arg is False:
+            raise ValueError("templated labels with embedder=False: call set_label_vectors(vectors) first")
+        return self._vectors(list(self.config.labels), None)
+
+    def organize(self, task_context: str | None = None, *,
+                 progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+        """Re-organise now: cold-start clustering, SLM topics from ``task_context``, split
+        oversized and merge redundant clusters, refresh profiles. Returns what was done.
+
+        Vector profiles are written at once; SLM profiles for at most
+        ``SLMConfig.profile_budget_s``, the rest afterwards in the background (the report's
+        ``profiles_deferred``). ``progress(stage, done, total)`` is called as stages finish.
+        """
+        self._check_open(write=True)
+        return self._slm.organize(task_context, "explicit", progress=progress)
+
+    def forget(self, now: float | None = None) -> dict[str, Any]:
+        """Apply the forgetting policy now: prune faded memories, archive stale clusters."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            return forgetting.forget(self._state, time.time() if now is None else now)
+
+    def flush(self) -> None:
+        """Wait for background organisation, then persist everything durably."""
+        self._check_open(write=True)
+        self._slm.drain()
+        with self._state.lock.write():
+            self._state.flush_access()
+            self._state.index.flush()
+
+    # -- reading -----------------------------------------------------------------------
+    def search(
+        self,
+        query: str | np.ndarray,
+        k: int = 5,
+        *,
+        namespace: str | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        mode: str = "two_stage",
+        n_probe: int | None = None,
+    ) -> Hits:
+        """The ``k`` memories most similar to ``query`` (a text, or a vector of ``dim``).
+
+        two_stage: the clusters nearest the query (``n_probe`` of them; None = the store's
+        automatic rule), then an exact scan of their members only (flat while the store is
+        not clustered yet); flat: exact scan of every eligible memory. Filters: namespace,
+        kind, created_at in [since, until).
+        """
+        self._check_open()
+        t0 = time.perf_counter()
+        k, n_probe = _check_search_args(k, mode, n_probe)
+        qkey = query if isinstance(query, str) else None
+        if qkey is not None and not query.strip():
+            raise ValueError("query text is empty")
+        state = self._state
+        key = (qkey, k, namespace, kind, since, until, mode, n_probe)
+        if qkey is not None and self.config.cache_size:
+            cached = state.cache.get(key)
+            if cached is not None:
+                state.count("cache_hits")
+                return Hits(list(cached), scanned=cached.scanned, candidates=cached.candidates,
+                            clusters_probed=list(cached.clusters_probed), mode=cached.mode, latency_s=0.0,
+                            cached=True)
+        qvec = self._query_vector(query)
+        selected = None
+        if qkey is not None and mode == "two_stage" and self.config.slm.select_clusters:
+            selected = self._slm.select_clusters(query, qvec, n_probe or self._searcher.auto_probe())
+        with state.lock.read():
+            hits = self._searcher.search(qvec[None, :], k, (namespace, kind, since, until), mode, n_probe,
+                                         selected)[0]
+        hits.latency_s = time.perf_counter() - t0
+        state.count("searches")
+        state.count("search_s", hits.latency_s)
+        self._slm.after_search(hits[0].score if hits else float("-inf"))
+        if qkey is not None and self.config.cache_size:
+            state.cache.put(key, hits)
+        return hits
+
+    def search_many(
+        self,
+        queries: Sequence[str] | np.ndarray,
+        k: int = 5,
+        *,
+        namespace: str | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        mode: str = "two_stage",
+        n_probe: int | None = None,
+    ) -> list[Hits]:
+        """``search`` for a batch of queries (texts, embedded in one call, or a (q, dim)
+        array) with the same filters: one native call that spreads the queries over the
+        cores. Returns one ``Hits`` per query, in order."""
+        self._check_open()
+        t0 = time.perf_counter()
+        k, n_probe = _check_search_args(k, mode, n_probe)
+        if isinstance(queries, np.ndarray):
+            q = np.asarray(queries)
+            if q.ndim != 2 or q.shape[1] != self.config.dim:
+                raise ValueError(f"queries must have shape (q, {self.config.dim}), got {q.shape}")
+            qvecs = self._vectors([""] * len(q), q)
+        else:
+            texts = list(queries)
+            if isinstance(queries, str):
+                raise TypeError("search_many takes a list of queries, not one string (use search)")
+            for i, t in enumerate(texts):
+                if not isinstance(t, str) or not t.strip():
+                    raise ValueError(f"query {i} is empty or not a string")
+            qvecs = self._vectors(texts, None) if texts else np.empty((0, self.config.dim), np.float32)
+        if len(qvecs) == 0:
+            return []
+        state = self._state
+        with state.lock.read():
+            out = self._searcher.search(qvecs, k, (namespace, kind, since, until), mode, n_probe)
+        latency = time.perf_counter() - t0
+        for hits in out:
+            hits.latency_s = latency / len(out)
+            self._slm.after_search(hits[0].score if hits else float("-inf"))
+        state.count("searches", len(out))
+        state.count("search_s", latency)
+        return out
+
+    def get(self, memory_id: int) -> Memory:
+        """The memory with this id (KeyError if there is none)."""
+        self._check_open()
+        r = self._catalog.memory(_check_id(memory_id))
+        if r is None:
+            raise KeyError(f"no memory with id {memory_id}")
+        return Memory(*r[:9], r[9] != catalog_mod.LIVE, r[10])
+
+    def links(self, memory_id: int) -> list[tuple[int, str]]:
+        """(other memory id, relation) pairs linked from this memory (localized evolution)."""
+        self._check_open()
+        self._row_of(memory_id, include_archived=True)
+        return self._catalog.links(memory_id)
+
+    def clusters(self) -> list[ClusterInfo]:
+        """Every live cluster with its profile and size, largest first."""
+        self._check_open()
+        with self._state.lock.read():
+            _, sizes = self._state.cluster_table()
+            data = self._catalog.cluster_rows()
+        out = [ClusterInfo(c, s, t, sizes[c], src, ca, ua) for c, s, t, src, ca, ua in data if c in sizes]
+        return sorted(out, key=lambda c: (-c.size, c.id))
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, cluster sizes, LLM calls and tokens, and timings."""
+        self._check_open()
+        state = self._state
+        c = state.counters
+        sizes = state.index.cluster_sizes()
+        llm = self._slm.llm_stats()
+        return {
+            "memories": len(state),
+            "archived": self._catalog.count_state(catalog_mod.ARCHIVED),
+            "vector_rows": len(state.index),
+            "clusters": int(len(sizes)),
+            "cluster_size": _distribution(sizes),
+            "adds": c["adds"],
+            "searches": c["searches"],
+            "cache_hits": c["cache_hits"],
+            "organizations": c["organizations"],
+            "routing": {k[7:]: v for k, v in c.items() if k.startswith("routed_")},
+            "llm": llm,
+            "llm_calls_per_memory": (llm.get("calls", 0) / c["adds"]) if c["adds"] else 0.0,
+            "slm": self._slm.describe(),
+            "slm_pending": self._slm.pending(),
+            "timings_s": {"embed": c["embed_s"], "add": c["add_s"], "search": c["search_s"]},
+        }
+
+    def refresh(self) -> None:
+        """Read-only stores: reload to see what the writer has committed since open."""
+        self._check_open()
+        if not self.read_only:
+            return
+        state = self._state
+        with state.lock.write():
+            state.index.close()
+            state.index = recovery.open_index(self.path, self.config.dim, True)
+            state.rows = RowTable()
+            state.cache.clear()
+            self._load_rows()
+
+    # -- internals ---------------------------------------------------------------------
+    def _vectors(self, texts: list[str], embeddings: np.ndarray | None) -> np.ndarray:
+        if embeddings is None:
+            t0 = time.perf_counter()
+            vecs = self._get_embedder().encode(texts)
+            self._state.count("embed_s", time.perf_counter() - t0)
+            vecs = np.ascontiguousarray(vecs, dtype=np.float32)
+            if vecs.shape != (len(texts), self.config.dim):
+                raise ValueError(f"the embedder returned shape {vecs.shape}, the store holds "
+                                 f"{self.config.dim}-dimensional vectors")
+            return vecs
+        vecs = np.asarray(embeddings)
+        if vecs.ndim != 2 or vecs.shape != (len(texts), self.config.dim):
+            raise ValueError(
+                f"embeddings must have shape ({len(texts)}, {self.config.dim}), got {vecs.shape}"
+            )
+        if not np.issubdtype(vecs.dtype, np.floating):
+            raise ValueError(f"embeddings must be floating point, got {vecs.dtype}")
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+    def _query_vector(self, query: str | np.ndarray) -> np.ndarray:
+        if isinstance(query, str):
+            return self._vectors([query], None)[0]
+        q = np.asarray(query)
+        if q.ndim != 1 or q.shape[0] != self.config.dim:
+            raise ValueError(f"query vector must have shape ({self.config.dim},), got {q.shape}")
+        if not np.isfinite(q).all():
+            raise ValueError("query vector holds NaN or infinity")
+        return self._vectors([""], q[None, :])[0]
+
+    def _get_embedder(self) -> Any:
+        if self._embedder is None:
+            if self._embedder_arg is False:
+                raise ValueError("this store was opened with embedder=False: pass embeddings / a query vector")
+            from clag_fast.embed.embedder import Embedder
+
+            self._embedder = Embedder(precision=self._embed_precision or "auto")
+        return self._embedder
+
+    def _row_of(self, memory_id: int, include_archived: bool = False) -> int:
+        r = self._catalog.row_of(_check_id(memory_id))
+        if r is None or (r[1] != catalog_mod.LIVE and not include_archived):
+            raise KeyError(f"no memory with id {memory_id}")
+        return r[0]
+
+
+# -- helpers ----------------------------------------------------------------------------
+def _check_search_args(k: Any, mode: str, n_probe: Any) -> tuple[int, int | None]:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if mode not in ("two_stage", "flat"):
+        raise ValueError(f"mode must be 'two_stage' or 'flat', got {mode!r}")
+    if n_probe is not None and (not isinstance(n_probe, (int, np.integer)) or isinstance(n_probe, bool)
+                                or n_probe < 1):
+        raise ValueError(f"n_probe must be a positive integer, got {n_probe!r}")
+    return int(k), None if n_probe is None else int(n_probe)
+
+
+def _check_store_dir(path: Path, read_only: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} is not a directory")
+    if path.is_dir():
+        entries = {p.name for p in path.iterdir()}
+        if entries and DB_NAME not in entries:
+            raise StoreFormatError(
+                f"{path} is not empty and holds no clag_fast store ({DB_NAME} missing)"
+            )
+    elif read_only:
+        raise FileNotFoundError(f"no store at {path}")
+
+
+def _check_texts(texts: Iterable[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("add_many takes a list of texts, not one string (use add)")
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"text {i} is {type(t).__name__}, not str")
+        if not t.strip():
+            raise ValueError(f"text {i} is empty or whitespace only")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text {i} is not valid unicode ({e.reason})") from None
+    return out
+
+
+def _per_item(values: Sequence[str] | str | None, n: int, default: str, name: str) -> list[str]:
+    if values is None:
+        return [default] * n
+    if isinstance(values, str):
+        values = [values] * n
+    out = list(values)
+    if len(out) != n:
+        raise ValueError(f"{name} has {len(out)} items for {n} texts")
+    for i, v in enumerate(out):
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"{name}[{i}] must be a non-empty string, got {v!r}")
+    return out
+
+
+def _metadata_json(metadata: Sequence[dict[str, Any] | None] | None, n: int) -> list[str | None]:
+    if metadata is None:
+        return [None] * n
+    items = list(metadata)
+    if len(items) != n:
+        raise ValueError(f"metadata has {len(items)} items for {n} texts")
+    out = []
+    for i, m in enumerate(items):
+        if m is None:
+            out.append(None)
+            continue
+        if not isinstance(m, dict):
+            raise TypeError(f"metadata[{i}] must be a dict or None, got {type(m).__name__}")
+        try:
+            out.append(json.dumps(m, ensure_ascii=False, allow_nan=False))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"metadata[{i}] is not JSON-serialisable: {e}") from None
+    return out
+
+
+def _check_id(memory_id: Any) -> int:
+    if isinstance(memory_id, bool) or not isinstance(memory_id, (int, np.integer)):
+        raise TypeError(f"memory id must be an int, got {type(memory_id).__name__}")
+    return int(memory_id)
+
+
+def _distribution(sizes: np.ndarray) -> dict[str, float]:
+    if len(sizes) == 0:
+        return {"min": 0, "median": 0, "max": 0, "mean": 0.0}
+    return {"min": int(sizes.min()), "median": float(np.median(sizes)), "max": int(sizes.max()),
+            "mean": float(sizes.mean())}
+

@@ -1,0 +1,247 @@
+"""Organisation: cold start, SLM topics and template labels as centres, split of oversized
+clusters, merge of redundant and tiny ones, re-assignment, and the vector side of profiles.
+
+Functions here take the ``StoreState`` and run under its write lock; they keep the index and
+the database in agreement. SLM calls never happen here: the scheduler (``slm.scheduler``)
+asks the SLM first, outside the lock, and passes the answers in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from clag_fast.store import routing
+from clag_fast.store.placement import add_clusters
+from clag_fast.store.state import StoreState
+
+log = logging.getLogger(__name__)
+
+
+def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] | None = None,
+             topic_vectors: np.ndarray | None = None) -> dict[str, Any]:
+    """Restructure the clusters. ``topics``/``topic_vectors`` are SLM-proposed (or template)
+    topic descriptions already embedded by the caller (outside the lock)."""
+    idx, cfg = state.index, state.config
+    t0 = time.perf_counter()
+    live = state.rows.live_rows()
+    report: dict[str, Any] = {"reason": reason, "memories": int(len(live)), "kmeans_k": 0,
+                              "topics": [], "split": [], "merged": [], "reassigned": 0}
+    now = time.time()
+    new: list[tuple[int, str]] = []
+    profiles: dict[int, tuple[str, list[str]]] = {}
+    enough = len(live) >= (2 if reason == "explicit" else cfg.min_memories_to_cluster)
+    if topics and topic_vectors is not None and len(topic_vectors):
+        for text, vec in zip(topics, topic_vectors):
+            cid = idx.new_cluster(centre=vec, weight=cfg.topic_weight)
+            new.append((cid, "slm_topic"))
+            profiles[cid] = (text, [])
+            report["topics"].append(text)
+        report["reassigned"] = reassign(state, live)
+    elif len(idx.cluster_ids()) == 0 and enough and cfg.labels is None:
+        k = routing.choose_k(len(live), cfg.cluster_sizes_for(len(live))[0])
+        new += [(cid, "kmeans") for cid in idx.kmeans(k, rows=live, seed=0).tolist()]
+        report["kmeans_k"] = k
+        report["reassigned"] = reassign(state, live)
+    elif len(idx.cluster_ids()) > 0:
+        unassigned = live[idx.cluster_of(live) < 0]
+        if len(unassigned):
+            report["reassigned"] = reassign(state, unassigned)
+    if len(idx.cluster_ids()) > 0 and cfg.labels is None:
+        touched = _split_oversized(state, report, new)
+        touched |= _merge_redundant(state, report, now)
+        alive = set(idx.cluster_ids().tolist())
+        members = [idx.members(c) for c in touched if c in alive]
+        if members:
+            reassign(state, np.concatenate(members))
+    # A topic no memory is nearest to would only waste probes: drop it (and any other
+    # cluster left empty), except template labels, which exist by definition.
+    templates = state.catalog.template_clusters() | {c for c, src in new if src == "template"}
+    ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
+    for cid in ids[(sizes == 0)].tolist():
+        if cid not in templates:
+            idx.drop_cluster(cid)
+            report.setdefault("dropped_empty", []).append(cid)
+    alive = set(idx.cluster_ids().tolist())
+    new = [(c, src) for c, src in new if c in alive]
+    with state.catalog.transaction():
+        add_clusters(state, new, now, profiles)
+        sync_clusters(state, now)
+        state.catalog.set_meta("last_organized", repr(now))
+    idx.flush()
+    state.count("organizations")
+    state.cache.clear()
+    report["clusters"] = int(len(alive))
+    report["seconds"] = round(time.perf_counter() - t0, 4)
+    log.info("organised (%s): %s", reason, report)
+    return report
+
+
+def create_label_clusters(state: StoreState, labels: list[str], vectors: np.ndarray) -> list[int]:
+    """Templated-labels mode: one anchored cluster per label; existing rows are re-routed."""
+    idx, cfg = state.index, state.config
+    now = time.time()
+    new = [(idx.new_cluster(centre=v, weight=max(cfg.topic_weight, 1.0)), "template") for v in vectors]
+    profiles = {cid: (label, []) for (cid, _), label in zip(new, labels)}
+    with state.catalog.transaction():
+        add_clusters(state, new, now, profiles, profiled=True)
+    reassign(state, state.rows.live_rows())
+    idx.flush()
+    return [c for c, _ in new]
+
+
+def _split_oversized(state: StoreState, report: dict, new: list) -> set[int]:
+    idx = state.index
+    touched: set[int] = set()
+    max_size = state.config.cluster_sizes_for(len(state))[1]
+    ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
+    queue = ids[sizes > max_size].tolist()
+    while queue:
+        cid = queue.pop()
+        a, b = idx.split(cid, seed=0)
+        report["split"].append(cid)
+        for c in (a, b):
+            if c != cid:
+                new.append((c, "split"))
+            touched.add(c)
+            if len(idx.members(c)) > max_size:
+                queue.append(c)
+    return touched
+
+
+def _merge_redundant(state: StoreState, report: dict, now: float) -> set[int]:
+    """Merge near-duplicate centres, then tiny clusters that have already had a chance to grow
+    (they survived the previous organisation) into their nearest surviving neighbour."""
+    idx, cfg = state.index, state.config
+    touched: set[int] = set()
+    gone: set[int] = set()
+    max_size = cfg.cluster_sizes_for(len(state))[1]
+    size = dict(zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()))
+    for a, b, _sim in idx.merge_candidates(threshold=cfg.merge_threshold):
+        # Never merge into something split would cut again: the two would fight forever.
+        if a in gone or b in gone or size[a] + size[b] > max_size:
+            continue
+        size[a] += size.pop(b)
+        idx.merge(a, b)
+        gone.add(b)
+        touched.add(a)
+        report["merged"].append((a, b))
+    last = state.catalog.meta("last_organized")
+    old = state.catalog.clusters_created_before(float(last) if last else now)
+    ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
+    if len(ids) > 2 and old:
+        tiny = (sizes < cfg.min_cluster_size) & np.isin(ids, np.fromiter(old, np.int64, len(old)))
+        if tiny.any() and not tiny.all():
+            # Every tiny cluster goes to its nearest non-tiny one, all in one matrix product
+            # (tiny clusters never receive each other, so the order of merges is irrelevant).
+            centres = idx.centres()
+            sims = centres[tiny] @ centres.T
+            sims[:, tiny] = -np.inf
+            targets = ids[np.argmax(sims, axis=1)]
+            for cid, target in zip(ids[tiny].tolist(), targets.tolist()):
+                idx.merge(target, cid)
+                gone.add(cid)
+                touched.add(target)
+                report["merged"].append((target, cid))
+    return touched - gone
+
+
+def reassign(state: StoreState, rows: np.ndarray) -> int:
+    """Recompute the soft assignment of ``rows`` against the current centres (index + db)."""
+    if len(rows) == 0:
+        return 0
+    idx, cfg = state.index, state.config
+    ids, scores = idx.soft_assign(idx.vectors()[rows], k=cfg.soft_k)
+    idx.assign(rows, routing.memberships(ids, scores, cfg.soft_k, cfg.spill_margin))
+    state.catalog.replace_assignments(state.rows.memory_id[rows].tolist(),
+                                      routing.affinity_rows(ids, scores, cfg.soft_k))
+    return len(rows)
+
+
+def sync_clusters(state: StoreState, now: float) -> None:
+    """Make the clusters table list exactly the index's clusters."""
+    live = set(state.index.cluster_ids().tolist())
+    known = state.catalog.cluster_ids()
+    gone = known - live
+    state.catalog.drop_clusters(gone)
+    for c in gone:
+        state.profiles.pop(c, None)
+    add_clusters(state, [(c, "recovered") for c in sorted(live - known)], now)
+
+
+# -- evolution ----------------------------------------------------------------------------
+def cluster_neighbours(state: StoreState, row: int, n: int) -> list[tuple[int, str]]:
+    """(memory id, text) of the ``n`` members of ``row``'s cluster most similar to it."""
+    idx = state.index
+    cid = int(idx.cluster_of(np.asarray([row]))[0])
+    if cid < 0:
+        return []
+    members = idx.members(cid)
+    members = members[(members != row) & state.rows.live[members]]
+    if len(members) == 0:
+        return []
+    sims = idx.vectors()[members] @ idx.vectors()[row]
+    top = members[np.argsort(-sims, kind="stable")[:n]]
+    mids = state.rows.memory_id[top].tolist()
+    texts = state.catalog.texts(mids)
+    return [(m, texts[m]) for m in mids if m in texts]
+
+
+def apply_evolution(state: StoreState, memory_id: int, links: list[int], tags: list[str]) -> None:
+    state.catalog.tag_memory(memory_id, links, tags, time.time())
+    state.cache.clear()
+
+
+# -- profiles -----------------------------------------------------------------------------
+def cluster_examples(state: StoreState, cid: int, n: int, centre: np.ndarray) -> list[str]:
+    """Texts of the ``n`` members nearest the cluster's ``centre`` (the most typical ones).
+    The caller passes the centre: fetching all centres per cluster would make profiling
+    every cluster quadratic in the cluster count."""
+    members = state.index.members(cid)
+    if len(members) == 0:
+        return []
+    sims = state.index.vectors()[members] @ centre
+    top = members[np.argsort(-sims, kind="stable")[:n]]
+    mids = [m for m in state.rows.memory_id[top].tolist() if m >= 0]
+    texts = state.catalog.texts(mids) if mids else {}
+    return [texts[m] for m in mids if m in texts]
+
+
+def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
+    """A profile without an SLM: the most typical member as summary, frequent words as tags."""
+    from clag_fast.slm.organizer import keywords
+
+    if not texts:
+        return "", []
+    summary = texts[0] if len(texts[0]) <= 120 else texts[0][:117] + "..."
+    return summary, keywords(texts, 3)
+
+
+def save_profiles(state: StoreState, profiles: dict[int, tuple[str, list[str]]], now: float,
+                  unprofiled: set[int] = frozenset()) -> None:
+    """Write profiles; ``unprofiled`` ones are marked for the next SLM pass (size 0)."""
+    _, sizes = state.cluster_table()
+    items = [(c, s, list(t), 0 if c in unprofiled else sizes[c]) for c, (s, t) in profiles.items() if c in sizes]
+    state.catalog.write_profiles(items, now)
+    for c, s, t, _ in items:
+        state.profiles[c] = (s, t)
+    state.cache.clear()
+
+
+def clusters_needing_profiles(state: StoreState, drift_share: float) -> list[int]:
+    """Clusters without a profile, or whose membership grew by ``drift_share`` since their
+    profile was written (inertia: small changes keep the old profile)."""
+    _, sizes = state.cluster_table()
+    out = []
+    for cid, summary, profiled, source in state.catalog.profile_states():
+        size = sizes.get(cid, 0)
+        if size == 0 or source == "template":
+            continue
+        # Inertia: a profile is rewritten when membership moved by drift_share of its size
+        # and by at least 3 memories (small clusters would otherwise churn on every join).
+        if profiled == 0 or not summary or abs(size - profiled) >= max(3.0, drift_share * profiled):
+            out.append(cid)
+    return out

@@ -1,0 +1,120 @@
+"""Placing new rows: vector routing of fresh memories into clusters (soft, top ``soft_k``),
+opening clusters for memories far from every centre, and applying the SLM's later choices.
+
+Runs under the store's write lock. Rows are routed in chunks: each chunk is soft-assigned
+against every centre in the native core (so clusters opened by earlier chunks count), and
+only the rows of a chunk that open clusters are compared with each other, through one matrix
+product: no Python loop over clusters, and the cost per row does not grow with the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clag_fast.store import routing
+from clag_fast.store.state import StoreState
+
+# Rows per routing chunk: bounds the (chunk x chunk) similarity matrix of rows that open
+# clusters (4 MB) while keeping native calls few.
+CHUNK = 1024
+
+
+@dataclass
+class Placement:
+    """Where a batch of new rows went."""
+
+    affinities: list[list[tuple[int, float]]]
+    new_clusters: list[tuple[int, str]] = field(default_factory=list)  # (cluster id, source)
+    opened_rows: set[int] = field(default_factory=set)  # batch indices placed in new clusters
+    candidates: np.ndarray | None = None  # (n, route_candidates) cluster ids, for the SLM
+    scores: np.ndarray | None = None
+
+
+def new_cluster_threshold(state: StoreState) -> float | None:
+    """Below this best-centre similarity a memory opens a cluster (never with fixed labels)."""
+    return None if state.config.labels is not None else state.config.slm.new_cluster_threshold
+
+
+def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> Placement:
+    """Assign fresh rows by vectors: nearest clusters (soft, top ``soft_k``), or a new cluster
+    when even the nearest is below the new-cluster threshold. Before the cold start (no
+    clusters yet) rows stay unassigned and search runs flat."""
+    idx, cfg = state.index, state.config
+    n = len(rows)
+    if len(idx.cluster_ids()) == 0:
+        return Placement(affinities=[[] for _ in range(n)])
+    k = max(cfg.soft_k, cfg.slm.route_candidates)
+    threshold = new_cluster_threshold(state)
+    all_ids = np.full((n, k), -1, np.int64)
+    all_scores = np.full((n, k), -np.inf, np.float32)
+    placement = Placement(affinities=[])
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        ids, scores = idx.soft_assign(vectors[lo:hi], k=k)
+        all_ids[lo:hi, : ids.shape[1]] = ids
+        all_scores[lo:hi, : ids.shape[1]] = scores
+        members = routing.memberships(ids, scores, cfg.soft_k, cfg.spill_margin)
+        affinities = routing.affinity_rows(ids, scores, cfg.soft_k)
+        if threshold is not None:
+            low = np.flatnonzero(scores[:, 0] < threshold)
+            if len(low):
+                leaders, aff = routing.leaders(vectors[lo:hi][low], threshold)
+                opened = {}
+                for j, (i, lead) in enumerate(zip(low.tolist(), leaders.tolist())):
+                    if lead not in opened:
+                        opened[lead] = idx.new_cluster()
+                        placement.new_clusters.append((opened[lead], "route"))
+                    cid = opened[lead]
+                    members[i] = -1
+                    members[i, 0] = cid
+                    affinities[i] = [(cid, float(aff[j]))]
+                    placement.opened_rows.add(lo + i)
+        idx.assign(rows[lo:hi], members)
+        placement.affinities.extend(affinities)
+    placement.candidates, placement.scores = all_ids, all_scores
+    state.count("routed_new", len(placement.opened_rows))
+    state.count("routed_vector", n - len(placement.opened_rows))
+    return placement
+
+
+def record_placement(state: StoreState, memory_ids: list[int], texts: list[str],
+                     placement: Placement, now: float) -> None:
+    """Inside the caller's transaction: save the clusters a batch opened and the memories'
+    assignments. A new cluster is labelled by its first memory until the next profile pass
+    (SLM or vector) rewrites it, so no hit is ever returned unlabelled."""
+    from clag_fast.store.organize import vector_profile
+
+    first_text: dict[int, str] = {}
+    for t, aff in zip(texts, placement.affinities):
+        if aff:
+            first_text.setdefault(aff[0][0], t)
+    provisional = {c: vector_profile([first_text[c]]) for c, _ in placement.new_clusters}
+    add_clusters(state, placement.new_clusters, now, provisional)
+    state.catalog.replace_assignments(memory_ids, placement.affinities)
+
+
+def add_clusters(state: StoreState, clusters: list[tuple[int, str]], now: float,
+                 profiles: dict[int, tuple[str, list[str]]] | None = None, profiled: bool = False) -> None:
+    profiles = profiles or {}
+    state.catalog.add_clusters(clusters, now, profiles, profiled=profiled)
+    for c, _ in clusters:
+        state.profiles[c] = profiles.get(c, ("", []))
+
+
+def move_rows(state: StoreState, memory_ids: list[int], rows: np.ndarray, targets: list[int]) -> None:
+    """Apply the SLM's routing choices: make ``targets[i]`` the primary cluster of a row."""
+    idx = state.index
+    ids = idx.cluster_ids()
+    keep = [i for i, t in enumerate(targets) if t in set(ids.tolist())]
+    if not keep:
+        return
+    rows = rows[keep]
+    memory_ids = [memory_ids[i] for i in keep]
+    targets_a = np.asarray([targets[i] for i in keep], np.int64)
+    slot = {c: i for i, c in enumerate(ids.tolist())}
+    centres = idx.centres()[[slot[t] for t in targets_a.tolist()]]
+    sims = np.einsum("ij,ij->i", centres, idx.vectors()[rows])
+    idx.assign(rows, targets_a)
+    state.catalog.replace_assignments(memory_ids, [[(int(t), float(s))] for t, s in zip(targets_a, sims)])

@@ -1,0 +1,151 @@
+"""Recovery: what a store does on open so that a crash, a lost file or a corrupt one never
+costs data, and never silently hides it.
+
+* The cluster file (``index/clusters.bin``) is derived state: a corrupt or unreadable one is
+  moved aside (``clusters.bin.corrupt-<time>``) with a warning and the clusters are rebuilt
+  from the database's assignments and the vectors (``rebuild_clusters``).
+* The database is the source of truth for which memories exist: a database that is missing,
+  empty or brand new beside a vector file holding rows is refused, naming both files, rather
+  than opened as an empty store.
+* After any crash, ``reconcile`` makes the index's cluster state and the database agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from clag_fast.errors import StoreFormatError
+from clag_fast.index import VectorIndex
+from clag_fast.store import routing
+from clag_fast.store.organize import reassign, sync_clusters
+from clag_fast.store.state import StoreState
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "memories.db"
+INDEX_DIR = "index"
+VECTORS = "vectors.f32"
+CLUSTERS = "clusters.bin"
+
+
+def vector_file_has_rows(path: Path) -> bool:
+    """Whether ``<store>/index/vectors.f32`` holds at least one row (header is 64 bytes or
+    less; a row is 4 * dim bytes, so anything past 4 KiB... is checked by opening it)."""
+    f = path / INDEX_DIR / VECTORS
+    if not f.exists() or f.stat().st_size == 0:
+        return False
+    try:
+        idx = VectorIndex.open(path / INDEX_DIR, read_only=True)
+    except (OSError, ValueError):
+        return True  # unreadable but not empty: treat as data, never as a blank store
+    try:
+        return len(idx) > 0
+    finally:
+        idx.close()
+
+
+def refuse_blank_database(path: Path, db_is_new: bool) -> None:
+    """A database that is new (missing, 0 bytes, or without the store's keys) beside a vector
+    file with rows means the database was lost: opening it as new would hide every memory."""
+    if db_is_new and vector_file_has_rows(path):
+        raise StoreFormatError(
+            f"{path / DB_NAME} is missing or empty but {path / INDEX_DIR / VECTORS} holds vectors: "
+            "the database that says which memories they are was lost or truncated. Restore "
+            f"{DB_NAME} from a backup, or move the directory aside to start a new store"
+        )
+
+
+def open_index(path: Path, dim: int, read_only: bool) -> VectorIndex:
+    """Open the vector index; a cluster file that cannot be read is moved aside (writable
+    stores) so the index opens unclustered and ``rebuild_clusters`` restores it."""
+    try:
+        return VectorIndex.open(path / INDEX_DIR, dim=dim, read_only=read_only)
+    except OSError as e:
+        cfile = path / INDEX_DIR / CLUSTERS
+        if "cluster state" not in str(e) or not cfile.exists():
+            raise
+        if read_only:
+            raise StoreFormatError(
+                f"{cfile} cannot be read ({e}); open the store writable once to rebuild it"
+            ) from e
+        aside = cfile.with_name(f"{CLUSTERS}.corrupt-{int(time.time())}")
+        cfile.rename(aside)
+        log.warning("%s cannot be read (%s): moved to %s; clusters are rebuilt from the database", cfile, e, aside.name)
+        return VectorIndex.open(path / INDEX_DIR, dim=dim, read_only=read_only)
+
+
+def rebuild_clusters(state: StoreState) -> int:
+    """Recreate the clusters of an index that lost its cluster file, from the database: one
+    cluster per live cluster row, members from each memory's stored assignment (rank 0 is the
+    primary; a lower rank is a secondary membership within ``spill_margin`` of it, as routing
+    decides). Cluster ids are new (the index numbers them); the database is renumbered to
+    match in one transaction. Returns the clusters rebuilt."""
+    idx, cfg, rows = state.index, state.config, state.rows
+    known = sorted(state.catalog.cluster_ids())
+    if not known or len(idx.cluster_ids()):
+        return 0
+    assignments = state.catalog.assignments()
+    mapping = {old: idx.new_cluster() for old in known}
+    row_of = {int(m): r for r, m in enumerate(rows.memory_id[: rows.n].tolist()) if m >= 0}
+    by_memory: dict[int, list[tuple[int, float]]] = {}
+    for mid, _rank, cid, aff in assignments:
+        if cid in mapping and mid in row_of and rows.live[row_of[mid]]:
+            by_memory.setdefault(mid, []).append((mapping[cid], aff))
+    if by_memory:
+        mids = list(by_memory)
+        k = cfg.soft_k
+        ids = np.full((len(mids), k), -1, np.int64)
+        scores = np.full((len(mids), k), -np.inf, np.float32)
+        for i, m in enumerate(mids):
+            for j, (c, a) in enumerate(by_memory[m][:k]):
+                ids[i, j], scores[i, j] = c, a
+        idx.assign(np.asarray([row_of[m] for m in mids], np.int64),
+                   routing.memberships(ids, scores, k, cfg.spill_margin))
+    state.catalog.renumber_clusters(mapping)
+    state.profiles = state.catalog.profiles()
+    # Empty clusters (their members were all deleted) would only waste probes.
+    ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
+    templates = state.catalog.template_clusters()
+    for cid in ids[sizes == 0].tolist():
+        if cid not in templates:
+            idx.drop_cluster(cid)
+    idx.flush()
+    log.warning("%s: rebuilt %d clusters from the database", state.path, len(mapping))
+    return len(mapping)
+
+
+def reconcile(state: StoreState) -> dict[str, int]:
+    """After open: make the index's cluster state and the database agree.
+
+    The cluster state on disk is the last one saved (organisation, flush, close); memories
+    added after it are unassigned in the index, and clusters opened after it are unknown to
+    it. Unknown clusters are dropped from the database, rows the index does not place are
+    routed again, and rows the database no longer holds are removed from the clusters.
+    """
+    idx, rows = state.index, state.rows
+    live = rows.live_rows()
+    with state.catalog.transaction():
+        sync_clusters(state, time.time())
+    fixed = {"rerouted": 0, "unassigned": 0}
+    n_idx = len(idx)
+    if n_idx:
+        placed = idx.cluster_of(np.arange(n_idx, dtype=np.int64))
+        dead = np.flatnonzero((placed >= 0) & ~rows.live[:n_idx])
+        if len(dead):
+            idx.unassign(dead)
+            fixed["unassigned"] = int(len(dead))
+        if len(idx.cluster_ids()):
+            lost = live[placed[live] < 0]
+            if len(lost):
+                fixed["rerouted"] = reassign(state, lost)
+        elif len(live):
+            # No clusters in the index: every stored assignment is stale.
+            state.catalog.clear_assignments()
+    if fixed["rerouted"] or fixed["unassigned"]:
+        idx.flush()
+        log.warning("recovered %s: %s", state.path, fixed)
+    return fixed

@@ -1,0 +1,136 @@
+"""StoreState: everything one open store owns, shared by the modules that work on it.
+
+``MemoryStore`` is the public facade; placement, organisation, recovery, forgetting and the
+SLM scheduler each get this object and use its public attributes, so no module reaches into
+another's private names and none imports the facade.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clag_fast.config import StoreConfig
+from clag_fast.index import VectorIndex
+from clag_fast.store.catalog import Catalog
+from clag_fast.store.locks import RWLock
+from clag_fast.store.rowtable import RowTable
+
+COUNTERS = ("adds", "searches", "cache_hits", "organizations", "embed_s", "add_s", "search_s",
+            "routed_vector", "routed_new", "routed_slm", "routed_fallback")
+
+
+class ResultCache:
+    """LRU of search results keyed by the query and its filters; any write clears it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Any | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: tuple, value: Any) -> None:
+        if not self.size:
+            return
+        with self._lock:
+            self._items[key] = value
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class AccessLog:
+    """Searches record use here (memory id -> (last access, count); cluster -> last hit) and
+    ``flush()`` writes it in one transaction: no SQLite write on the search path."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.memories: dict[int, tuple[float, int]] = {}
+        self.clusters: dict[int, float] = {}
+
+    def record(self, memory_ids: list[int], cluster_ids: list[int], now: float) -> None:
+        with self._lock:
+            for mid in memory_ids:
+                _, count = self.memories.get(mid, (now, 0))
+                self.memories[mid] = (now, count + 1)
+            for cid in cluster_ids:
+                if cid >= 0:
+                    self.clusters[cid] = now
+
+    def take(self) -> tuple[dict[int, tuple[float, int]], dict[int, float]]:
+        with self._lock:
+            out = (self.memories, self.clusters)
+            self.memories, self.clusters = {}, {}
+            return out
+
+
+@dataclass
+class StoreState:
+    """One open store: its files, configuration, in-memory tables and locks.
+
+    Invariants every module keeps: a vector row is appended (durable) before the SQLite row
+    that references it commits; ``rows`` mirrors the database's per-memory columns;
+    ``profiles`` mirrors the clusters table's summaries and tags; ``cache`` is cleared by any
+    write that can change a search result. Mutations happen under ``lock.write()``.
+    """
+
+    path: Path
+    config: StoreConfig
+    read_only: bool
+    catalog: Catalog
+    index: VectorIndex
+    rows: RowTable = field(default_factory=RowTable)
+    profiles: dict[int, tuple[str, list[str]]] = field(default_factory=dict)
+    lock: RWLock = field(default_factory=RWLock)
+    access: AccessLog = field(default_factory=AccessLog)
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    cache: ResultCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cache = ResultCache(self.config.cache_size)
+
+    def __len__(self) -> int:
+        """Live memories."""
+        return int(self.rows.live[: self.rows.n].sum())
+
+    def count(self, key: str, n: float = 1) -> None:
+        self.counters[key] += n
+
+    def details(self, memory_ids: list[int]) -> dict[int, tuple]:
+        return self.catalog.details(memory_ids) if memory_ids else {}
+
+    def delete_rows(self, memory_ids: list[int], rows: np.ndarray) -> None:
+        """Remove memories everywhere: database first (atomic), then the index and row table."""
+        self.catalog.delete_memories(memory_ids)
+        self.index.unassign(rows)
+        self.rows.kill(rows)
+        self.rows.memory_id[rows] = -1
+        self.cache.clear()
+
+    def flush_access(self) -> None:
+        accesses, hits = self.access.take()
+        if accesses or hits:
+            self.catalog.record_access(accesses, hits)
+
+    def cluster_table(self) -> tuple[list[int], dict[int, int]]:
+        """(cluster ids, id -> size) of the index's live clusters."""
+        ids = self.index.cluster_ids().tolist()
+        return ids, dict(zip(ids, self.index.cluster_sizes().tolist()))
+
+    def now(self) -> float:
+        return time.time()
