@@ -23,6 +23,26 @@ class Searcher:
     def __init__(self, state: StoreState) -> None:
         self.state = state
         self._weights: tuple[int, float, np.ndarray] | None = None
+        self._filters: dict[tuple, tuple[np.ndarray | None, int]] = {}
+        self._filters_version = -1
+
+    def eligible(self, filters: tuple) -> tuple[np.ndarray | None, int]:
+        """(row mask or None, eligible count) for (namespace, kind, since, until), cached until
+        the next write: counting a mask is O(rows), which at 1M rows would cost more than the
+        search. None when every row is eligible, so the native scan skips the mask."""
+        rows = self.state.rows
+        if self._filters_version != rows.version:
+            self._filters.clear()
+            self._filters_version = rows.version
+        hit = self._filters.get(filters)
+        if hit is None:
+            mask = rows.mask(*filters)
+            count = int(np.count_nonzero(mask))
+            hit = (None if count == len(mask) else mask, count)
+            if len(self._filters) > 64:  # many distinct filters: keep memory bounded
+                self._filters.clear()
+            self._filters[filters] = hit
+        return hit
 
     def auto_probe(self) -> int:
         """The default number of clusters to probe: ``n_probe`` when configured, else
@@ -37,9 +57,7 @@ class Searcher:
                selected: list[int] | None = None) -> list[Hits]:
         """One ``Hits`` per query row of ``qvecs`` (q, dim). Call under the read lock."""
         state = self.state
-        rows = state.rows
-        mask = rows.mask(*filters)
-        candidates = int(mask.sum())
+        mask, candidates = self.eligible(filters)
         if candidates == 0:
             return [Hits([], candidates=0, scanned=0, mode=mode) for _ in range(len(qvecs))]
         weights = self._decay_weights()
@@ -74,10 +92,10 @@ class Searcher:
         idx = self.state.index
         live = set(idx.cluster_ids().tolist())
         members = [m for c in selected if c in live for m in (idx.members(c), idx.secondary_members(c))]
-        in_clusters = np.zeros(len(mask), bool)
+        in_clusters = np.zeros(len(idx), bool)
         if members:
             in_clusters[np.concatenate(members)] = True
-        sub = mask & in_clusters
+        sub = in_clusters if mask is None else mask & in_clusters
         res = idx.search(qvecs[:1], k=k, mode="flat", mask=sub, weights=weights)
         return Hits(self._hits(res, 0), scanned=int(sub.sum()), candidates=candidates,
                     clusters_probed=list(selected), mode="two_stage")
