@@ -39,7 +39,7 @@ test-python:
 # Bench-only baselines: faiss, usearch, numba; sentence-transformers (pulls torch) for the
 # embedder baseline. None of them is part of the product install.
 bench: install-test
-	$(BIN)/pip install -q faiss-cpu usearch numba sentence-transformers
+	$(BIN)/pip install -q faiss-cpu usearch numba sentence-transformers chromadb lancedb
 	$(BIN)/python -m pytest benches --benchmark-enable -s
 
 clean:
