@@ -59,16 +59,41 @@ def refuse_blank_database(path: Path, db_is_new: bool) -> None:
         )
 
 
-def open_index(path: Path, dim: int, read_only: bool) -> VectorIndex:
+def open_index(path: Path, dim: int, read_only: bool, rows_needed: int = 0) -> VectorIndex:
     """Open the vector index; a cluster file that cannot be read is moved aside (writable
-    stores) so the index opens unclustered and ``rebuild_clusters`` restores it."""
+    stores) so the index opens unclustered and ``rebuild_clusters`` restores it.
+
+    ``rows_needed``: the rows the database references (its highest row + 1). A vector file
+    that is missing or commits fewer rows is refused, naming both files, before anything
+    opens it for writing: a writable index trims the file to its committed rows when it
+    closes, so the rows past a lost commit (a spoiled header slot falls back to the previous
+    one) would otherwise be cut off for good by the very open that refuses the store."""
+    vf = path / INDEX_DIR / VECTORS
+    if rows_needed > 0:
+        if not vf.exists():
+            _refuse_rows(path, 0, rows_needed)
+        with _open(path, dim, read_only=True, writable_store=not read_only) as idx:
+            if len(idx) < rows_needed:
+                _refuse_rows(path, len(idx), rows_needed)
+    return _open(path, dim, read_only, writable_store=not read_only)
+
+
+def _refuse_rows(path: Path, n: int, rows_needed: int) -> None:
+    raise StoreFormatError(
+        f"{path / INDEX_DIR / VECTORS} commits {n} vector rows but {path / DB_NAME} references "
+        f"{rows_needed}: the vector file was lost, truncated, replaced or its header damaged. It is "
+        "left as it is; restore it from a backup"
+    )
+
+
+def _open(path: Path, dim: int, read_only: bool, writable_store: bool) -> VectorIndex:
     try:
         return VectorIndex.open(path / INDEX_DIR, dim=dim, read_only=read_only)
     except OSError as e:
         cfile = path / INDEX_DIR / CLUSTERS
         if "cluster state" not in str(e) or not cfile.exists():
             raise
-        if read_only:
+        if not writable_store:
             raise StoreFormatError(
                 f"{cfile} cannot be read ({e}); open the store writable once to rebuild it"
             ) from e
