@@ -19,6 +19,8 @@ pub mod quant;
 pub mod search;
 /// One index directory: vectors + cluster state.
 pub mod index;
+/// Unicode word postings and BM25 scoring (the lexical half of hybrid search).
+pub mod lexical;
 
 #[cfg(feature = "python")]
 mod py;

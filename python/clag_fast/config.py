@@ -142,6 +142,13 @@ class StoreConfig:
         store the period grows with it (``organize_period``), so its cost per memory stays
         bounded.
       slm: the SLM organiser's settings (``SLMConfig``).
+    Hybrid search (text queries):
+      lexical_weight: weight of BM25 against vector similarity for text queries (0 = vectors
+        only; ``MemoryStore.search(lexical_weight=...)`` overrides it per call). Chosen by
+        cross-validation on LoCoMo and checked on standard-library docstrings
+        (benches/eval_hybrid.py, BENCHMARKS.md "Hybrid retrieval").
+      lexical_fusion: how the two scores are combined ("minmax", "zscore", "bound", "rrf";
+        see ``store.lexical.fuse``).
     Other:
       forgetting: decay / pruning policy (off by default).
       cache_size: retrieval cache entries (0 = off); invalidated by any write.
@@ -164,6 +171,8 @@ class StoreConfig:
     labels: tuple[str, ...] | None = None
     organize_every: int = 50
     slm: SLMConfig = field(default_factory=SLMConfig)
+    lexical_weight: float = 0.3
+    lexical_fusion: str = "minmax"
     forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
     cache_size: int = 1024
     fsync: bool = False
@@ -187,6 +196,9 @@ class StoreConfig:
             (self.topic_weight >= 0, "topic_weight must be >= 0"),
             (self.organize_every >= 0, "organize_every must be >= 0"),
             (self.cache_size >= 0, "cache_size must be >= 0"),
+            (0 <= self.lexical_weight <= 1, "lexical_weight must be in [0, 1]"),
+            (self.lexical_fusion in ("minmax", "zscore", "bound", "rrf"),
+             f"lexical_fusion must be 'minmax', 'zscore', 'bound' or 'rrf', got {self.lexical_fusion!r}"),
             (isinstance(self.slm, SLMConfig), f"slm must be an SLMConfig or 'auto'/'off', got {self.slm!r}"),
         ])
         if self.labels is not None:

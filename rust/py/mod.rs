@@ -4,11 +4,14 @@ use pyo3::prelude::*;
 
 mod errors;
 mod index;
+mod lexical;
 
 #[pymodule]
 fn _clag_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<index::PyVectorIndex>()?;
     m.add_class::<index::PyMapGuard>()?;
+    m.add_class::<lexical::PyLexical>()?;
+    m.add_function(wrap_pyfunction!(lexical::tokenize, m)?)?;
     Ok(())
 }

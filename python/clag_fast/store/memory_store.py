@@ -29,6 +29,7 @@ from clag_fast.slm.scheduler import SLMScheduler
 from clag_fast.store import catalog as catalog_mod
 from clag_fast.store import forgetting, organize, placement, recovery
 from clag_fast.store.catalog import Catalog
+from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.rowtable import RowTable
 from clag_fast.store.search import Searcher
 from clag_fast.store.locks import WriterLock
@@ -99,7 +100,7 @@ class MemoryStore:
             self._embedder = embedder if embedder not in (None, False) else None
             self._embed_precision = self._settle_precision() if embedder is None else None
             self._load_rows()
-            self._searcher = Searcher(self._state)
+            self._searcher = Searcher(self._state, self._build_lexical())
             self._slm = SLMScheduler(self._state, llm, lambda texts: self._vectors(texts, None))
             self._closed = False
             if not read_only:
@@ -123,6 +124,21 @@ class MemoryStore:
         if config.dim != dim:
             raise ValueError(f"store {self.path} holds {dim}-dimensional vectors, config says dim={config.dim}")
         return config
+
+    def _build_lexical(self) -> LexicalIndex:
+        """The BM25 index, rebuilt from the database's live texts (derived state: whatever
+        ``add`` returned is in the database, so a crash never loses it lexically)."""
+        lexical = LexicalIndex()
+        lexical.build(self._catalog.live_texts())
+        return lexical
+
+    def _lexical_gc(self) -> None:
+        """Drop dead rows' postings once dead rows outnumber live ones (deletes, updates)."""
+        rows = self._state.rows
+        live = rows.live[: rows.n]
+        n_live = int(live.sum())
+        if rows.n - n_live > max(n_live, 10_000):
+            self._searcher.lexical.compact(live)
 
     def _settle_precision(self) -> str:
         """The default embedder's precision, fixed for the life of the store.
@@ -267,6 +283,7 @@ class MemoryStore:
         with self._catalog.transaction():
             self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows.tolist())
             placement.record_placement(state, ids, texts, placed, now)
+        self._searcher.lexical.add(rows, texts)  # after the commit; rebuilt from SQLite on open
         state.rows.set_rows(rows, np.asarray(ids, np.int64), namespaces, kinds, np.full(len(ids), now))
         state.cache.clear()
         self._slm.note_routes(ids, rows, texts, placed)
@@ -297,12 +314,14 @@ class MemoryStore:
                     self._catalog.set_text(memory_id, text, int(new_row[0]))
                     placement.record_placement(state, [memory_id], [text], placed, time.time())
             if vectors is not None:
+                self._searcher.lexical.add(new_row, [text])
                 state.index.unassign(np.asarray([old_row]))
                 r = state.rows
                 r.set_rows(new_row, np.asarray([memory_id]), [r.name("namespace", old_row)], [r.name("kind", old_row)],
                            r.created_at[[old_row]], access_count=r.access_count[[old_row]])
                 r.kill(np.asarray([old_row]))
                 r.memory_id[old_row] = -1
+                self._lexical_gc()
             state.cache.clear()
 
     def delete(self, memory_id: int) -> None:
@@ -311,6 +330,7 @@ class MemoryStore:
         with self._state.lock.write():
             row = self._row_of(memory_id, include_archived=True)
             self._state.delete_rows([memory_id], np.asarray([row]))
+            self._lexical_gc()
 
     def delete_namespace(self, namespace: str) -> int:
         """Remove every memory of ``namespace``; other namespaces are untouched. Returns the count."""
@@ -320,6 +340,7 @@ class MemoryStore:
             if data:
                 mids, rows = zip(*data)
                 self._state.delete_rows(list(mids), np.asarray(rows, np.int64))
+                self._lexical_gc()
             return len(data)
 
     def set_label_vectors(self, vectors: np.ndarray) -> list[int]:
@@ -357,7 +378,9 @@ class MemoryStore:
         """Apply the forgetting policy now: prune faded memories, archive stale clusters."""
         self._check_open(write=True)
         with self._state.lock.write():
-            return forgetting.forget(self._state, time.time() if now is None else now)
+            report = forgetting.forget(self._state, time.time() if now is None else now)
+            self._lexical_gc()
+            return report
 
     def flush(self) -> None:
         """Wait for background organisation, then persist everything durably."""
@@ -379,6 +402,7 @@ class MemoryStore:
         until: float | None = None,
         mode: str = "two_stage",
         n_probe: int | None = None,
+        lexical_weight: float | None = None,
     ) -> Hits:
         """The ``k`` memories most similar to ``query`` (a text, or a vector of ``dim``).
 
@@ -386,15 +410,22 @@ class MemoryStore:
         automatic rule), then an exact scan of their members only (flat while the store is
         not clustered yet); flat: exact scan of every eligible memory. Filters: namespace,
         kind, created_at in [since, until).
+
+        A text query is hybrid: vector similarity fused with BM25 over the memories' words
+        (term statistics from ``namespace`` alone), weighted by ``lexical_weight`` (None = the
+        store's ``StoreConfig.lexical_weight``; 0 = vectors only). Two-stage hybrid search also
+        probes the clusters whose members match the query's words. Hit scores are then fused
+        scores. A vector query, or a text with no indexable word, is searched by vectors only.
         """
         self._check_open()
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
+        lw = self._lexical_weight(lexical_weight)
         qkey = query if isinstance(query, str) else None
         if qkey is not None and not query.strip():
             raise ValueError("query text is empty")
         state = self._state
-        key = (qkey, k, namespace, kind, since, until, mode, n_probe)
+        key = (qkey, k, namespace, kind, since, until, mode, n_probe, lw)
         if qkey is not None and self.config.cache_size:
             cached = state.cache.get(key)
             if cached is not None:
@@ -408,7 +439,7 @@ class MemoryStore:
             selected = self._slm.select_clusters(query, qvec, n_probe or self._searcher.auto_probe())
         with state.lock.read():
             hits = self._searcher.search(qvec[None, :], k, (namespace, kind, since, until), mode, n_probe,
-                                         selected)[0]
+                                         selected, None if qkey is None else [qkey], lw)[0]
         hits.latency_s = time.perf_counter() - t0
         state.count("searches")
         state.count("search_s", hits.latency_s)
@@ -428,13 +459,17 @@ class MemoryStore:
         until: float | None = None,
         mode: str = "two_stage",
         n_probe: int | None = None,
+        lexical_weight: float | None = None,
     ) -> list[Hits]:
         """``search`` for a batch of queries (texts, embedded in one call, or a (q, dim)
         array) with the same filters: one native call that spreads the queries over the
-        cores. Returns one ``Hits`` per query, in order."""
+        cores. Returns one ``Hits`` per query, in order. Text queries are hybrid as in
+        ``search`` (``lexical_weight``)."""
         self._check_open()
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
+        lw = self._lexical_weight(lexical_weight)
+        texts = None
         if isinstance(queries, np.ndarray):
             q = np.asarray(queries)
             if q.ndim != 2 or q.shape[1] != self.config.dim:
@@ -452,7 +487,8 @@ class MemoryStore:
             return []
         state = self._state
         with state.lock.read():
-            out = self._searcher.search(qvecs, k, (namespace, kind, since, until), mode, n_probe)
+            out = self._searcher.search(qvecs, k, (namespace, kind, since, until), mode, n_probe,
+                                        texts=texts, lexical_weight=lw)
         latency = time.perf_counter() - t0
         for hits in out:
             hits.latency_s = latency / len(out)
@@ -524,6 +560,7 @@ class MemoryStore:
             state.rows = RowTable()
             state.cache.clear()
             self._load_rows()
+            self._searcher = Searcher(state, self._build_lexical())
 
     # -- internals ---------------------------------------------------------------------
     def _vectors(self, texts: list[str], embeddings: np.ndarray | None) -> np.ndarray:
@@ -554,6 +591,13 @@ class MemoryStore:
         if not np.isfinite(q).all():
             raise ValueError("query vector holds NaN or infinity")
         return self._vectors([""], q[None, :])[0]
+
+    def _lexical_weight(self, value: float | None) -> float:
+        if value is None:
+            return self.config.lexical_weight
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"lexical_weight must be a number in [0, 1], got {value!r}")
+        return float(value)
 
     def _get_embedder(self) -> Any:
         if self._embedder is None:

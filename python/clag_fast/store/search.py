@@ -4,6 +4,14 @@ and hits with their cluster labels.
 Per query the work outside the native search is constant: the filter mask is cached per
 (filters, write version) in the row table, decay weights per write version and minute, and
 the k hits' texts come from SQLite in one statement.
+
+Hybrid search (a text query with a lexical weight > 0): BM25 over the eligible rows (term
+statistics from the query's namespace only), the vector search widened to ``HYBRID_POOL``
+hits, and in two-stage mode a cluster-aware stage 1: besides the clusters nearest the query
+by centre (the native probe), the clusters whose members match the query's words best are
+scanned too (``LEXICAL_PROBE_SHARE`` of the probe budget). The candidates (vector hits,
+lexical top hits, members of the lexical clusters) are scored by ``lexical.fuse``. A query
+with no indexable word (punctuation, emoji, stopwords) is searched by vectors only.
 """
 
 from __future__ import annotations
@@ -13,15 +21,24 @@ import time
 
 import numpy as np
 
+from clag_fast.index import SearchResult
 from clag_fast.results import Hit, Hits
+from clag_fast.store.lexical import LexicalIndex, fuse
 from clag_fast.store.state import StoreState
+
+#: Vector and lexical hits each taken as hybrid candidates (at least k). Measured on LoCoMo
+#: (benches/eval_hybrid.py): recall stops rising before 50.
+HYBRID_POOL = 50
+#: Share of the probe budget given to clusters chosen by lexical match (at least one).
+LEXICAL_PROBE_SHARE = 0.25
 
 
 class Searcher:
     """Searches one store's state; owns the per-write caches the search path reuses."""
 
-    def __init__(self, state: StoreState) -> None:
+    def __init__(self, state: StoreState, lexical: LexicalIndex | None = None) -> None:
         self.state = state
+        self.lexical = lexical if lexical is not None else LexicalIndex()
         self._weights: tuple[int, float, np.ndarray] | None = None
         self._filters: dict[tuple, tuple[np.ndarray | None, int]] = {}
         self._filters_version = -1
@@ -54,8 +71,12 @@ class Searcher:
         return int(min(max(4, math.ceil(cfg.probe_fraction * n_clusters)), cfg.max_probe))
 
     def search(self, qvecs: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None,
-               selected: list[int] | None = None) -> list[Hits]:
-        """One ``Hits`` per query row of ``qvecs`` (q, dim). Call under the read lock."""
+               selected: list[int] | None = None, texts: list[str] | None = None,
+               lexical_weight: float = 0.0) -> list[Hits]:
+        """One ``Hits`` per query row of ``qvecs`` (q, dim). Call under the read lock.
+
+        ``texts`` (the query texts, or None for vector queries) with ``lexical_weight`` > 0
+        make it a hybrid search (module docstring)."""
         state = self.state
         mask, candidates = self.eligible(filters)
         if candidates == 0:
@@ -66,6 +87,14 @@ class Searcher:
         idx = state.index
         eff_mode = mode if len(idx.cluster_ids()) else "flat"
         probe = self.auto_probe() if n_probe is None else n_probe
+        if texts is not None and lexical_weight > 0:
+            out = []
+            for q, text in enumerate(texts):
+                hits = self._hybrid(qvecs[q], text, k, filters, mask, candidates, eff_mode, probe, weights,
+                                    lexical_weight)
+                out.append(hits if hits is not None else
+                           self.search(qvecs[q:q + 1], k, filters, mode, n_probe)[0])
+            return out
         res = idx.search(qvecs, k=k, n_probe=probe, mode=eff_mode, mask=mask, weights=weights)
         out = []
         want = min(k, candidates)
@@ -85,6 +114,73 @@ class Searcher:
             probed = [c for c in res.probed[q].tolist() if c >= 0] if eff_mode == "two_stage" else []
             out.append(Hits(self._hits(res, q), scanned=int(res.scanned[q]), candidates=candidates,
                             clusters_probed=probed, mode=eff_mode))
+        return out
+
+    def _hybrid(self, q: np.ndarray, text: str, k: int, filters: tuple, mask: np.ndarray | None,
+                candidates: int, mode: str, probe: int, weights: np.ndarray | None,
+                weight: float) -> Hits | None:
+        """Hybrid search of one query; None when the query has no word in scope (vectors only)."""
+        state = self.state
+        idx, rows = state.index, state.rows
+        scope_filters = (filters[0], None, None, None)
+        scope = self.eligible(scope_filters)[0] if scope_filters != filters else mask
+        m = self.lexical.score(text, scope, mask, scope_filters, rows.version)
+        if m.terms == 0 or len(m.rows) == 0:
+            return None
+        pool = max(HYBRID_POOL, k)
+        res = idx.search(q[None, :], k=pool, n_probe=probe, mode=mode, mask=mask, weights=weights)
+        count = int(res.counts[0])
+        if mode == "two_stage" and count < min(k, candidates):
+            mode = "flat"  # a selective filter left the probed clusters short (see search())
+            res = idx.search(q[None, :], k=pool, mode="flat", mask=mask, weights=weights)
+            count = int(res.counts[0])
+        v_rows, v_cos = res.ids[0, :count], res.scores[0, :count]
+        scanned = int(res.scanned[0])
+        probed = [c for c in res.probed[0].tolist() if c >= 0] if mode == "two_stage" else []
+        extra = [m.top(pool)]
+        if mode == "two_stage":
+            lex_clusters = self._lexical_clusters(m, set(probed), max(1, int(probe * LEXICAL_PROBE_SHARE)))
+            for c in lex_clusters:
+                members = np.concatenate([idx.members(c), idx.secondary_members(c)])
+                members = members[rows.live[members]] if mask is None else members[mask[members]]
+                scanned += len(members)
+                extra.append(members)
+            probed += lex_clusters
+        scanned += len(extra[0])
+        others = np.setdiff1d(np.concatenate(extra), v_rows)
+        cand = np.concatenate([v_rows, others])
+        cos = np.concatenate([v_cos, idx.vectors()[others] @ q]).astype(np.float32)
+        bm = m.lookup(cand)
+        if weights is not None:
+            cos[count:] *= weights[others]
+            bm *= weights[cand]
+        cfg = state.config
+        fused = fuse(cos, bm, weight, cfg.lexical_fusion, m.max_possible)
+        top = np.argsort(-fused, kind="stable")[:k]
+        hit_rows = cand[top]
+        res = SearchResult(hit_rows[None, :], fused[top][None, :].astype(np.float32),
+                           idx.cluster_of(hit_rows)[None, :], np.asarray([len(top)]),
+                           np.asarray([scanned]), np.asarray([probed], np.int64).reshape(1, -1))
+        return Hits(self._hits(res, 0), scanned=min(scanned, candidates), candidates=candidates,
+                    clusters_probed=probed, mode=mode)
+
+    def _lexical_clusters(self, m, exclude: set[int], n: int) -> list[int]:
+        """The ``n`` clusters (outside ``exclude``) whose best member matches the query best:
+        per-cluster lexical match from the primary cluster of every matching row."""
+        cl = self.state.index.cluster_of(m.rows)
+        ok = cl >= 0
+        if not ok.any():
+            return []
+        ids, inv = np.unique(cl[ok], return_inverse=True)
+        best = np.zeros(len(ids), np.float32)
+        np.maximum.at(best, inv, m.scores[ok])
+        out = []
+        for i in np.argsort(-best, kind="stable").tolist():
+            c = int(ids[i])
+            if c not in exclude:
+                out.append(c)
+                if len(out) == n:
+                    break
         return out
 
     def _search_selected(self, qvecs, k, mask, candidates, selected: list[int], weights) -> Hits:
