@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 use crate::index::Index;
-use crate::search::Params;
+use crate::search::{Adaptive, Params};
 use crate::vectors::{Map, HEADER_LEN};
 
 /// (cluster ids, scores) arrays of a soft assignment.
@@ -268,8 +268,9 @@ impl PyVectorIndex {
         Ok(py.detach(|| self.with(|ix| Ok(ix.cl.merge_candidates(threshold))))?)
     }
 
-    /// Returns (ids, scores, clusters, counts, scanned, probed).
-    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None))]
+    /// Returns (ids, scores, clusters, counts, scanned, probed). `probe_gap` given: adaptive
+    /// probing (at least `min_probe`, at most `n_probe` clusters; see `search::Adaptive`).
+    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None, probe_gap=None, min_probe=1))]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn search<'py>(
         &self,
@@ -280,6 +281,8 @@ impl PyVectorIndex {
         flat: bool,
         mask: Option<PyReadonlyArray1<'py, bool>>,
         weights: Option<PyReadonlyArray1<'py, f32>>,
+        probe_gap: Option<f32>,
+        min_probe: usize,
     ) -> PyResult<(
         Bound<'py, PyArray2<i64>>,
         Bound<'py, PyArray2<f32>>,
@@ -300,7 +303,8 @@ impl PyVectorIndex {
             Some(a) => Some(slice(a, "weights")?),
             None => None,
         };
-        let p = Params { k, n_probe, flat, mask: m, weights: w };
+        let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap });
+        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w };
         let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
         Ok((
             Array2::from_shape_vec((nq, k), r.ids).expect("shape").into_pyarray(py),
