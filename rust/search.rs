@@ -31,9 +31,11 @@ pub struct Params<'a> {
     pub weights: Option<&'a [f32]>,
 }
 
-/// Adaptive probing: the clusters are ranked by centre score s_1 >= s_2 >= ...; the first
-/// `min_probe` are always probed, and cluster i after them only while s_i >= s_1 - gap, up
-/// to `n_probe` in all.
+/// Adaptive probing: the clusters are ranked by centre score s_1 >= s_2 >= ... and probed in
+/// that order, up to `n_probe` in all. Cluster i is probed while i <= `min_probe`, or
+/// s_i >= s_1 - `gap`, or the clusters probed before it (with the pending rows) list fewer
+/// than k rows, so the top-k can fill (a mask may still leave it short); the first cluster
+/// meeting none of the three ends the probe.
 ///
 /// Why a centre-score gap and not a bound on what a cluster can still hold: the exact bound
 /// from a cluster's angular radius, cos(max(0, acos(q.c) - acos(r))), is far too loose in
@@ -145,7 +147,7 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
         let (top, scanned) = if use_flat {
             flat_one(data, dim, qv, p, q == 1)
         } else {
-            let probed = probe(cl, dim, qv, p.n_probe, p.adaptive);
+            let probed = probe(cl, dim, qv, p.k, p.n_probe, p.adaptive);
             for (o, &s) in pr.iter_mut().zip(&probed) {
                 *o = cl.id_of_slot(s);
             }
@@ -285,8 +287,8 @@ fn flat_batch(data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Vec<(Top
 }
 
 /// Stage 1: the `n_probe` best slots for `q`, best first (slots without a centre are
-/// skipped), cut short by the `adaptive` rule when given.
-pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize, adaptive: Option<Adaptive>) -> Vec<u32> {
+/// skipped), cut short by the `adaptive` rule when given (`k`: the rows it must reach).
+pub fn probe(cl: &Clusters, dim: usize, q: &[f32], k: usize, n_probe: usize, adaptive: Option<Adaptive>) -> Vec<u32> {
     let cm = cl.centre_matrix();
     let mut top = TopK::new(n_probe);
     for (s, c) in cl.slots().iter().enumerate() {
@@ -298,8 +300,17 @@ pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize, adaptive: Opt
     let keep = match (adaptive, best.first()) {
         (Some(a), Some(first)) => {
             let floor = first.score - a.gap;
-            let within = best.iter().take_while(|s| s.score >= floor).count();
-            within.max(a.min_probe)
+            // Rows stage 2 will score so far: the pending rows, then each probed list.
+            let mut rows = cl.n_pending();
+            best.iter()
+                .enumerate()
+                .take_while(|&(i, s)| {
+                    let go = i < a.min_probe || s.score >= floor || rows < k;
+                    let c = &cl.slots()[s.id as usize];
+                    rows += c.primary.len() + c.secondary.len();
+                    go
+                })
+                .count()
         }
         _ => best.len(),
     };
@@ -573,6 +584,17 @@ pub(crate) mod tests {
                 assert_eq!(got.len(), want, "gap {gap} min {min}");
                 assert!(r.probed[qi * 8 + got.len()..(qi + 1) * 8].iter().all(|&c| c == -1));
             }
+        }
+        // No gap and min_probe 1, but k beyond one cluster's rows: probing goes on until the
+        // probed lists hold k rows, and the top-k is full.
+        let p = Params { k: 120, n_probe: 8, adaptive: Some(Adaptive { min_probe: 1, gap: 0.0 }), ..Default::default() };
+        let r = search(&cl, &d, dim, &q, &p).unwrap();
+        for qi in 0..8 {
+            let got: Vec<i64> = r.probed[qi * 8..(qi + 1) * 8].iter().copied().filter(|&c| c >= 0).collect();
+            let size = |c: i64| cl.cluster(c).unwrap().primary.len();
+            let before: usize = got[..got.len() - 1].iter().map(|&c| size(c)).sum();
+            assert!(before < 120 && before + size(*got.last().unwrap()) >= 120);
+            assert_eq!(r.counts[qi], 120);
         }
         // A zero min_probe or a bad gap is an error.
         for a in [Adaptive { min_probe: 0, gap: 0.1 }, Adaptive { min_probe: 1, gap: f32::NAN }, Adaptive { min_probe: 1, gap: -0.1 }] {
