@@ -449,8 +449,10 @@ class MemoryStore:
         weights = self._decay_weights(policy) if policy.active else None
         n_clusters = len(self._index.cluster_ids())
         eff_mode = mode if n_clusters else "flat"
+        # Issue 11: the automatic count is the cap of adaptive probing (StoreConfig.probe_gap).
+        adaptive = self._probe_rule() if n_probe is None else {}
         n_probe = self._auto_probe(n_clusters) if n_probe is None else n_probe
-        res = self._index.search(qvec, k=k, n_probe=n_probe, mode=eff_mode, mask=mask, weights=weights)
+        res = self._index.search(qvec, k=k, n_probe=n_probe, mode=eff_mode, mask=mask, weights=weights, **adaptive)
         if eff_mode == "two_stage" and res.counts[0] < min(k, candidates):
             # A selective filter (a small namespace) can leave the probed clusters short of k
             # eligible rows: the eligible rows are few, so scanning them all is cheap.
@@ -649,6 +651,13 @@ class MemoryStore:
         if cfg.n_probe is not None:
             return cfg.n_probe
         return int(min(max(4, math.ceil(cfg.probe_fraction * n_clusters)), cfg.max_probe))
+
+    def _probe_rule(self) -> dict:
+        """Adaptive-probing arguments for an automatic n_probe (none for a configured one)."""
+        cfg = self.config
+        if cfg.n_probe is not None or cfg.probe_gap is None:
+            return {}
+        return {"probe_gap": cfg.probe_gap, "min_probe": cfg.min_probe}
 
     def _decay_weights(self, policy) -> np.ndarray:
         """Per-row decay weights, recomputed after writes or once a minute.
