@@ -8,15 +8,15 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::search::{self, Params, Results};
 use crate::state;
-use crate::vectors::VectorFile;
+use crate::vectors::{Map, VectorFile};
 
 pub const VECTORS: &str = "vectors.f32";
 pub const CLUSTERS: &str = "clusters.bin";
 
 pub struct Index {
     dir: PathBuf,
-    pub vf: VectorFile,
-    pub cl: Clusters,
+    vf: VectorFile,
+    cl: Clusters,
 }
 
 impl Index {
@@ -61,6 +61,57 @@ impl Index {
     }
     pub fn is_empty(&self) -> bool {
         self.vf.is_empty()
+    }
+
+    /// Rows neither assigned nor detached (two-stage search scans them directly).
+    pub fn n_pending(&self) -> usize {
+        self.cl.n_pending()
+    }
+
+    /// The vector file's mapping (rows 0..len are committed and never written again).
+    pub fn map(&self) -> Map {
+        self.vf.map()
+    }
+
+    /// Cluster ids, ascending.
+    pub fn cluster_ids(&self) -> Vec<i64> {
+        self.cl.ordered().into_iter().map(|p| p.0).collect()
+    }
+
+    /// Centres (clusters x dim, row-major) in `cluster_ids` order.
+    pub fn centres(&self) -> Vec<f32> {
+        let (dim, cm) = (self.dim(), self.cl.centre_matrix());
+        self.cl.ordered().iter().flat_map(|&(_, s)| &cm[s * dim..(s + 1) * dim]).copied().collect()
+    }
+
+    /// Primary member counts in `cluster_ids` order.
+    pub fn cluster_sizes(&self) -> Vec<i64> {
+        self.cl.ordered().into_iter().map(|(_, s)| self.cl.slots()[s].primary.len() as i64).collect()
+    }
+
+    /// Primary members of a cluster (sorted row ids).
+    pub fn members(&self, id: i64) -> Result<Vec<i64>> {
+        Ok(self.cl.members(id)?.iter().map(|&r| r as i64).collect())
+    }
+
+    /// Rows listing the cluster as a secondary membership (sorted).
+    pub fn secondary_members(&self, id: i64) -> Result<Vec<i64>> {
+        Ok(self.cl.cluster(id)?.secondary.iter().map(|&r| r as i64).collect())
+    }
+
+    /// Primary cluster per row (-1 when unassigned).
+    pub fn cluster_of(&self, rows: &[i64]) -> Result<Vec<i64>> {
+        rows.iter().map(|&r| self.cl.cluster_of(r)).collect()
+    }
+
+    /// Secondary cluster ids of a row.
+    pub fn secondary_of(&self, row: i64) -> Result<Vec<i64>> {
+        self.cl.secondary_of(row)
+    }
+
+    /// Centre pairs with cosine >= threshold, most similar first.
+    pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
+        self.cl.merge_candidates(threshold)
     }
 
     /// Append rows; returns the first new row id.

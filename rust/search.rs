@@ -17,14 +17,38 @@ use crate::error::{Error, Result};
 use crate::kernels::{self, TopK};
 use crate::quant::{self, QueryCodes};
 
+#[derive(Default)]
 pub struct Params<'a> {
     pub k: usize,
+    /// Clusters probed in stage 1: exactly this many, or at most this many when `adaptive`.
     pub n_probe: usize,
+    /// Per-query probe count (see [`Adaptive`]); None = exactly `n_probe` clusters.
+    pub adaptive: Option<Adaptive>,
     pub flat: bool,
     /// One byte per row, non-zero = eligible (numpy bool layout).
     pub mask: Option<&'a [u8]>,
     /// Per-row score multiplier.
     pub weights: Option<&'a [f32]>,
+}
+
+/// Adaptive probing: the clusters are ranked by centre score s_1 >= s_2 >= ... and probed in
+/// that order, up to `n_probe` in all. Cluster i is probed while i <= `min_probe`, or
+/// s_i >= s_1 - `gap`, or the clusters probed before it (with the pending rows) list fewer
+/// than k rows, so the top-k can fill (a mask may still leave it short); the first cluster
+/// meeting none of the three ends the probe.
+///
+/// Why a centre-score gap and not a bound on what a cluster can still hold: the exact bound
+/// from a cluster's angular radius, cos(max(0, acos(q.c) - acos(r))), is far too loose in
+/// 384 dimensions. On 200k blob vectors members sit ~50 degrees from their centre and an
+/// unrelated centre ~85 degrees from the query, so the bound (~0.8) stays above the k-th score
+/// (~0.55) for 98% of the clusters and prunes nothing. The gap, by contrast, separates the
+/// query's own clusters (within 0.06 of the best for every query measured) from the rest
+/// (0.5 below) there, while on conversation stores, whose centre scores lie close together,
+/// it leaves the cap in charge. Measured in benches/bench_probe.py; see BENCHMARKS.md.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adaptive {
+    pub min_probe: usize,
+    pub gap: f32,
 }
 
 /// Preallocated batch results (q x k, row-major) plus per-query counts.
@@ -80,6 +104,14 @@ pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Res
     if params.n_probe == 0 && !params.flat {
         return Err(Error::Value("n_probe must be >= 1".into()));
     }
+    if let Some(a) = params.adaptive {
+        if a.min_probe == 0 {
+            return Err(Error::Value("min_probe must be >= 1".into()));
+        }
+        if !(a.gap.is_finite() && a.gap >= 0.0) {
+            return Err(Error::Value(format!("probe_gap must be finite and >= 0, got {}", a.gap)));
+        }
+    }
     if dim == 0 || !queries.len().is_multiple_of(dim) {
         return Err(Error::Value(format!("queries must have {dim} columns")));
     }
@@ -115,7 +147,7 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
         let (top, scanned) = if use_flat {
             flat_one(data, dim, qv, p, q == 1)
         } else {
-            let probed = probe(cl, dim, qv, p.n_probe);
+            let probed = probe(cl, dim, qv, p.k, p.n_probe, p.adaptive);
             for (o, &s) in pr.iter_mut().zip(&probed) {
                 *o = cl.id_of_slot(s);
             }
@@ -254,8 +286,9 @@ fn flat_batch(data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Vec<(Top
     tops.into_iter().map(|t| (t, scanned)).collect()
 }
 
-/// Stage 1: the `n_probe` best slots for `q` (slots without a centre are skipped).
-pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize) -> Vec<u32> {
+/// Stage 1: the `n_probe` best slots for `q`, best first (slots without a centre are
+/// skipped), cut short by the `adaptive` rule when given (`k`: the rows it must reach).
+pub fn probe(cl: &Clusters, dim: usize, q: &[f32], k: usize, n_probe: usize, adaptive: Option<Adaptive>) -> Vec<u32> {
     let cm = cl.centre_matrix();
     let mut top = TopK::new(n_probe);
     for (s, c) in cl.slots().iter().enumerate() {
@@ -263,7 +296,25 @@ pub fn probe(cl: &Clusters, dim: usize, q: &[f32], n_probe: usize) -> Vec<u32> {
             top.push(kernels::dot(q, &cm[s * dim..(s + 1) * dim]), s as u32);
         }
     }
-    top.into_sorted().into_iter().map(|s| s.id).collect()
+    let best = top.into_sorted();
+    let keep = match (adaptive, best.first()) {
+        (Some(a), Some(first)) => {
+            let floor = first.score - a.gap;
+            // Rows stage 2 will score so far: the pending rows, then each probed list.
+            let mut rows = cl.n_pending();
+            best.iter()
+                .enumerate()
+                .take_while(|&(i, s)| {
+                    let go = i < a.min_probe || s.score >= floor || rows < k;
+                    let c = &cl.slots()[s.id as usize];
+                    rows += c.primary.len() + c.secondary.len();
+                    go
+                })
+                .count()
+        }
+        _ => best.len(),
+    };
+    best.into_iter().take(keep).map(|s| s.id).collect()
 }
 
 /// How many rows ahead stage 2 prefetches. Member rows are scattered over the file, so
@@ -397,7 +448,7 @@ pub(crate) mod tests {
             c.grow_rows(n);
             c
         };
-        let p = Params { k: 10, n_probe: 1, flat: true, mask: None, weights: None };
+        let p = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None };
         let r = search(&cl, &d, dim, &q, &p).unwrap();
         for qi in 0..3 {
             let want = brute(&d, dim, &q[qi * dim..(qi + 1) * dim], 10);
@@ -410,7 +461,7 @@ pub(crate) mod tests {
         assert_eq!(&r1.ids[..], &r.ids[..10]);
         // k larger than the store.
         let small = &d[..5 * dim];
-        let p = Params { k: 8, n_probe: 1, flat: true, mask: None, weights: None };
+        let p = Params { k: 8, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None };
         let r = search(&cl, small, dim, &q[..dim], &p).unwrap();
         assert_eq!(r.counts[0], 5);
         assert_eq!(r.ids[5..], [-1, -1, -1]);
@@ -437,8 +488,8 @@ pub(crate) mod tests {
         let q = data(4, dim, 7);
         let mask: Vec<u8> = (0..n).map(|r| (r % 3 != 0) as u8).collect();
         let w: Vec<f32> = (0..n).map(|r| 0.5 + (r % 5) as f32 * 0.1).collect();
-        let flat = Params { k: 20, n_probe: 1, flat: true, mask: Some(&mask), weights: Some(&w) };
-        let all = Params { k: 20, n_probe: 10, flat: false, mask: Some(&mask), weights: Some(&w) };
+        let flat = Params { k: 20, n_probe: 1, adaptive: None, flat: true, mask: Some(&mask), weights: Some(&w) };
+        let all = Params { k: 20, n_probe: 10, adaptive: None, flat: false, mask: Some(&mask), weights: Some(&w) };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert_eq!(a.ids, b.ids);
@@ -449,7 +500,7 @@ pub(crate) mod tests {
         cl.member_cache = true;
         assert_eq!(b.scanned[0], mask.iter().filter(|&&m| m != 0).count() as i64);
         // Pending rows (2900..3000) are findable in two-stage mode with one probe.
-        let one = Params { k: 1, n_probe: 1, flat: false, mask: None, weights: None };
+        let one = Params { k: 1, n_probe: 1, adaptive: None, flat: false, mask: None, weights: None };
         let r = search(&cl, &d, dim, &d[2950 * dim..2951 * dim], &one).unwrap();
         assert_eq!(r.ids[0], 2950);
         assert_eq!(r.clusters[0], -1);
@@ -465,8 +516,8 @@ pub(crate) mod tests {
         cl.grow_rows(n);
         cl.kmeans(4, None, 0, &d).unwrap();
         let q = data(8, dim, 9);
-        let flat = Params { k: 10, n_probe: 1, flat: true, mask: None, weights: None };
-        let all = Params { k: 10, n_probe: 4, flat: false, mask: None, weights: None };
+        let flat = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None };
+        let all = Params { k: 10, n_probe: 4, adaptive: None, flat: false, mask: None, weights: None };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert!(cl.slots().iter().all(|c| c.cache.get().is_some()), "codes path not taken");
@@ -475,11 +526,88 @@ pub(crate) mod tests {
         assert!(a.scores.iter().zip(&b.scores).all(|(x, y)| (x - y).abs() < 1e-5));
     }
 
+    /// 40 tight blobs of 50 rows, clustered into 40 clusters: (clusters, data, dim).
+    fn blobs() -> (Clusters, Vec<f32>, usize) {
+        let (dim, n, b) = (32, 2000, 40);
+        let centres = data(b, dim, 11);
+        let noise = data(n, dim, 12);
+        let raw: Vec<f32> =
+            (0..n * dim).map(|i| centres[(i / dim % b) * dim + i % dim] + 0.3 * noise[i]).collect();
+        let d = kernels::normalized(&raw, dim, "t").unwrap();
+        let mut cl = Clusters::new(dim);
+        cl.grow_rows(n);
+        cl.kmeans(b, None, 0, &d).unwrap();
+        (cl, d, dim)
+    }
+
+    #[test]
+    fn adaptive_with_the_cap_at_every_cluster_and_no_cut_equals_flat() {
+        let (cl, d, dim) = blobs();
+        let q = data(16, dim, 13);
+        let all = cl.len();
+        let flat = Params { k: 10, n_probe: 1, flat: true, ..Default::default() };
+        let a = search(&cl, &d, dim, &q, &flat).unwrap();
+        // A gap wider than any score difference: every cluster up to the cap.
+        let wide = Some(Adaptive { min_probe: 1, gap: 2.0 });
+        let p = Params { k: 10, n_probe: all, adaptive: wide, ..Default::default() };
+        let b = search(&cl, &d, dim, &q, &p).unwrap();
+        assert_eq!(a.ids, b.ids);
+        assert!(b.probed.iter().all(|&c| c >= 0), "every cluster probed");
+        // min_probe at the cap: also every cluster, whatever the gap.
+        let p = Params { k: 10, n_probe: all, adaptive: Some(Adaptive { min_probe: all, gap: 0.0 }), ..Default::default() };
+        let c = search(&cl, &d, dim, &q, &p).unwrap();
+        assert_eq!(a.ids, c.ids);
+        assert_eq!(c.scanned, vec![d.len() as i64 / dim as i64; 16]);
+    }
+
+    #[test]
+    fn adaptive_probes_the_clusters_within_the_gap_in_order() {
+        let (cl, d, dim) = blobs();
+        // Queries near rows: their own blob is far ahead of the others.
+        let q = d[..8 * dim].to_vec();
+        for (gap, min) in [(0.0f32, 1usize), (0.05, 1), (0.3, 2), (2.0, 3)] {
+            let p = Params { k: 10, n_probe: 8, adaptive: Some(Adaptive { min_probe: min, gap }), ..Default::default() };
+            let r = search(&cl, &d, dim, &q, &p).unwrap();
+            let fixed = Params { k: 10, n_probe: 8, ..Default::default() };
+            let f = search(&cl, &d, dim, &q, &fixed).unwrap();
+            assert_eq!(r.probe_width, 8);
+            for qi in 0..8 {
+                let qv = &q[qi * dim..(qi + 1) * dim];
+                let score = |id: i64| kernels::dot(qv, &cl.centre_matrix()[cl.slot(id).unwrap() * dim..][..dim]);
+                let got: Vec<i64> = r.probed[qi * 8..(qi + 1) * 8].iter().copied().filter(|&c| c >= 0).collect();
+                let order: &[i64] = &f.probed[qi * 8..(qi + 1) * 8];
+                // A prefix of the fixed order: at least `min`, and exactly those within the gap.
+                assert_eq!(&order[..got.len()], &got[..]);
+                assert!(got.len() >= min);
+                let best = score(order[0]);
+                let want = order.iter().take_while(|&&c| score(c) >= best - gap).count().max(min);
+                assert_eq!(got.len(), want, "gap {gap} min {min}");
+                assert!(r.probed[qi * 8 + got.len()..(qi + 1) * 8].iter().all(|&c| c == -1));
+            }
+        }
+        // No gap and min_probe 1, but k beyond one cluster's rows: probing goes on until the
+        // probed lists hold k rows, and the top-k is full.
+        let p = Params { k: 120, n_probe: 8, adaptive: Some(Adaptive { min_probe: 1, gap: 0.0 }), ..Default::default() };
+        let r = search(&cl, &d, dim, &q, &p).unwrap();
+        for qi in 0..8 {
+            let got: Vec<i64> = r.probed[qi * 8..(qi + 1) * 8].iter().copied().filter(|&c| c >= 0).collect();
+            let size = |c: i64| cl.cluster(c).unwrap().primary.len();
+            let before: usize = got[..got.len() - 1].iter().map(|&c| size(c)).sum();
+            assert!(before < 120 && before + size(*got.last().unwrap()) >= 120);
+            assert_eq!(r.counts[qi], 120);
+        }
+        // A zero min_probe or a bad gap is an error.
+        for a in [Adaptive { min_probe: 0, gap: 0.1 }, Adaptive { min_probe: 1, gap: f32::NAN }, Adaptive { min_probe: 1, gap: -0.1 }] {
+            let p = Params { k: 10, n_probe: 8, adaptive: Some(a), ..Default::default() };
+            assert!(search(&cl, &d, dim, &q, &p).is_err());
+        }
+    }
+
     #[test]
     fn bad_params_are_errors() {
         let cl = Clusters::new(4);
         let q = [1.0, 0.0, 0.0, 0.0];
-        let mk = |k, n_probe| Params { k, n_probe, flat: false, mask: None, weights: None };
+        let mk = |k, n_probe| Params { k, n_probe, adaptive: None, flat: false, mask: None, weights: None };
         assert!(search(&cl, &[], 4, &q, &mk(0, 1)).is_err());
         assert!(search(&cl, &[], 4, &q, &mk(1, 0)).is_err());
         let r = search(&cl, &[], 4, &q, &mk(3, 1)).unwrap();
@@ -488,7 +616,7 @@ pub(crate) mod tests {
         let one = [1.0, 0.0, 0.0, 0.0];
         let mut c1 = Clusters::new(4);
         c1.grow_rows(1);
-        let p = Params { k: 1, n_probe: 1, flat: true, mask: None, weights: Some(&w) };
+        let p = Params { k: 1, n_probe: 1, adaptive: None, flat: true, mask: None, weights: Some(&w) };
         assert!(search(&c1, &one, 4, &q, &p).is_err());
     }
 }

@@ -139,6 +139,10 @@ def test_search_bad_parameters(idx):
         (dict(weights=np.ones(4)), "weights"),
         (dict(weights=np.array([1.0, np.nan, 1.0])), "weights"),
         (dict(weights=np.array([1.0, -1.0, 1.0])), "weights"),
+        (dict(probe_gap=-0.1), "probe_gap"),
+        (dict(probe_gap=float("nan")), "probe_gap"),
+        (dict(probe_gap="wide"), "probe_gap"),
+        (dict(probe_gap=0.1, min_probe=0), "min_probe"),
     ]:
         with pytest.raises(ValueError, match=msg):
             idx.search(q, **kw)
@@ -258,6 +262,48 @@ def test_two_stage_search_finds_blob_members(idx):
     new = idx.append(unit(np.ones(DIM)))
     r = idx.search(np.ones(DIM), k=1, n_probe=1)
     assert r.ids[0, 0] == new[0] and r.clusters[0, 0] == -1
+
+
+def test_adaptive_probing_against_numpy(idx):
+    """probe_gap: the probed clusters are the best-ranked centres, taken while within
+    min_probe, within the gap of the best one, or while fewer than k rows are listed (at most
+    n_probe), and the hits are the exact top-k over their members, as numpy computes them."""
+    x, lab, c = blobs(3000, 30, spread=0.3, seed=3)
+    idx.append(x)
+    idx.kmeans(30, seed=0)
+    rng = np.random.default_rng(4)
+    q = unit(np.concatenate([x[:20] + 0.05 * rng.normal(size=(20, DIM)), rng.normal(size=(20, DIM))]))
+    cids, cen = idx.cluster_ids(), idx.centres()
+    owner = idx.cluster_of(np.arange(len(x)))
+    sizes = idx.cluster_sizes()
+    for gap, min_probe, cap, k in [(0.0, 1, 6, 10), (0.05, 1, 6, 10), (0.2, 2, 8, 10), (0.5, 1, 4, 10),
+                                   (3.0, 1, 30, 10), (0.0, 1, 8, 250)]:
+        r = idx.search(q, k=k, n_probe=cap, probe_gap=gap, min_probe=min_probe)
+        assert r.probed.shape == (len(q), cap)
+        for i, qv in enumerate(q):
+            s = cen @ qv
+            order = np.argsort(-s, kind="stable")[:cap]
+            want_n, listed = 0, 0
+            for j, c in enumerate(order):  # the rule as documented, one cluster at a time
+                if not (j < min_probe or s[c] >= s[order[0]] - np.float32(gap) or listed < k):
+                    break
+                want_n, listed = want_n + 1, listed + sizes[c]
+            got = r.probed[i][r.probed[i] >= 0]
+            assert len(got) == want_n
+            assert (r.probed[i][len(got):] == -1).all()
+            # Same set as numpy's ranking (ties within rounding may swap neighbours' order).
+            np.testing.assert_allclose(np.sort(s[np.searchsorted(cids, got)])[::-1], s[order[:len(got)]], atol=1e-5)
+            rows = np.flatnonzero(np.isin(owner, got))
+            assert r.scanned[i] == len(rows)
+            exact = rows[np.argsort(-(x[rows] @ qv), kind="stable")[:k]]
+            assert set(r.ids[i][: r.counts[i]]) == set(exact)
+    # The cap at every cluster and a gap wider than any score difference: flat's answer.
+    flat = idx.search(q, k=10, mode="flat")
+    every = idx.search(q, k=10, n_probe=len(cids), probe_gap=2.0)
+    np.testing.assert_array_equal(every.ids, flat.ids)
+    # probe_gap=None keeps the fixed count.
+    fixed = idx.search(q, k=10, n_probe=3)
+    assert (fixed.probed >= 0).all() and fixed.probed.shape == (len(q), 3)
 
 
 def test_persistence_round_trip(tmp_path):

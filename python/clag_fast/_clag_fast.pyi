@@ -54,6 +54,8 @@ class VectorIndex:
         flat: bool = False,
         mask: npt.NDArray[np.bool_] | None = None,
         weights: npt.NDArray[np.float32] | None = None,
+        probe_gap: float | None = None,
+        min_probe: int = 1,
     ) -> tuple[
         npt.NDArray[np.int64],
         npt.NDArray[np.float32],

@@ -125,7 +125,14 @@ class StoreConfig:
         within this margin of the best one (widens stage 2 only where a memory sits on a
         border, so recall rises without scanning every memory K times).
       n_probe: clusters searched in stage 2 by default; None = automatic: ``probe_fraction``
-        of the clusters (at least 4 and at most ``max_probe``).
+        of the clusters (at least 4 and at most ``max_probe``), so the share of memories a
+        search scans stays put as the store grows from hundreds to a few thousand memories.
+      probe_gap, min_probe: adaptive probing when ``n_probe`` is None: of the automatic count
+        (the cap), probe the best ``min_probe`` clusters and then each further one whose centre
+        score is within ``probe_gap`` of the best; None = always the full automatic count.
+        Clustered data whose query stands out from all but its own clusters then scans only
+        those (blob vectors: ~1-2 of 64), while close-together centre scores (conversation
+        stores) still probe up to the cap (BENCHMARKS.md, issue 11).
       min_memories_to_cluster: the store stays flat (exact search) below this many memories,
         then clusters itself (the paper's cold start).
       target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.
@@ -162,6 +169,8 @@ class StoreConfig:
     n_probe: int | None = None
     probe_fraction: float = 0.22
     max_probe: int = 64
+    probe_gap: float | None = 0.4
+    min_probe: int = 1
     min_memories_to_cluster: int = 100
     target_cluster_size: int = 4
     max_cluster_size: int = 16
@@ -171,7 +180,8 @@ class StoreConfig:
     labels: tuple[str, ...] | None = None
     organize_every: int = 50
     slm: SLMConfig = field(default_factory=SLMConfig)
-    lexical_weight: float = 0.3
+    # 0.5 minmax won the tune half of LoCoMo and gains on every set (BENCHMARKS.md).
+    lexical_weight: float = 0.5
     lexical_fusion: str = "minmax"
     forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
     cache_size: int = 1024
@@ -187,6 +197,9 @@ class StoreConfig:
             (self.n_probe is None or self.n_probe >= 1, "n_probe must be >= 1 or None"),
             (0 < self.probe_fraction <= 1, "probe_fraction must be in (0, 1]"),
             (self.max_probe >= 1, "max_probe must be >= 1"),
+            (self.probe_gap is None or (math.isfinite(self.probe_gap) and self.probe_gap >= 0),
+             "probe_gap must be finite and >= 0, or None"),
+            (self.min_probe >= 1, "min_probe must be >= 1"),
             (self.min_memories_to_cluster >= 2, "min_memories_to_cluster must be >= 2"),
             (self.target_cluster_size >= 2, "target_cluster_size must be >= 2"),
             (self.max_cluster_size > self.target_cluster_size,

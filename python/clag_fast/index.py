@@ -38,7 +38,8 @@ class SearchResult:
         clusters: int64[q, k] primary cluster of each hit, -1 for unassigned rows and padding.
         counts: int64[q] hits found (< k when fewer rows are eligible).
         scanned: int64[q] rows scored in stage 2 (every eligible row for a flat search).
-        probed: int64[q, n_probe] clusters probed in stage 1 (width 0 for a flat search).
+        probed: int64[q, n_probe] clusters probed in stage 1, best first, -1 padding (fewer
+            than n_probe with adaptive probing; width 0 for a flat search).
     """
 
     __slots__ = ("ids", "scores", "clusters", "counts", "scanned", "probed")
@@ -330,12 +331,24 @@ class VectorIndex:
         mode: _Mode = "two_stage",
         mask: Any = None,
         weights: Any = None,
+        *,
+        probe_gap: float | None = None,
+        min_probe: int = 1,
     ) -> SearchResult:
         """Top-``k`` rows by cosine for each query ((dim,) or (q, dim)).
 
         ``two_stage``: the ``n_probe`` clusters with the most similar centres, then an exact
         scan of their members (primary and secondary, each row once) plus the rows not yet
         assigned. Falls back to ``flat`` (every row) when there are no clusters.
+
+        Adaptive probing (``probe_gap`` given): the number of clusters is chosen per query.
+        With centre scores ranked s1 >= s2 >= ..., the best ``min_probe`` clusters are
+        always probed, and each further one while its score is >= s1 - ``probe_gap``, up to
+        ``n_probe`` clusters in all (the cap). A query whose own clusters stand out (the
+        other centres far below) scans just those; one whose centre scores lie close
+        together scans up to the cap. ``probe_gap=None`` probes exactly ``n_probe``.
+        ``probed`` then lists the clusters probed, best first, padded with -1 to ``n_probe``.
+
         ``mask``: bool[len] (True = eligible). ``weights``: float32[len], finite, >= 0; each
         score is multiplied by its row's weight before ranking. Results are always 2-D.
         """
@@ -343,6 +356,13 @@ class VectorIndex:
             raise ValueError(f"mode must be 'two_stage' or 'flat', got {mode!r}")
         k = _positive_int(k, "k")
         n_probe = _positive_int(n_probe, "n_probe")
+        min_probe = _positive_int(min_probe, "min_probe")
+        if probe_gap is not None:
+            if isinstance(probe_gap, bool) or not isinstance(probe_gap, (int, float, np.integer, np.floating)):
+                raise ValueError(f"probe_gap must be a number or None, got {probe_gap!r}")
+            probe_gap = float(probe_gap)
+            if not (np.isfinite(probe_gap) and probe_gap >= 0):
+                raise ValueError(f"probe_gap must be finite and >= 0, got {probe_gap}")
         q = _as_matrix(queries, self.dim, "queries")
         n = len(self)
         m = None
@@ -361,5 +381,5 @@ class VectorIndex:
             if w.shape != (n,):
                 raise ValueError(f"weights must have shape ({n},) (one entry per row), got {w.shape}")
             w = np.ascontiguousarray(w, dtype=np.float32)
-        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w))
+        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe))
 

@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 
 use crate::error::Error;
 use crate::index::Index;
-use crate::search::Params;
+use crate::search::{Adaptive, Params};
 use crate::vectors::{Map, HEADER_LEN};
 
 /// (cluster ids, scores) arrays of a soft assignment.
@@ -108,7 +108,7 @@ impl PyVectorIndex {
 
     /// Number of rows neither assigned nor detached (scanned directly by two-stage search).
     fn n_pending(&self) -> PyResult<usize> {
-        Ok(self.with(|ix| Ok(ix.cl.n_pending()))?)
+        Ok(self.with(|ix| Ok(ix.n_pending()))?)
     }
 
     fn append<'py>(&self, py: Python<'py>, vectors: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray1<i64>>> {
@@ -121,7 +121,7 @@ impl PyVectorIndex {
     /// Zero-copy view of the committed rows (the caller marks it read-only).
     fn vectors<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let py = slf.py();
-        let (map, n, dim) = slf.get().with(|ix| Ok((ix.vf.map(), ix.len(), ix.dim())))?;
+        let (map, n, dim) = slf.get().with(|ix| Ok((ix.map(), ix.len(), ix.dim())))?;
         let guard = Bound::new(py, PyMapGuard { _map: Arc::clone(&map) })?;
         // SAFETY: rows 0..n lie inside `map` (the committed prefix), are never written again,
         // and `guard` (the array's base object) keeps the mapping alive. An empty store
@@ -146,49 +146,38 @@ impl PyVectorIndex {
     }
 
     fn cluster_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| Ok(ix.cl.ordered().into_iter().map(|p| p.0).collect::<Vec<i64>>()))?;
+        let v = self.with(|ix| Ok(ix.cluster_ids()))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn centres<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let (v, c, dim) = self.with(|ix| {
-            let dim = ix.dim();
-            let o = ix.cl.ordered();
-            let cm = ix.cl.centre_matrix();
-            let mut v = Vec::with_capacity(o.len() * dim);
-            for (_, s) in &o {
-                v.extend_from_slice(&cm[s * dim..(s + 1) * dim]);
-            }
-            Ok((v, o.len(), dim))
-        })?;
-        Ok(Array2::from_shape_vec((c, dim), v).expect("shape").into_pyarray(py))
+        let (v, dim) = self.with(|ix| Ok((ix.centres(), ix.dim())))?;
+        Ok(Array2::from_shape_vec((v.len() / dim.max(1), dim), v).expect("shape").into_pyarray(py))
     }
 
     fn cluster_sizes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| {
-            Ok(ix.cl.ordered().into_iter().map(|(_, s)| ix.cl.slots()[s].primary.len() as i64).collect::<Vec<_>>())
-        })?;
+        let v = self.with(|ix| Ok(ix.cluster_sizes()))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn members<'py>(&self, py: Python<'py>, cid: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| Ok(ix.cl.members(cid)?.iter().map(|&r| r as i64).collect::<Vec<_>>()))?;
+        let v = self.with(|ix| ix.members(cid))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn secondary_members<'py>(&self, py: Python<'py>, cid: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| Ok(ix.cl.cluster(cid)?.secondary.iter().map(|&r| r as i64).collect::<Vec<_>>()))?;
+        let v = self.with(|ix| ix.secondary_members(cid))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn cluster_of<'py>(&self, py: Python<'py>, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let r = slice(&rows, "rows")?;
-        let v = py.detach(|| self.with(|ix| r.iter().map(|&x| ix.cl.cluster_of(x)).collect::<Result<Vec<_>, _>>()))?;
+        let v = py.detach(|| self.with(|ix| ix.cluster_of(r)))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn secondary_of<'py>(&self, py: Python<'py>, row: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| ix.cl.secondary_of(row))?;
+        let v = self.with(|ix| ix.secondary_of(row))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
@@ -265,11 +254,12 @@ impl PyVectorIndex {
 
     #[pyo3(signature = (threshold=0.9))]
     fn merge_candidates(&self, py: Python<'_>, threshold: f32) -> PyResult<Vec<(i64, i64, f32)>> {
-        Ok(py.detach(|| self.with(|ix| Ok(ix.cl.merge_candidates(threshold))))?)
+        Ok(py.detach(|| self.with(|ix| Ok(ix.merge_candidates(threshold))))?)
     }
 
-    /// Returns (ids, scores, clusters, counts, scanned, probed).
-    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None))]
+    /// Returns (ids, scores, clusters, counts, scanned, probed). `probe_gap` given: adaptive
+    /// probing (at least `min_probe`, at most `n_probe` clusters; see `search::Adaptive`).
+    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None, probe_gap=None, min_probe=1))]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn search<'py>(
         &self,
@@ -280,6 +270,8 @@ impl PyVectorIndex {
         flat: bool,
         mask: Option<PyReadonlyArray1<'py, bool>>,
         weights: Option<PyReadonlyArray1<'py, f32>>,
+        probe_gap: Option<f32>,
+        min_probe: usize,
     ) -> PyResult<(
         Bound<'py, PyArray2<i64>>,
         Bound<'py, PyArray2<f32>>,
@@ -300,7 +292,8 @@ impl PyVectorIndex {
             Some(a) => Some(slice(a, "weights")?),
             None => None,
         };
-        let p = Params { k, n_probe, flat, mask: m, weights: w };
+        let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap });
+        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w };
         let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
         Ok((
             Array2::from_shape_vec((nq, k), r.ids).expect("shape").into_pyarray(py),

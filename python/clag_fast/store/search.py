@@ -70,6 +70,16 @@ class Searcher:
         n_clusters = len(self.state.index.cluster_ids())
         return int(min(max(4, math.ceil(cfg.probe_fraction * n_clusters)), cfg.max_probe))
 
+    def probe_rule(self, n_probe: int | None) -> dict:
+        """Adaptive probing for the default search: the automatic count is only the cap; the
+        core probes the best ``min_probe`` clusters, then each further one whose centre score
+        is within ``probe_gap`` of the best (and more while the probed lists hold fewer than
+        k rows). A count given per call or in the config is probed as given."""
+        cfg = self.state.config
+        if n_probe is not None or cfg.n_probe is not None or cfg.probe_gap is None:
+            return {}
+        return {"probe_gap": cfg.probe_gap, "min_probe": cfg.min_probe}
+
     def search(self, qvecs: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None,
                selected: list[int] | None = None, texts: list[str] | None = None,
                lexical_weight: float = 0.0) -> list[Hits]:
@@ -87,15 +97,16 @@ class Searcher:
         idx = state.index
         eff_mode = mode if len(idx.cluster_ids()) else "flat"
         probe = self.auto_probe() if n_probe is None else n_probe
+        adaptive = self.probe_rule(n_probe)
         if texts is not None and lexical_weight > 0:
             out = []
             for q, text in enumerate(texts):
                 hits = self._hybrid(qvecs[q], text, k, filters, mask, candidates, eff_mode, probe, weights,
-                                    lexical_weight)
+                                    lexical_weight, adaptive)
                 out.append(hits if hits is not None else
                            self.search(qvecs[q:q + 1], k, filters, mode, n_probe)[0])
             return out
-        res = idx.search(qvecs, k=k, n_probe=probe, mode=eff_mode, mask=mask, weights=weights)
+        res = idx.search(qvecs, k=k, n_probe=probe, mode=eff_mode, mask=mask, weights=weights, **adaptive)
         out = []
         want = min(k, candidates)
         short = np.flatnonzero(res.counts < want) if eff_mode == "two_stage" else np.empty(0, np.int64)
@@ -118,44 +129,55 @@ class Searcher:
 
     def _hybrid(self, q: np.ndarray, text: str, k: int, filters: tuple, mask: np.ndarray | None,
                 candidates: int, mode: str, probe: int, weights: np.ndarray | None,
-                weight: float) -> Hits | None:
-        """Hybrid search of one query; None when the query has no word in scope (vectors only)."""
+                weight: float, adaptive: dict | None = None) -> Hits | None:
+        """Hybrid search of one query; None when the query has no word in scope (vectors only).
+        ``adaptive``: the probe rule's arguments for the native two-stage search."""
         state = self.state
         idx, rows = state.index, state.rows
-        scope_filters = (filters[0], None, None, None)
-        scope = self.eligible(scope_filters)[0] if scope_filters != filters else mask
-        m = self.lexical.score(text, scope, mask, scope_filters, rows.version)
-        if m.terms == 0 or len(m.rows) == 0:
-            return None
         pool = max(HYBRID_POOL, k)
-        res = idx.search(q[None, :], k=pool, n_probe=probe, mode=mode, mask=mask, weights=weights)
+        res = idx.search(q[None, :], k=pool, n_probe=probe, mode=mode, mask=mask, weights=weights,
+                         **(adaptive or {}))
         count = int(res.counts[0])
         if mode == "two_stage" and count < min(k, candidates):
             mode = "flat"  # a selective filter left the probed clusters short (see search())
             res = idx.search(q[None, :], k=pool, mode="flat", mask=mask, weights=weights)
             count = int(res.counts[0])
         v_rows, v_cos = res.ids[0, :count], res.scores[0, :count]
+        scope_filters = (filters[0], None, None, None)
+        scope = self.eligible(scope_filters)[0] if scope_filters != filters else mask
+        m = self.lexical.score(text, scope, mask, scope_filters, rows.version, pool, v_rows)
+        if m.terms == 0 or len(m.rows) == 0:
+            return None
         scanned = int(res.scanned[0])
         probed = [c for c in res.probed[0].tolist() if c >= 0] if mode == "two_stage" else []
-        extra = [m.top(pool)]
+        extra = [m.rows]
         if mode == "two_stage":
-            lex_clusters = self._lexical_clusters(m, set(probed), max(1, int(probe * LEXICAL_PROBE_SHARE)))
+            lex_clusters = self._lexical_clusters(m.rows, set(probed), max(1, int(probe * LEXICAL_PROBE_SHARE)))
             for c in lex_clusters:
                 members = np.concatenate([idx.members(c), idx.secondary_members(c)])
                 members = members[rows.live[members]] if mask is None else members[mask[members]]
                 scanned += len(members)
                 extra.append(members)
             probed += lex_clusters
-        scanned += len(extra[0])
-        others = np.setdiff1d(np.concatenate(extra), v_rows)
+        scanned += len(m.rows)
+        others = np.concatenate(extra) if len(extra) > 1 else m.rows
+        others = np.unique(others)
+        others = others[~np.isin(others, v_rows)]
         cand = np.concatenate([v_rows, others])
         cos = np.concatenate([v_cos, idx.vectors()[others] @ q]).astype(np.float32)
-        bm = m.lookup(cand)
+        bm = np.zeros(len(cand), np.float32)
+        bm[:count] = m.looked
+        if len(others):
+            # BM25 of the other candidates: the lexical top rows carry theirs; members of the
+            # lexical clusters outside the top count 0 (at most the smallest top score).
+            order = np.argsort(m.rows)
+            pos = np.minimum(np.searchsorted(m.rows[order], others), len(order) - 1)
+            hit = m.rows[order[pos]] == others
+            bm[count:][hit] = m.scores[order[pos[hit]]]
         if weights is not None:
             cos[count:] *= weights[others]
             bm *= weights[cand]
-        cfg = state.config
-        fused = fuse(cos, bm, weight, cfg.lexical_fusion, m.max_possible)
+        fused = fuse(cos, bm, weight, state.config.lexical_fusion, m.max_possible)
         top = np.argsort(-fused, kind="stable")[:k]
         hit_rows = cand[top]
         res = SearchResult(hit_rows[None, :], fused[top][None, :].astype(np.float32),
@@ -164,20 +186,12 @@ class Searcher:
         return Hits(self._hits(res, 0), scanned=min(scanned, candidates), candidates=candidates,
                     clusters_probed=probed, mode=mode)
 
-    def _lexical_clusters(self, m, exclude: set[int], n: int) -> list[int]:
+    def _lexical_clusters(self, best_rows: np.ndarray, exclude: set[int], n: int) -> list[int]:
         """The ``n`` clusters (outside ``exclude``) whose best member matches the query best:
-        per-cluster lexical match from the primary cluster of every matching row."""
-        cl = self.state.index.cluster_of(m.rows)
-        ok = cl >= 0
-        if not ok.any():
-            return []
-        ids, inv = np.unique(cl[ok], return_inverse=True)
-        best = np.zeros(len(ids), np.float32)
-        np.maximum.at(best, inv, m.scores[ok])
-        out = []
-        for i in np.argsort(-best, kind="stable").tolist():
-            c = int(ids[i])
-            if c not in exclude:
+        the primary clusters of the lexical top rows, in the rows' order (best first)."""
+        out: list[int] = []
+        for c in self.state.index.cluster_of(best_rows).tolist():
+            if c >= 0 and c not in exclude and c not in out:
                 out.append(c)
                 if len(out) == n:
                     break
