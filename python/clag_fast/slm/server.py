@@ -18,6 +18,7 @@ barrier by default, which is what made 2 threads collapse on shared cores.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -167,6 +168,16 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
+def _prepare_child(niceness: int) -> None:
+    """In the child, before exec: lower its priority by ``niceness``, then ``_die_with_parent``."""
+    if niceness and hasattr(os, "nice"):
+        try:
+            os.nice(niceness)
+        except OSError:
+            pass
+    _die_with_parent()
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: ask Linux to SIGTERM the server when its parent dies.
 
@@ -226,6 +237,9 @@ class ManagedServer:
             completion of a fresh server pays for paging the weights in and setting up the
             context (measured: 20-40 s on 2 loaded cores, then 1-4 s per call); doing it here
             keeps that cost out of the first add() that needs the SLM.
+        niceness: added to the server process's nice value (Linux/Unix). A store whose SLM
+            work runs in the background starts its server at 10, so on a small machine the
+            caller's own work (add()'s embedding) gets the cores first.
 
     ``start_time_s`` holds how long the last start took (spawn to ready, warm-up included)
     and ``warmup_s`` the warm-up's share.
@@ -248,6 +262,7 @@ class ManagedServer:
         python: str | None = None,
         extra_args: list[str] | None = None,
         warmup: bool = True,
+        niceness: int = 0,
     ):
         self.model_path = Path(model_path) if model_path is not None else None
         if quant is not None and quant not in _FTYPES:
@@ -264,6 +279,7 @@ class ManagedServer:
         self.python = python or sys.executable
         self.extra_args = list(extra_args or [])
         self.warmup = bool(warmup)
+        self.niceness = int(niceness)
         self.start_time_s: float | None = None
         self.warmup_s: float | None = None
         self._proc: subprocess.Popen | None = None
@@ -354,7 +370,7 @@ class ManagedServer:
         self._log = tempfile.TemporaryFile(mode="w+b")
         t0 = time.perf_counter()
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env=env, preexec_fn=_die_with_parent)
+                                      env=env, preexec_fn=functools.partial(_prepare_child, self.niceness))
         try:
             self._wait_ready(t0)
             if self.warmup:
