@@ -286,6 +286,40 @@ impl Lexical {
         out
     }
 
+    /// `score`, then only what hybrid search needs: the `top_n` best rows (best first) and the
+    /// scores of `lookup` rows (0 where a row does not match). Returns (top rows, top scores,
+    /// lookup scores, terms, max_possible).
+    #[allow(clippy::too_many_arguments)]
+    pub fn score_top(
+        &self,
+        query: &str,
+        scope: Option<&[u8]>,
+        eligible: Option<&[u8]>,
+        docs: u64,
+        tokens: u64,
+        p: Bm25,
+        top_n: usize,
+        lookup: &[u32],
+    ) -> (Vec<u32>, Vec<f32>, Vec<f32>, usize, f32) {
+        let m = self.score(query, scope, eligible, docs, tokens, p);
+        let mut order: Vec<u32> = (0..m.rows.len() as u32).collect();
+        let by_score = |a: &u32, b: &u32| {
+            m.scores[*b as usize].total_cmp(&m.scores[*a as usize]).then(m.rows[*a as usize].cmp(&m.rows[*b as usize]))
+        };
+        if order.len() > top_n && top_n > 0 {
+            order.select_nth_unstable_by(top_n - 1, by_score);
+            order.truncate(top_n);
+        }
+        order.sort_unstable_by(by_score);
+        let rows = order.iter().map(|&i| m.rows[i as usize]).collect();
+        let scores = order.iter().map(|&i| m.scores[i as usize]).collect();
+        let looked = lookup
+            .iter()
+            .map(|r| m.rows.binary_search(r).map_or(0.0, |i| m.scores[i]))
+            .collect();
+        (rows, scores, looked, m.terms, m.max_possible)
+    }
+
     /// Drop the postings of rows outside `live`; returns the postings removed.
     pub fn compact(&mut self, live: &[u8]) -> usize {
         let before = self.n_postings;
@@ -384,6 +418,12 @@ mod tests {
         assert_eq!(m.rows, [0]);
         let m = ix.score("the !!", None, None, 4, 9, Bm25::default());
         assert!(m.rows.is_empty() && m.terms == 0);
+        let (top, sc, looked, terms, _) =
+            ix.score_top("apple red", None, None, d, t, Bm25::default(), 2, &[3, 1, 0]);
+        assert_eq!(top, [0, 1]);
+        assert!(sc[0] >= sc[1] && terms == 2);
+        assert_eq!(looked[0], 0.0);
+        assert!(looked[1] > 0.0 && looked[2] == sc[0]);
         assert_eq!(ix.compact(&scope), 4);
         let m = ix.score("red", None, None, 4, 9, Bm25::default());
         assert_eq!(m.rows, [0]);

@@ -83,6 +83,35 @@ impl PyLexical {
         Ok((PyArray1::from_vec(py, rows), PyArray1::from_vec(py, m.scores), m.terms, m.max_possible))
     }
 
+    /// score_top(query, scope, eligible, docs, tokens, top_n, lookup, k1, b)
+    /// -> (top rows best first, their scores, scores of `lookup` rows, terms, max_possible)
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[pyo3(signature = (query, scope, eligible, docs, tokens, top_n, lookup, k1=1.2, b=0.75))]
+    fn score_top<'py>(
+        &self,
+        py: Python<'py>,
+        query: &str,
+        scope: Option<PyReadonlyArray1<'py, bool>>,
+        eligible: Option<PyReadonlyArray1<'py, bool>>,
+        docs: u64,
+        tokens: u64,
+        top_n: usize,
+        lookup: PyReadonlyArray1<'py, i64>,
+        k1: f32,
+        b: f32,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<f32>>, usize, f32)> {
+        let s = mask(&scope, "scope")?;
+        let e = mask(&eligible, "eligible")?;
+        let look: Vec<u32> = lookup.as_slice().map_err(|_| PyValueError::new_err("lookup must be C-contiguous"))?
+            .iter().map(|&r| r.clamp(0, u32::MAX as i64) as u32).collect();
+        let (rows, scores, looked, terms, maxp) = py.detach(|| {
+            self.inner.read().unwrap_or_else(|p| p.into_inner())
+                .score_top(query, s, e, docs, tokens, Bm25 { k1, b }, top_n, &look)
+        });
+        let rows: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        Ok((PyArray1::from_vec(py, rows), PyArray1::from_vec(py, scores), PyArray1::from_vec(py, looked), terms, maxp))
+    }
+
     /// compact(live) -> postings dropped (those of rows outside `live`).
     fn compact(&self, py: Python<'_>, live: PyReadonlyArray1<'_, bool>) -> PyResult<usize> {
         let l = Some(live);

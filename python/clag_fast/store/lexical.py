@@ -29,29 +29,16 @@ def tokenize(text: str) -> list[str]:
 
 
 class Matches:
-    """BM25 scores of the rows sharing a word with a query: ``rows`` ascending, ``scores``,
-    ``terms`` (query words found in scope; 0 = fall back to vectors)."""
+    """A query's best BM25 rows (``rows``/``scores``, best first), the scores of the rows it
+    was asked to look up (``looked``, 0 = no shared word), and ``terms``: query words found
+    in scope (0 = fall back to vectors)."""
 
-    __slots__ = ("rows", "scores", "terms", "max_possible")
+    __slots__ = ("rows", "scores", "looked", "terms", "max_possible")
 
-    def __init__(self, rows: np.ndarray, scores: np.ndarray, terms: int, max_possible: float) -> None:
-        self.rows, self.scores, self.terms, self.max_possible = rows, scores, terms, max_possible
-
-    def lookup(self, rows: np.ndarray) -> np.ndarray:
-        """BM25 of ``rows`` (0 where a row does not match)."""
-        out = np.zeros(len(rows), np.float32)
-        if len(self.rows) and len(rows):
-            pos = np.searchsorted(self.rows, rows)
-            pos_c = np.minimum(pos, len(self.rows) - 1)
-            hit = self.rows[pos_c] == rows
-            out[hit] = self.scores[pos_c[hit]]
-        return out
-
-    def top(self, n: int) -> np.ndarray:
-        """Rows of the ``n`` best scores (any order)."""
-        if len(self.rows) <= n:
-            return self.rows
-        return self.rows[np.argpartition(-self.scores, n - 1)[:n]]
+    def __init__(self, rows: np.ndarray, scores: np.ndarray, looked: np.ndarray, terms: int,
+                 max_possible: float) -> None:
+        self.rows, self.scores, self.looked = rows, scores, looked
+        self.terms, self.max_possible = terms, max_possible
 
 
 class LexicalIndex:
@@ -89,10 +76,11 @@ class LexicalIndex:
         return self._native.compact(np.ascontiguousarray(live, dtype=bool))
 
     def score(self, query: str, scope: np.ndarray | None, eligible: np.ndarray | None,
-              scope_key: tuple, version: int) -> Matches:
-        """BM25 over the ``eligible`` rows, with term statistics from the ``scope`` rows (the
-        live rows of the query's namespace; None = every indexed row). (documents, tokens)
-        of a scope are cached per ``scope_key`` until ``version`` changes (any write)."""
+              scope_key: tuple, version: int, top_n: int, lookup: np.ndarray) -> Matches:
+        """The ``top_n`` best BM25 rows among ``eligible`` and the scores of ``lookup`` rows,
+        with term statistics from the ``scope`` rows (the live rows of the query's namespace;
+        None = every indexed row). (documents, tokens) of a scope are cached per
+        ``scope_key`` until ``version`` changes (any write)."""
         if version != self._stats_version:
             self._stats.clear()
             self._stats_version = version
@@ -102,8 +90,9 @@ class LexicalIndex:
             if len(self._stats) > 64:
                 self._stats.clear()
             self._stats[scope_key] = stats
-        rows, scores, terms, maxp = self._native.score(query, scope, eligible, stats[0], stats[1], self.K1, self.B)
-        return Matches(rows, scores, terms, maxp)
+        rows, scores, looked, terms, maxp = self._native.score_top(
+            query, scope, eligible, stats[0], stats[1], top_n, np.ascontiguousarray(lookup, np.int64), self.K1, self.B)
+        return Matches(rows, scores, looked, terms, maxp)
 
 
 def _minmax(x: np.ndarray) -> np.ndarray:

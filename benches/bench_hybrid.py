@@ -1,0 +1,248 @@
+"""Cost of the lexical index and of hybrid search at 100k and 1M memories (synthetic texts).
+
+Part 1, the candidates for the lexical index, side by side in one process:
+- ``rust``: the native postings (``clag_fast._clag_fast.Lexical``, what the store uses):
+  add in batches of 10,000; query = BM25 of every matching row, then the top 50; the
+  open-time rebuild = reading the texts back from SQLite + indexing them.
+- ``fts5``: an SQLite FTS5 table (unicode61 tokenizer) in the store database, filled in
+  transactions of 10,000 (as ``add_many`` would, in the metadata's transaction); query =
+  the words quoted and OR'ed, ``ORDER BY bm25(fts) LIMIT 50``.
+Part 2, through ``MemoryStore`` (``--store``): ``add_many`` rate with the lexical feed on vs
+patched off (alternate batches into two stores), then ``search`` p50 of the same text
+queries with ``lexical_weight=0`` (vectors only) and the default (hybrid), two-stage,
+interleaved query by query.
+
+Texts: 8-30 words, half from one of 1,000 topics' own words, half from a Zipf(1.1)
+vocabulary of 50,000 words; vectors: unit rows around the topic's centre. Queries: five
+words of a stored text plus two common words, the vector of that text plus noise.
+
+    .venv/bin/python benches/bench_hybrid.py --n 100000 --store
+    .venv/bin/python benches/bench_hybrid.py --n 1000000 --store
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from clag_fast import _clag_fast as native
+
+VOCAB = 50_000
+TOPICS = 1_000
+DIM = 384
+BATCH = 10_000
+POOL = 50
+
+
+def _words(n: int) -> list[str]:
+    rng = np.random.default_rng(1)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    return ["".join(rng.choice(letters, rng.integers(3, 10))) for _ in range(n)]
+
+
+class Synthetic:
+    """Deterministic texts and vectors in chunks (chunk i is the same at any n)."""
+
+    def __init__(self) -> None:
+        self.vocab = np.array(_words(VOCAB))
+        ranks = np.arange(1, VOCAB + 1)
+        p = 1.0 / ranks ** 1.1
+        self.p = p / p.sum()
+        rng = np.random.default_rng(2)
+        c = rng.standard_normal((TOPICS, DIM)).astype(np.float32)
+        self.centres = c / np.linalg.norm(c, axis=1, keepdims=True)
+
+    def chunk(self, i: int, n: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(100 + i)
+        topics = rng.integers(0, TOPICS, n)
+        lens = rng.integers(8, 31, n)
+        glob = rng.choice(VOCAB, size=int(lens.sum()), p=self.p)
+        own = (topics.repeat(lens) * 37 + rng.integers(0, 40, int(lens.sum()))) % VOCAB
+        pick = np.where(rng.random(int(lens.sum())) < 0.5, glob, own)
+        words = self.vocab[pick]
+        cuts = np.cumsum(lens)[:-1]
+        texts = [" ".join(w) for w in np.split(words, cuts)]
+        v = self.centres[topics] + 0.08 * rng.standard_normal((n, DIM)).astype(np.float32)
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        return texts, v.astype(np.float32), topics
+
+    def queries(self, texts: list[str], vecs: np.ndarray, nq: int) -> tuple[list[str], np.ndarray]:
+        rng = np.random.default_rng(9)
+        idx = rng.choice(len(texts), nq, replace=False)
+        qs = []
+        for i in idx:
+            w = texts[i].split()
+            qs.append(" ".join(list(rng.choice(w, min(5, len(w)), replace=False)) + list(self.vocab[[0, 5]])))
+        qv = vecs[idx] + 0.05 * rng.standard_normal((nq, DIM)).astype(np.float32)
+        return qs, (qv / np.linalg.norm(qv, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _fts_query(q: str) -> str:
+    # Every word quoted: nothing in user text becomes an FTS5 operator.
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in native.tokenize(q))
+
+
+def candidates(n: int, syn: Synthetic, nq: int) -> dict:
+    out: dict = {"n": n}
+    lex = native.Lexical()
+    tmp = tempfile.mkdtemp(prefix="clag-bench-lex-")
+    db = sqlite3.connect(Path(tmp) / "m.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("CREATE TABLE memories (id INTEGER PRIMARY KEY, text TEXT NOT NULL)")
+    db.execute("CREATE VIRTUAL TABLE fts USING fts5(text, content='', tokenize='unicode61')")
+    t_rust = t_fts = t_meta = 0.0
+    sample_t: list[str] = []
+    sample_v = []
+    for c in range(0, n, BATCH):
+        texts, vecs, _ = syn.chunk(c // BATCH, min(BATCH, n - c))
+        ids = list(range(c, c + len(texts)))
+        t0 = time.perf_counter()
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO memories (id, text) VALUES (?, ?)", zip(ids, texts))
+        db.execute("COMMIT")
+        t1 = time.perf_counter()
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO fts (rowid, text) VALUES (?, ?)", zip(ids, texts))
+        db.execute("COMMIT")
+        t2 = time.perf_counter()
+        lex.add(ids, texts)
+        t3 = time.perf_counter()
+        t_meta += t1 - t0
+        t_fts += t2 - t1
+        t_rust += t3 - t2
+        if c == 0:
+            sample_t, sample_v = texts, vecs
+    out["ingest_per_s"] = {"rust": n / t_rust, "fts5": n / t_fts, "sqlite_row_only": n / t_meta}
+    qs, _ = syn.queries(sample_t, sample_v, nq)
+    docs, tokens = lex.stats()
+    lat: dict[str, list[float]] = {"rust": [], "fts5": []}
+    sql = "SELECT rowid, bm25(fts) FROM fts WHERE fts MATCH ? ORDER BY bm25(fts) LIMIT 50"
+    for q in qs:  # interleaved
+        t0 = time.perf_counter()
+        rows, scores, _, _ = lex.score(q, None, None, docs, tokens)
+        top = rows[np.argpartition(-scores, POOL - 1)[:POOL]] if len(rows) > POOL else rows
+        t1 = time.perf_counter()
+        db.execute(sql, (_fts_query(q),)).fetchall()
+        t2 = time.perf_counter()
+        lat["rust"].append(t1 - t0)
+        lat["fts5"].append(t2 - t1)
+        del top
+    out["query_ms"] = {k: {"p50": 1e3 * float(np.median(v)), "p99": 1e3 * float(np.percentile(v, 99))}
+                       for k, v in lat.items()}
+    out["matches_per_query"] = float(np.median([len(lex.score(q, None, None, docs, tokens)[0]) for q in qs[:50]]))
+    t0 = time.perf_counter()
+    pairs = db.execute("SELECT id, text FROM memories").fetchall()
+    t1 = time.perf_counter()
+    lex2 = native.Lexical()
+    for i in range(0, len(pairs), 50_000):
+        ch = pairs[i:i + 50_000]
+        lex2.add([r for r, _ in ch], [t for _, t in ch])
+    t2 = time.perf_counter()
+    out["rust_rebuild_s"] = {"read_texts": t1 - t0, "index": t2 - t1}
+    out["rust_terms_postings"] = list(lex.sizes())
+    db.close()
+    size = sum(p.stat().st_size for p in Path(tmp).iterdir())
+    out["db_bytes_with_fts5"] = size
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+class TableEmbedder:
+    def __init__(self, texts: list[str], vecs: np.ndarray) -> None:
+        self.table = dict(zip(texts, vecs))
+        self.dim = DIM
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self.table[t] for t in texts])
+
+
+def through_store(n: int, syn: Synthetic, nq: int, rounds: int) -> dict:
+    from clag_fast import MemoryStore, StoreConfig
+
+    out: dict = {"n": n}
+    cfg = StoreConfig(slm="off", cache_size=0)
+    with tempfile.TemporaryDirectory(prefix="clag-bench-hyb-") as tmp:
+        a = MemoryStore.open(Path(tmp) / "a", config=cfg, embedder=False, llm=False)
+        b = MemoryStore.open(Path(tmp) / "b", config=cfg, embedder=False, llm=False)
+        b._searcher.lexical.add = lambda rows, texts: None  # the vector-only baseline (bench only)
+        ta = tb = 0.0
+        n_b = min(n, 100_000)  # the rate comparison on the first 100k
+        sample = None
+        for c in range(0, n, BATCH):
+            texts, vecs, _ = syn.chunk(c // BATCH, min(BATCH, n - c))
+            if sample is None:
+                sample = (texts, vecs)
+            t0 = time.perf_counter()
+            a.add_many(texts, embeddings=vecs)
+            t1 = time.perf_counter()
+            ta += t1 - t0
+            if c < n_b:
+                b.add_many(texts, embeddings=vecs)
+                tb += time.perf_counter() - t1
+                if c + BATCH >= n_b:
+                    out["add_many_per_s_first_100k"] = {"lexical": (c + len(texts)) / ta,
+                                                         "vector_only": (c + len(texts)) / tb}
+        out["add_many_per_s_all"] = n / ta
+        b.close()
+        t0 = time.perf_counter()
+        a.organize()
+        out["organize_s"] = time.perf_counter() - t0
+        a.close()
+        qs, qv = syn.queries(*sample, nq)
+        t0 = time.perf_counter()
+        a = MemoryStore.open(Path(tmp) / "a", config=cfg, embedder=TableEmbedder(qs, qv), llm=False)
+        out["open_s"] = time.perf_counter() - t0
+        lat: dict[str, list[float]] = {"vector": [], "hybrid": [], "vector_flat": [], "hybrid_flat": []}
+        scanned: dict[str, list[float]] = {k: [] for k in lat}
+        for r in range(rounds):
+            for q in qs:
+                for name, lw, mode in (("vector", 0.0, "two_stage"), ("hybrid", None, "two_stage"),
+                                       ("vector_flat", 0.0, "flat"), ("hybrid_flat", None, "flat")):
+                    if "flat" in name and r > 0:
+                        continue
+                    t0 = time.perf_counter()
+                    h = a.search(q, k=10, mode=mode, lexical_weight=lw)
+                    lat[name].append(time.perf_counter() - t0)
+                    scanned[name].append(h.scanned / h.candidates)
+        out["search_ms_p50"] = {k: 1e3 * float(np.median(v)) for k, v in lat.items()}
+        out["search_ms_p99"] = {k: 1e3 * float(np.percentile(v, 99)) for k, v in lat.items()}
+        out["scanned_share"] = {k: float(np.mean(v)) for k, v in scanned.items()}
+        out["hybrid_over_vector_p50"] = out["search_ms_p50"]["hybrid"] / out["search_ms_p50"]["vector"]
+        a.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--store", action="store_true", help="also measure through MemoryStore")
+    ap.add_argument("--no-candidates", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    syn = Synthetic()
+    res: dict = {}
+    if not args.no_candidates:
+        res["candidates"] = candidates(args.n, syn, args.queries)
+        print(json.dumps(res["candidates"], indent=1), flush=True)
+    if args.store:
+        res["store"] = through_store(args.n, syn, args.queries, args.rounds)
+        print(json.dumps(res["store"], indent=1), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
