@@ -13,6 +13,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from clag_fast.errors import StoreFormatError
 
 APP_ID = "clag_fast"
@@ -328,6 +330,29 @@ class Catalog:
             self.db.executemany(
                 "INSERT OR REPLACE INTO assignments (memory_id, rank, cluster_id, affinity) VALUES (?, ?, ?, ?)",
                 [(m, r, c, a) for m, pairs in zip(memory_ids, affinities) for r, (c, a) in enumerate(pairs)])
+
+    def replace_assignment_arrays(self, memory_ids: np.ndarray, cluster_ids: np.ndarray,
+                                  affinities: np.ndarray) -> None:
+        """``replace_assignments`` from arrays: memory ids int64[n], cluster ids int64[n, k]
+        (best first, -1 = none) and affinities float[n, k]. The rows are flattened with numpy,
+        not a Python loop per memory: this is every add's and every re-assignment's write."""
+        memory_ids = np.asarray(memory_ids, np.int64)
+        n, k = cluster_ids.shape
+        if n == 0:
+            return
+        ok = cluster_ids >= 0
+        mids = np.repeat(memory_ids, k).reshape(n, k)[ok]
+        ranks = (np.cumsum(ok, axis=1) - 1)[ok]  # dense 0, 1, ... as in replace_assignments
+        rows = zip(mids.tolist(), ranks.tolist(), cluster_ids[ok].tolist(),
+                   np.asarray(affinities, np.float64)[ok].tolist())
+        with self.transaction():
+            lo, hi = int(memory_ids[0]), int(memory_ids[-1])
+            if hi - lo + 1 == n and (n == 1 or bool((np.diff(memory_ids) == 1).all())):
+                self.db.execute("DELETE FROM assignments WHERE memory_id BETWEEN ? AND ?", (lo, hi))
+            else:
+                self.db.executemany("DELETE FROM assignments WHERE memory_id=?", [(m,) for m in memory_ids.tolist()])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO assignments (memory_id, rank, cluster_id, affinity) VALUES (?, ?, ?, ?)", rows)
 
     def assignments(self) -> list[tuple[int, int, int, float]]:
         """(memory id, rank, cluster id, affinity) of every stored assignment, by rank (rows of

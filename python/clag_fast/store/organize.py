@@ -20,6 +20,9 @@ from clag_fast.store.state import StoreState
 
 log = logging.getLogger(__name__)
 
+# Rows per re-assignment chunk (a 24 MB gather of their vectors).
+REASSIGN_CHUNK = 16_384
+
 
 def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] | None = None,
              topic_vectors: np.ndarray | None = None) -> dict[str, Any]:
@@ -154,10 +157,15 @@ def reassign(state: StoreState, rows: np.ndarray) -> int:
     if len(rows) == 0:
         return 0
     idx, cfg = state.index, state.config
-    ids, scores = idx.soft_assign(idx.vectors()[rows], k=cfg.soft_k)
-    idx.assign(rows, routing.memberships(ids, scores, cfg.soft_k, cfg.spill_margin))
-    state.catalog.replace_assignments(state.rows.memory_id[rows].tolist(),
-                                      routing.affinity_rows(ids, scores, cfg.soft_k))
+    vectors = idx.vectors()
+    # In chunks: a split wave can re-assign most of a large store at once, and one gather of
+    # every row's vector would hold a copy of the whole vector file in memory.
+    with state.catalog.transaction():
+        for lo in range(0, len(rows), REASSIGN_CHUNK):
+            part = rows[lo:lo + REASSIGN_CHUNK]
+            ids, scores = idx.soft_assign(vectors[part], k=cfg.soft_k)
+            idx.assign(part, routing.memberships(ids, scores, cfg.soft_k, cfg.spill_margin))
+            state.catalog.replace_assignment_arrays(state.rows.memory_id[part], ids, scores)
     return len(rows)
 
 

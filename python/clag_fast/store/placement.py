@@ -23,13 +23,24 @@ CHUNK = 1024
 
 @dataclass
 class Placement:
-    """Where a batch of new rows went."""
+    """Where a batch of new rows went.
 
-    affinities: list[list[tuple[int, float]]]
+    ``ids``/``scores``: (n, soft_k) clusters (best first, -1 = none) and affinities, what the
+    assignments table records; ``candidates``/``scores_k``: the wider (n, route_candidates)
+    lists the SLM chooses among.
+    """
+
+    ids: np.ndarray
+    affin: np.ndarray
     new_clusters: list[tuple[int, str]] = field(default_factory=list)  # (cluster id, source)
     opened_rows: set[int] = field(default_factory=set)  # batch indices placed in new clusters
     candidates: np.ndarray | None = None  # (n, route_candidates) cluster ids, for the SLM
     scores: np.ndarray | None = None
+
+    @property
+    def affinities(self) -> list[list[tuple[int, float]]]:
+        """Per row, its (cluster id, affinity) pairs, best first."""
+        return routing.affinity_rows(self.ids, self.affin, self.ids.shape[1])
 
 
 def new_cluster_threshold(state: StoreState) -> float | None:
@@ -43,36 +54,42 @@ def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> 
     clusters yet) rows stay unassigned and search runs flat."""
     idx, cfg = state.index, state.config
     n = len(rows)
+    placement = Placement(ids=np.full((n, cfg.soft_k), -1, np.int64),
+                          affin=np.full((n, cfg.soft_k), -np.inf, np.float32))
     if len(idx.cluster_ids()) == 0:
-        return Placement(affinities=[[] for _ in range(n)])
+        return placement
     k = max(cfg.soft_k, cfg.slm.route_candidates)
     threshold = new_cluster_threshold(state)
     all_ids = np.full((n, k), -1, np.int64)
     all_scores = np.full((n, k), -np.inf, np.float32)
-    placement = Placement(affinities=[])
     for lo in range(0, n, CHUNK):
         hi = min(n, lo + CHUNK)
         ids, scores = idx.soft_assign(vectors[lo:hi], k=k)
         all_ids[lo:hi, : ids.shape[1]] = ids
         all_scores[lo:hi, : ids.shape[1]] = scores
         members = routing.memberships(ids, scores, cfg.soft_k, cfg.spill_margin)
-        affinities = routing.affinity_rows(ids, scores, cfg.soft_k)
+        kk = min(cfg.soft_k, ids.shape[1])
+        aff_ids, aff = placement.ids[lo:hi], placement.affin[lo:hi]
+        aff_ids[:, :kk] = ids[:, :kk]
+        aff[:, :kk] = scores[:, :kk]
         if threshold is not None:
             low = np.flatnonzero(scores[:, 0] < threshold)
             if len(low):
-                leaders, aff = routing.leaders(vectors[lo:hi][low], threshold)
+                leaders, lead_aff = routing.leaders(vectors[lo:hi][low], threshold)
                 opened = {}
-                for j, (i, lead) in enumerate(zip(low.tolist(), leaders.tolist())):
+                for lead in leaders.tolist():
                     if lead not in opened:
                         opened[lead] = idx.new_cluster()
                         placement.new_clusters.append((opened[lead], "route"))
-                    cid = opened[lead]
-                    members[i] = -1
-                    members[i, 0] = cid
-                    affinities[i] = [(cid, float(aff[j]))]
-                    placement.opened_rows.add(lo + i)
+                cids = np.asarray([opened[lead] for lead in leaders.tolist()], np.int64)
+                members[low] = -1
+                members[low, 0] = cids
+                aff_ids[low] = -1
+                aff_ids[low, 0] = cids
+                aff[low] = -np.inf
+                aff[low, 0] = lead_aff
+                placement.opened_rows.update((lo + low).tolist())
         idx.assign(rows[lo:hi], members)
-        placement.affinities.extend(affinities)
     placement.candidates, placement.scores = all_ids, all_scores
     state.count("routed_new", len(placement.opened_rows))
     state.count("routed_vector", n - len(placement.opened_rows))
@@ -86,13 +103,14 @@ def record_placement(state: StoreState, memory_ids: list[int], texts: list[str],
     (SLM or vector) rewrites it, so no hit is ever returned unlabelled."""
     from clag_fast.store.organize import vector_profile
 
-    first_text: dict[int, str] = {}
-    for t, aff in zip(texts, placement.affinities):
-        if aff:
-            first_text.setdefault(aff[0][0], t)
-    provisional = {c: vector_profile([first_text[c]]) for c, _ in placement.new_clusters}
+    provisional = {}
+    if placement.new_clusters:
+        uniq, first = np.unique(placement.ids[:, 0], return_index=True)
+        first_row = dict(zip(uniq.tolist(), first.tolist()))
+        for c, _ in placement.new_clusters:
+            provisional[c] = vector_profile([texts[first_row[c]]])
     add_clusters(state, placement.new_clusters, now, provisional)
-    state.catalog.replace_assignments(memory_ids, placement.affinities)
+    state.catalog.replace_assignment_arrays(np.asarray(memory_ids, np.int64), placement.ids, placement.affin)
 
 
 def add_clusters(state: StoreState, clusters: list[tuple[int, str]], now: float,
