@@ -459,3 +459,25 @@ def test_default_embedder_precision_is_fixed_per_store(tmp_path):
     assert _meta(legacy, "embed_precision") is None  # an explicit embedder records nothing
     MemoryStore.open(legacy, config=FAST, llm=False).close()
     assert _meta(legacy, "embed_precision") == "fp32"
+
+
+def test_identical_memories_organise_without_endless_splits(tmp_path):
+    # 2-means cannot cut identical vectors; the oversized cluster must stay as it is instead
+    # of being split again forever. Run in a daemon thread so a regression fails, not hangs.
+    import threading
+
+    cfg = StoreConfig(dim=8, min_memories_to_cluster=20, max_cluster_size=16, target_cluster_size=4, slm="off")
+    out = {}
+
+    def work():
+        with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+            s.add_many(["same text"] * 200, embeddings=np.ones((200, 8), np.float32))
+            out["report"] = s.organize()
+            out["found"] = len(s.search(np.ones(8, np.float32), k=200))
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "organize() did not finish: endless splits of identical vectors"
+    assert out["report"]["clusters"] >= 1
+    assert out["found"] == 200

@@ -104,13 +104,17 @@ def _split_oversized(state: StoreState, report: dict, new: list) -> set[int]:
     queue = ids[sizes > max_size].tolist()
     while queue:
         cid = queue.pop()
+        before = len(idx.members(cid))
         a, b = idx.split(cid, seed=0)
         report["split"].append(cid)
         for c in (a, b):
             if c != cid:
                 new.append((c, "split"))
             touched.add(c)
-            if len(idx.members(c)) > max_size:
+            size = len(idx.members(c))
+            # A part as big as the whole means 2-means found no cut (identical vectors):
+            # splitting it again would loop forever, so it stays oversized.
+            if max_size < size < before:
                 queue.append(c)
     return touched
 
