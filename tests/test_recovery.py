@@ -226,11 +226,7 @@ DB_DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", [
-    "emptied",
-    pytest.param("removed", marks=pytest.mark.xfail(
-        strict=True, reason="memory_store._check_store_dir refuses first, naming only memories.db")),
-])
+@pytest.mark.parametrize("damage", ["emptied", "removed"])
 def test_a_lost_database_beside_vectors_is_refused(store_dir, damage):
     path, _, _ = store_dir
     vf = path / "index" / "vectors.f32"
@@ -390,12 +386,6 @@ def test_open_index_refuses_fewer_rows_than_the_database_references(store_dir, d
             assert len(ix) >= 10
 
 
-MEMORY_STORE_GAP = pytest.mark.xfail(
-    strict=True, reason="memory_store._init does not pass rows_needed to recovery.open_index: the "
-    "refused writable open trims the vector file / rewrites clusters.bin and the database")
-
-
-@MEMORY_STORE_GAP
 @pytest.mark.parametrize("damage", ["lost commit", "removed"])
 def test_a_vector_file_with_fewer_rows_than_the_database_is_refused_untouched(store_dir, damage):
     path, _, _ = store_dir

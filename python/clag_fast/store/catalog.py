@@ -210,6 +210,10 @@ class Catalog:
     def count_state(self, state: int) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM memories WHERE state=?", (state,)).fetchone()[0])
 
+    def max_vector_row(self) -> int:
+        """The highest vector row any memory references (-1 for none)."""
+        return int(self.db.execute("SELECT COALESCE(MAX(vector_row), -1) FROM memories").fetchone()[0])
+
     def next_memory_id(self) -> int:
         return int(self.db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM memories").fetchone()[0])
 

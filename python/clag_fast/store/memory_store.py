@@ -94,7 +94,8 @@ class MemoryStore:
             self._catalog = Catalog(db_file, read_only=read_only)
             recovery.refuse_blank_database(path, self._catalog.meta("dim") is None)
             self.config = self._settle_config(config)
-            index = recovery.open_index(path, self.config.dim, read_only)
+            index = recovery.open_index(path, self.config.dim, read_only,
+                                        rows_needed=self._catalog.max_vector_row() + 1)
             self._state = StoreState(path, self.config, read_only, self._catalog, index)
             self._embedder_arg = embedder
             self._embedder = embedder if embedder not in (None, False) else None
@@ -556,7 +557,8 @@ class MemoryStore:
         state = self._state
         with state.lock.write():
             state.index.close()
-            state.index = recovery.open_index(self.path, self.config.dim, True)
+            state.index = recovery.open_index(self.path, self.config.dim, True,
+                                              rows_needed=self._catalog.max_vector_row() + 1)
             state.rows = RowTable()
             state.cache.clear()
             self._load_rows()
@@ -632,7 +634,9 @@ def _check_store_dir(path: Path, read_only: bool) -> None:
         raise NotADirectoryError(f"{path} is not a directory")
     if path.is_dir():
         entries = {p.name for p in path.iterdir()}
-        if entries and DB_NAME not in entries:
+        # A directory with vectors but no database is a lost database: recovery refuses it
+        # naming both files.
+        if entries and DB_NAME not in entries and INDEX_DIR not in entries:
             raise StoreFormatError(
                 f"{path} is not empty and holds no clag_fast store ({DB_NAME} missing)"
             )
