@@ -74,6 +74,11 @@ impl Index {
     }
 
     /// Cluster ids, ascending.
+    /// Number of live clusters (cheap: no list is built).
+    pub fn n_clusters(&self) -> usize {
+        self.cl.len()
+    }
+
     pub fn cluster_ids(&self) -> Vec<i64> {
         self.cl.ordered().into_iter().map(|p| p.0).collect()
     }

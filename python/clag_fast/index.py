@@ -213,6 +213,10 @@ class VectorIndex:
         return v
 
     # ------------------------------------------------------------------ clusters
+    def n_clusters(self) -> int:
+        """Number of clusters (without building the id list)."""
+        return self._ix.n_clusters()
+
     def cluster_ids(self) -> np.ndarray:
         """int64[c] cluster ids, ascending."""
         return self._ix.cluster_ids()

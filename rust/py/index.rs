@@ -106,6 +106,11 @@ impl PyVectorIndex {
         Ok(self.with(|ix| Ok(ix.len()))?)
     }
 
+    /// Number of live clusters.
+    fn n_clusters(&self) -> PyResult<usize> {
+        Ok(self.with(|ix| Ok(ix.n_clusters()))?)
+    }
+
     /// Number of rows neither assigned nor detached (scanned directly by two-stage search).
     fn n_pending(&self) -> PyResult<usize> {
         Ok(self.with(|ix| Ok(ix.n_pending()))?)

@@ -561,6 +561,7 @@ class MemoryStore:
                                               rows_needed=self._catalog.max_vector_row() + 1)
             state.rows = RowTable()
             state.cache.clear()
+            self._catalog.forget_cached()
             self._load_rows()
             self._searcher = Searcher(state, self._build_lexical())
 

@@ -67,7 +67,7 @@ class Searcher:
         cfg = self.state.config
         if cfg.n_probe is not None:
             return cfg.n_probe
-        n_clusters = len(self.state.index.cluster_ids())
+        n_clusters = self.state.index.n_clusters()
         return int(min(max(4, math.ceil(cfg.probe_fraction * n_clusters)), cfg.max_probe))
 
     def probe_rule(self, n_probe: int | None) -> dict:
@@ -95,7 +95,7 @@ class Searcher:
         if selected:
             return [self._search_selected(qvecs, k, mask, candidates, selected, weights)]
         idx = state.index
-        eff_mode = mode if len(idx.cluster_ids()) else "flat"
+        eff_mode = mode if idx.n_clusters() else "flat"
         probe = self.auto_probe() if n_probe is None else n_probe
         adaptive = self.probe_rule(n_probe)
         if texts is not None and lexical_weight > 0:
