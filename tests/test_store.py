@@ -481,3 +481,21 @@ def test_identical_memories_organise_without_endless_splits(tmp_path):
     assert not t.is_alive(), "organize() did not finish: endless splits of identical vectors"
     assert out["report"]["clusters"] >= 1
     assert out["found"] == 200
+
+
+def test_hits_never_show_stale_text_or_metadata(tmp_path):
+    # Hit details are cached by memory id; every write to a memory must be visible at once.
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8, slm="off"), embedder=False, llm=False) as s:
+        v = np.eye(8, dtype=np.float32)
+        a = s.add("first text", embedding=v[0], metadata={"n": 1})
+        assert s.search(v[0], k=1)[0].text == "first text"
+        s.update(a, text="second text", embedding=v[0])
+        s.update(a, metadata={"n": 2})
+        hit = s.search(v[0], k=1)[0]
+        assert (hit.text, hit.metadata) == ("second text", {"n": 2})
+        hit.metadata["n"] = 99  # a caller's dict is its own
+        assert s.search(v[0], k=1)[0].metadata == {"n": 2}
+        s.delete(a)
+        b = s.add("third text", embedding=v[1])  # may reuse the deleted id
+        assert s.search(v[1], k=1)[0].text == "third text"
+        assert s.get(b).text == "third text"
