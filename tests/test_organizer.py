@@ -6,6 +6,7 @@ import json
 import logging
 import re
 
+import numpy as np
 import pytest
 from llm_fixtures import completion, dead_url, fake_server  # noqa: F401
 
@@ -389,3 +390,17 @@ def test_a_client_that_raises_its_own_errors_is_not_retried():
 
     batch = Organizer(Broken()).profile_batch([COOKING])
     assert batch.profiles == {} and batch.retry == set()
+
+
+def test_ambiguous_matrix_matches_vector_route_row_by_row():
+    # The batch rule the scheduler uses must agree with the per-memory rule everywhere.
+    rng = np.random.default_rng(3)
+    for labels in (None, ["a", "b"]):
+        org = Organizer(None, OrganizerConfig(), labels=labels)
+        s = np.sort(rng.uniform(-0.1, 0.9, (2000, 5)), axis=1)[:, ::-1].copy()
+        s[rng.random(2000) < 0.3, 0] += rng.uniform(0, 0.05)  # some clear leads
+        s[:200, 3:] = -np.inf  # rows with fewer candidates
+        s = np.sort(s, axis=1)[:, ::-1]
+        got = org.ambiguous(s)
+        want = [org.vector_route([x for x in row.tolist() if x != float("-inf")]) == "ambiguous" for row in s]
+        assert got.tolist() == want

@@ -282,6 +282,23 @@ class Organizer:
             return "clear"
         return "ambiguous"
 
+    def ambiguous(self, scores: "np.ndarray") -> "np.ndarray":
+        """``vector_route(row) == "ambiguous"`` for every row of an (n, K) score matrix
+        (sorted best first; -inf where a row has fewer candidates), without a Python loop."""
+        import numpy as np
+
+        cfg = self.config
+        s = np.asarray(scores, dtype=np.float64)
+        if s.ndim != 2 or s.shape[1] == 0:
+            return np.zeros(len(s), bool)
+        best = s[:, 0]
+        second = s[:, 1] if s.shape[1] > 1 else np.full(len(s), -np.inf)
+        thr = -np.inf if self.new_cluster_threshold is None else self.new_cluster_threshold
+        opens = best < thr
+        clear = (best >= cfg.assign_threshold) & (best - second >= cfg.assign_margin)
+        options = (s >= np.maximum(best - cfg.slm_window, thr)[:, None]).sum(axis=1)
+        return np.isfinite(best) & ~opens & ~clear & (options >= 2)
+
     def needs_slm(self, scores: Sequence[float]) -> bool:
         """True when these candidate scores (best first) leave the choice to the SLM."""
         return self.llm is not None and self.vector_route(scores) == "ambiguous"

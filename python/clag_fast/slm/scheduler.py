@@ -147,30 +147,30 @@ class SLMScheduler:
         """Called under the write lock after vector routing: remember what the SLM should see."""
         if placement.scores is None:
             return
-        best = placement.scores[:, 0]
-        new = placement.opened_rows  # placed in a cluster this batch opened: nothing to ask
-        for i in range(len(ids)):
-            # A memory that opened (or joined) a new cluster counts as an add, but its stale
-            # best score says nothing about the drift of the existing clusters.
-            self._triggers.on_add(None if i in new else float(best[i]))
+        n = len(ids)
+        opened = np.zeros(n, bool)
+        opened[list(placement.opened_rows)] = True  # placed in a cluster this batch opened
+        # A memory that opened (or joined) a new cluster counts as an add, but its stale best
+        # score says nothing about the drift of the existing clusters.
+        best = placement.scores[:, 0].astype(np.float64)
+        self._triggers.on_add_batch(np.where(opened | ~np.isfinite(best), np.nan, best))
         if not self.enabled:
             return
-        org = self._organizer
         if self.config.evolution:
             with self._pending_lock:
-                self._evolve.extend((ids[i], int(rows[i]), texts[i]) for i in range(len(ids)))
+                self._evolve.extend((ids[i], int(rows[i]), texts[i]) for i in range(n))
+        # The vector rule, not ``needs_slm``: the organiser connects to the SLM lazily, so
+        # before its first call (a reopened store that needs no cold start) it has no client
+        # yet, and ``needs_slm`` would turn SLM routing off until then.
+        scores = np.where(placement.candidates >= 0, placement.scores, -np.inf)
+        ask = np.flatnonzero(self._organizer.ambiguous(scores) & ~opened)
+        if len(ask) == 0:
+            return
         with self._pending_lock:
-            for i in range(len(ids)):
-                if i in new:
-                    continue
-                scores = placement.scores[i]
-                cands = placement.candidates[i]
-                ok = cands >= 0
-                # The vector rule, not ``needs_slm``: the organiser connects to the SLM lazily,
-                # so before its first call (a reopened store that needs no cold start) it has
-                # no client yet, and ``needs_slm`` would turn SLM routing off until then.
-                if org.vector_route(scores[ok].tolist()) == "ambiguous":
-                    self._pending.append((ids[i], int(rows[i]), texts[i], cands[ok].tolist(), scores[ok].tolist()))
+            for i in ask.tolist():
+                ok = placement.candidates[i] >= 0
+                self._pending.append((ids[i], int(rows[i]), texts[i], placement.candidates[i][ok].tolist(),
+                                      placement.scores[i][ok].tolist()))
 
     def after_add(self) -> None:
         state = self._state
@@ -407,14 +407,14 @@ class SLMScheduler:
         sizes = dict(zip(ids, state.index.cluster_sizes().tolist()))
         slot = {c: i for i, c in enumerate(ids)}
         centres = state.index.centres()
+        picked = {cid: org_ops.example_ids(state, cid, self.config.profile_examples, centres[slot[cid]])
+                  for cid in cids if cid in slot}
+        texts = state.catalog.texts([m for mids in picked.values() for m in mids])  # one statement
         out = {}
-        for cid in cids:
-            if cid not in slot:
-                continue
+        for cid, mids in picked.items():
             summary, tags = state.profiles.get(cid, ("", []))
-            examples = org_ops.cluster_examples(state, cid, self.config.profile_examples, centres[slot[cid]])
-            out[cid] = ClusterBrief(id=cid, summary=summary, tags=list(tags), examples=examples,
-                                    size=sizes.get(cid, 0))
+            out[cid] = ClusterBrief(id=cid, summary=summary, tags=list(tags),
+                                    examples=[texts[m] for m in mids if m in texts], size=sizes.get(cid, 0))
         return out
 
     def _sample_texts(self, n: int) -> list[str]:

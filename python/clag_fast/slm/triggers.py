@@ -63,6 +63,19 @@ class Triggers:
                     raise ValueError(f"affinity must be finite, got {affinity!r}")
                 self._affinities.append(a)
 
+    def on_add_batch(self, affinities: "np.ndarray") -> None:
+        """``on_add`` for a batch: one memory per entry, NaN for "no affinity" (a new cluster).
+        Only the last ``2 * drift_window`` affinities can matter, so only those are kept."""
+        import numpy as np
+
+        a = np.asarray(affinities, dtype=np.float64)
+        if np.isinf(a).any():
+            raise ValueError("affinities must be finite (NaN for none)")
+        finite = a[~np.isnan(a)][-2 * self.config.drift_window:]
+        with self._lock:
+            self._adds += len(a)
+            self._affinities.extend(finite.tolist())
+
     def on_search(self, best_score: float | None) -> None:
         """Record a search's best score (None or -inf when it found nothing: maximal confusion)."""
         s = float("-inf") if best_score is None else float(best_score)

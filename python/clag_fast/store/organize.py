@@ -208,16 +208,21 @@ def apply_evolution(state: StoreState, memory_id: int, links: list[int], tags: l
 
 
 # -- profiles -----------------------------------------------------------------------------
-def cluster_examples(state: StoreState, cid: int, n: int, centre: np.ndarray) -> list[str]:
-    """Texts of the ``n`` members nearest the cluster's ``centre`` (the most typical ones).
-    The caller passes the centre: fetching all centres per cluster would make profiling
-    every cluster quadratic in the cluster count."""
+def example_ids(state: StoreState, cid: int, n: int, centre: np.ndarray) -> list[int]:
+    """Memory ids of the ``n`` members nearest the cluster's ``centre`` (the most typical
+    ones). The caller passes the centre: fetching all centres per cluster would make
+    profiling every cluster quadratic in the cluster count."""
     members = state.index.members(cid)
     if len(members) == 0:
         return []
     sims = state.index.vectors()[members] @ centre
     top = members[np.argsort(-sims, kind="stable")[:n]]
-    mids = [m for m in state.rows.memory_id[top].tolist() if m >= 0]
+    return [m for m in state.rows.memory_id[top].tolist() if m >= 0]
+
+
+def cluster_examples(state: StoreState, cid: int, n: int, centre: np.ndarray) -> list[str]:
+    """Texts of the ``n`` members nearest the cluster's ``centre``."""
+    mids = example_ids(state, cid, n, centre)
     texts = state.catalog.texts(mids) if mids else {}
     return [texts[m] for m in mids if m in texts]
 
