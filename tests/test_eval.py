@@ -25,7 +25,7 @@ TINY = Path(__file__).parent / "data" / "tiny_locomo.json"
 # 41 memories: cluster from 10 on, ~5 clusters, so two_stage really prunes.
 CLUSTERED = {"min_memories_to_cluster": 10, "target_cluster_size": 8}
 CLUSTERED_ARGS = ["--store-option", "min_memories_to_cluster=10", "--store-option", "target_cluster_size=8"]
-N_PROBES = ["auto", 4, 8, 16, 32]  # the eval's default list
+N_PROBES = ["auto", 2, 4, 8, 16]  # the eval's default list
 
 
 def test_hashing_embedder_is_normalised_deterministic_and_lexical():
@@ -50,10 +50,11 @@ def test_cli_runs_tiny_file_end_to_end(tmp_path, capsys):
     assert (tmp_path / "recall_vs_fraction.png").read_bytes()[:4] == b"\x89PNG"
     report = json.loads((tmp_path / "eval.json").read_text())
     out = capsys.readouterr().out
-    assert "| vector/flat |" in out and "| vector/two_stage@auto |" in out
+    assert "| vector/flat-vector |" in out and "| vector/two_stage-hybrid@auto |" in out
 
     ret = report["retrieval"]
-    assert sorted(ret) == sorted(["vector/flat"] + [f"vector/two_stage@{p}" for p in N_PROBES])
+    assert sorted(ret) == sorted(["vector/flat-vector", "vector/flat-hybrid", "vector/two_stage-vector@auto"]
+                              + [f"vector/two_stage-hybrid@{p}" for p in N_PROBES])
     assert report["counts"] == {"samples": 1, "memories": 41, "questions": 10,
                                 "questions_without_resolvable_evidence": 0}
     for name, r in ret.items():
@@ -62,13 +63,13 @@ def test_cli_runs_tiny_file_end_to_end(tmp_path, capsys):
             assert 0.0 <= r[m] <= 1.0, (name, m)
         assert r["recall@5"] <= r["recall@10"]
         assert r["latency_ms_p50"] <= r["latency_ms_p99"]
-    assert ret["vector/flat"]["search_fraction"] == 1.0
+    assert ret["vector/flat-vector"]["search_fraction"] == ret["vector/flat-hybrid"]["search_fraction"] == 1.0
     # the store clustered itself, and probing one cluster scans less than everything
     org = report["organisation"]["vector"]
     assert org["clusters_per_sample"][0] >= 2
     assert sum(org["cluster_sizes"]) >= 41  # soft assignment may list a memory twice
-    assert ret["vector/two_stage@4"]["search_fraction"] < 1.0
-    fracs = [ret[f"vector/two_stage@{p}"]["search_fraction"] for p in N_PROBES]
+    assert ret["vector/two_stage-vector@auto"]["search_fraction"] < 1.0
+    fracs = [ret[f"vector/two_stage-hybrid@{p}"]["search_fraction"] for p in N_PROBES[1:]]
     assert fracs == sorted(fracs), "more probes never scan less"
     assert report["qa"] == {}  # no SLM given
     assert org["llm_calls_per_memory"] == 0
@@ -85,8 +86,8 @@ def test_flat_recall_matches_brute_force(tmp_path):
     for q, v in zip(s.qa, qv):
         top = np.argsort(-(mem @ v), kind="stable")[:10]
         recalls.append(recall_at_k([s.turns[i].dia_id for i in top], set(q.evidence), 10))
-    assert report["retrieval"]["vector/flat"]["recall@10"] == pytest.approx(np.mean(recalls))
-    assert report["retrieval"]["vector/flat"]["recall@10"] >= 0.5  # lexical overlap finds most evidence
+    assert report["retrieval"]["vector/flat-vector"]["recall@10"] == pytest.approx(np.mean(recalls))
+    assert report["retrieval"]["vector/flat-vector"]["recall@10"] >= 0.5  # lexical overlap finds most evidence
 
 
 def test_vector_only_run_is_deterministic():
@@ -101,8 +102,9 @@ def test_max_questions_and_samples_bound_the_run():
     rep = run_eval(TINY, out_dir=None, embedder="hash", progress=False, max_questions=3, samples="tiny-1",
                    n_probe=[2])
     assert rep["counts"]["questions"] == 3
-    assert sorted(rep["retrieval"]) == ["vector/flat", "vector/two_stage@2"]
-    assert rep["retrieval"]["vector/flat"]["questions"] == 3
+    assert sorted(rep["retrieval"]) == ["vector/flat-hybrid", "vector/flat-vector", "vector/two_stage-hybrid@2",
+                                       "vector/two_stage-vector@auto"]
+    assert rep["retrieval"]["vector/flat-vector"]["questions"] == 3
 
 
 @pytest.mark.parametrize(
@@ -200,7 +202,7 @@ def test_qa_questions_bounds_answers_not_retrieval(fake_slm):
                    qa_modes=["two_stage"], qa_questions=3)
     assert _FakeSLM.answered == 3 * 2  # 3 questions, one mode, two organisations
     assert rep["qa"]["vector/two_stage@auto"]["questions"] == 3
-    assert rep["retrieval"]["vector/flat"]["questions"] == 10
+    assert rep["retrieval"]["vector/flat-vector"]["questions"] == 10
 
 
 def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
@@ -233,5 +235,5 @@ def test_clag_fast_eval_subcommand(tmp_path, capsys):
     rc = clag_fast_main(["eval", str(TINY), "--embedder", "hash", "--out", str(tmp_path), "--no-progress",
                          "--no-plots", *CLUSTERED_ARGS])
     assert rc == 0
-    assert "| vector/two_stage@8 |" in capsys.readouterr().out
+    assert "| vector/two_stage-hybrid@8 |" in capsys.readouterr().out
     assert json.loads((tmp_path / "eval.json").read_text())["counts"]["memories"] == 41

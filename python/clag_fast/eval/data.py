@@ -56,13 +56,20 @@ class Turn:
 
 @dataclass(frozen=True)
 class QAItem:
-    """One question with its gold answer and evidence ids (normalised, resolvable or not)."""
+    """One question with its gold answer and evidence ids.
+
+    ``evidence``: the ids in LoCoMo's canonical ``D<session>:<turn>`` form
+    (:func:`normalize_evidence`); ``raw_evidence``: the ids exactly as written, which
+    :meth:`Sample.resolve_evidence` tries first (datasets with other id schemes, such as
+    ``"0:19"``, only match this way).
+    """
 
     question: str
     answer: str
     category: str
     evidence: tuple[str, ...]
     adversarial: bool = False
+    raw_evidence: tuple[str, ...] = ()
 
 
 @dataclass
@@ -76,6 +83,26 @@ class Sample:
     def dia_ids(self) -> set[str]:
         """Every turn id of the conversation (evidence outside this set cannot be retrieved)."""
         return {t.dia_id for t in self.turns}
+
+    def resolve_evidence(self, q: QAItem) -> set[str]:
+        """The turn ids (as the turns write them) that ``q``'s evidence names.
+
+        Each evidence id is matched exactly as written first; only an id that names no turn is
+        then normalised (LoCoMo's typos: ``"D:11:26"``, ``"D30:05"``, ``"D8:6; D9:17"``) and
+        matched against the turns' ids in the same canonical form.
+        """
+        exact = self.dia_ids()
+        canon: dict[str, str] = {}
+        for did in exact:
+            for c in normalize_evidence(did)[:1]:
+                canon.setdefault(c, did)
+        out: set[str] = set()
+        for e in q.raw_evidence or q.evidence:
+            if e in exact:
+                out.add(e)
+                continue
+            out.update(canon[c] for c in normalize_evidence(e) if c in canon)
+        return out
 
 
 def normalize_evidence(raw: object) -> list[str]:
@@ -96,9 +123,12 @@ def normalize_evidence(raw: object) -> list[str]:
     return out
 
 
-def _canonical_dia_id(raw: object) -> str:
-    m = _EVIDENCE_ID.fullmatch(str(raw).strip())
-    return f"D{int(m.group(1))}:{int(m.group(2))}" if m else str(raw)
+def _raw_evidence(raw: object) -> tuple[str, ...]:
+    """The evidence ids as written (stripped); a bare string is one id."""
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    return tuple(s for s in (str(x).strip() for x in items) if s)
 
 
 def _parse_sample(i: int, obj: object) -> Sample:
@@ -127,7 +157,7 @@ def _parse_sample(i: int, obj: object) -> Sample:
             caption = t.get("blip_caption")
             sample.turns.append(
                 Turn(
-                    dia_id=_canonical_dia_id(t["dia_id"]),
+                    dia_id=t["dia_id"].strip(),
                     speaker=t["speaker"],
                     text=t["text"],
                     session=n,
@@ -155,6 +185,7 @@ def _parse_sample(i: int, obj: object) -> Sample:
                 category=str(q.get("category", "none")),
                 evidence=tuple(evidence),
                 adversarial=adversarial,
+                raw_evidence=_raw_evidence(q.get("evidence")),
             )
         )
     return sample

@@ -31,16 +31,23 @@ def to_markdown(report: dict) -> str:
         f"embedding {report['embedding']['texts']} texts took {report['embedding']['seconds']:.1f} s; "
         f"whole run {report.get('total_s', float('nan')):.1f} s.",
         "",
-        "| configuration | questions | Recall@5 | Recall@10 | Precision@5 | nDCG@10 | scanned | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| configuration | questions | Recall@5 | Recall@10 | Precision@5 | nDCG@10 | scanned | fell back to flat "
+        "| p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in report["retrieval"].items():
         lines.append(
             f"| {name} | {r['questions']} | {_fmt(r['recall@5'])} | {_fmt(r['recall@10'])} | "
             f"{_fmt(r['precision@5'])} | {_fmt(r['ndcg@10'])} | {_pct(r['search_fraction'])} | "
-            f"{_fmt(r['latency_ms_p50'], 2)} | {_fmt(r['latency_ms_p99'], 2)} |"
+            f"{_pct(r.get('fallback_flat', float('nan')))} | {_fmt(r['latency_ms_p50'], 2)} | {_fmt(r['latency_ms_p99'], 2)} |"
         )
     lines += [
+        "",
+        "Configurations: flat = exact scan of every memory; two_stage = probed clusters only "
+        "(@n_probe, auto = the store's rule); vector = lexical_weight 0, hybrid = the store's "
+        "default lexical + vector fusion. Scanned = distinct memories whose score the search "
+        "computed (Hits.scanned) over the eligible memories; a two-stage search whose probed "
+        "clusters hold fewer than k rows falls back to flat and scans them all.",
         "",
         "| organisation | memories | ingest s | organize s | ms/memory | clusters per sample | size min/p50/p90/max "
         "| LLM calls/memory | LLM tokens/memory | LLM calls/question (search) | answer calls/question "
@@ -81,20 +88,26 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 4))
     orgs = sorted({name.split("/")[0] for name in report["retrieval"]})
     for i, org in enumerate(orgs):
-        color = f"C{i}"  # one colour per organisation: its flat star and its two_stage line
+        color = f"C{i}"  # one colour per organisation: its flat stars and its two_stage line
         pts = []
         for name, r in report["retrieval"].items():
-            o, mode = name.split("/", 1)
+            o, _, config = name.partition("/")
             if o != org:
                 continue
+            mode, _, rest = config.partition("-")
+            kind, _, npb = rest.partition("@")
             if mode == "flat":
-                ax.scatter([r["search_fraction"]], [r["recall@10"]], marker="*", s=120, color=color,
-                           label=f"{org} flat")
+                ax.scatter([r["search_fraction"]], [r["recall@10"]], marker="*" if kind == "hybrid" else "x",
+                           s=120, color=color, label=f"{org} {config}")
+            elif kind == "vector":
+                ax.scatter([r["search_fraction"]], [r["recall@10"]], marker="s", color=color,
+                           label=f"{org} {config}")
             else:
-                pts.append((r["search_fraction"], r["recall@10"], mode.split("@")[-1]))
+                pts.append((r["search_fraction"], r["recall@10"], npb))
         pts.sort()
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color, label=f"{org} two_stage")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color,
+                    label=f"{org} two_stage-hybrid")
             for x, y, npb in pts:
                 ax.annotate(f"n_probe={npb}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
     ax.set_xlabel("search-space fraction (memories scanned / total)")

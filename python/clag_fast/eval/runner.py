@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from clag_fast.eval.answer import answer_context, ask
 from clag_fast.eval.data import Sample, load_dataset
 from clag_fast.eval.metrics import (
     answer_tokens,
@@ -48,22 +49,12 @@ from clag_fast.eval.metrics import (
     token_f1,
 )
 
-__all__ = ["HashingEmbedder", "add_eval_parser", "run_eval", "main", "DEFAULT_N_PROBE"]
+__all__ = ["HashingEmbedder", "LookupEmbedder", "add_eval_parser", "run_eval", "main", "DEFAULT_N_PROBE"]
 
-DEFAULT_N_PROBE = (0, 4, 8, 16, 32)  # 0 = the store's automatic n_probe ("auto")
+DEFAULT_N_PROBE = (0, 2, 4, 8, 16)  # 0 = the store's automatic n_probe ("auto")
 #: The k of every retrieval metric is fixed by the issue: Recall@5, Recall@10, Precision@5,
 #: nDCG@10; searches therefore return the top 10.
 SEARCH_K = 10
-
-ANSWER_SYSTEM = (
-    "You answer questions about a long conversation between two people, using only the "
-    "memories given. Memories are grouped by topic and dated. Reply with a short phrase "
-    "(a few words), not a sentence. If the memories do not contain the answer, reply exactly: "
-    "Not mentioned in the conversation."
-)
-#: Answers are short phrases; a cap keeps a rambling small model from costing seconds.
-ANSWER_MAX_TOKENS = 32
-
 
 class HashingEmbedder:
     """Deterministic bag-of-words embedder (feature hashing), for tests and offline runs.
@@ -95,6 +86,35 @@ class HashingEmbedder:
             # vectors (the index rejects those); it is small so it barely moves real cosines.
             out[i, 0] += 0.05
         out /= np.linalg.norm(out, axis=1, keepdims=True)
+        return out
+
+
+class LookupEmbedder:
+    """An embedder that returns vectors computed beforehand for known texts.
+
+    The eval embeds every question once, in batches; a store opened with this embedder can
+    then be searched with the question *text* (which hybrid search needs for its lexical
+    half) without embedding it again. ``fallback`` (an embedder) handles other texts, such as
+    the SLM organiser's topic labels; without one an unknown text is a ValueError.
+    """
+
+    def __init__(self, texts: Sequence[str], vectors: np.ndarray, fallback: Any = None) -> None:
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or len(vectors) != len(texts):
+            raise ValueError(f"LookupEmbedder needs one vector per text, got {vectors.shape} for {len(texts)} texts")
+        self.dim = int(vectors.shape[1])
+        self._vecs = {t: vectors[i] for i, t in enumerate(texts)}
+        self._fallback = fallback
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 [n, dim]: the stored vector of each text (or the fallback's)."""
+        missing = [t for t in texts if t not in self._vecs]
+        if missing and self._fallback is None:
+            raise ValueError(f"LookupEmbedder: no vector for {missing[0]!r}")
+        extra = dict(zip(missing, np.asarray(self._fallback.encode(missing), np.float32))) if missing else {}
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            out[i] = self._vecs[t] if t in self._vecs else extra[t]
         return out
 
 
@@ -181,45 +201,6 @@ def _diff(after: dict, before: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after}
 
 
-def _answer_prompt(question: str, hits: Sequence[Any]) -> list[dict]:
-    """Chat messages for the answer: memories grouped under their cluster labels, dated."""
-    groups: dict[str, list[str]] = {}
-    for h in hits:
-        label = (h.cluster_summary or "").strip() or ", ".join(h.cluster_tags or [])
-        label = label or (f"cluster {h.cluster_id}" if h.cluster_id is not None else "unclustered")
-        date = (h.metadata or {}).get("date", "")
-        groups.setdefault(label, []).append(f"- ({date}) {h.text}" if date else f"- {h.text}")
-    body = "\n".join(f"Topic: {label}\n" + "\n".join(lines) for label, lines in groups.items())
-    return [
-        {"role": "system", "content": ANSWER_SYSTEM},
-        {"role": "user", "content": f"Memories:\n{body}\n\nQuestion: {question}\nShort answer:"},
-    ]
-
-
-def _ask(client: Any, question: str, hits: Sequence[Any]) -> str:
-    """The SLM's short answer (first line of a plain completion), or "" when the call fails
-    (scored 0; the client counts the error).
-
-    Plain text, not ``chat_json``: SmolLM2-135M often breaks a JSON wrapper around a free-text
-    answer (measured: "truncated JSON object" then retries, ~5 s per question against ~2 s),
-    and the answer needs no structure.
-    """
-    from clag_fast.slm.client import LLMError
-
-    try:
-        text = client.chat(_answer_prompt(question, hits), max_tokens=ANSWER_MAX_TOKENS)
-    except LLMError:
-        return ""
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    answer = lines[0] if lines else ""
-    # Small models often restate the question's frame before the answer; drop that frame.
-    for prefix in ("the short answer is:", "the answer is:", "short answer:", "answer:"):
-        if answer.lower().startswith(prefix):
-            answer = answer[len(prefix):].strip()
-            break
-    return answer
-
-
 # --- the run ---------------------------------------------------------------------------
 
 
@@ -254,6 +235,7 @@ def _retrieval_summary(acc: _Acc) -> dict:
         "precision@5": _mean(v["precision@5"]),
         "ndcg@10": _mean(v["ndcg@10"]),
         "search_fraction": _mean(v["search_fraction"]),
+        "fallback_flat": _mean(v["fallback_flat"]),
         "latency_ms_p50": percentile(lat_ms, 50),
         "latency_ms_p99": percentile(lat_ms, 99),
         "recall@10_by_category": {c: _mean(d["recall@10"]) for c, d in sorted(acc.by_cat.items())},
@@ -373,6 +355,8 @@ def run_eval(
         if max_questions is not None:
             s.qa = s.qa[:max_questions]
 
+    all_relevant = {s.sample_id: [s.resolve_evidence(q) for q in s.qa] for s in all_samples}
+    _check_evidence(all_samples, all_relevant)
     emb, emb_name = _make_embedder(embedder, precision, threads)
     cache = Path(cache_dir) if cache_dir is not None else None
     turn_texts = [t.memory_text() for s in all_samples for t in s.turns]
@@ -382,7 +366,7 @@ def run_eval(
     q_vecs = _embed(emb, questions, emb_name, cache, progress=progress, desc="embed questions")
     embed_s = time.perf_counter() - t0
 
-    search_cfgs = [("flat", None)] + [("two_stage", p) for p in n_probe]
+    search_cfgs = _search_configs(n_probe)
     retrieval: dict[str, _Acc] = defaultdict(_Acc.new)
     qa: dict[str, _Acc] = defaultdict(_Acc.new)
     org_totals: dict[str, dict[str, Any]] = {}
@@ -399,8 +383,7 @@ def run_eval(
             s_q_vecs = q_vecs[q_off : q_off + len(s.qa)]
             t_off += len(s.turns)
             q_off += len(s.qa)
-            dia_ids = s.dia_ids()
-            relevant = [set(e for e in q.evidence if e in dia_ids) for q in s.qa]
+            relevant = all_relevant[s.sample_id]
             skipped_no_evidence += sum(1 for r in relevant if not r)
             for org in organisations:
                 rec = _eval_sample_org(
@@ -456,6 +439,43 @@ def run_eval(
     return report
 
 
+@dataclass(frozen=True)
+class _SearchConfig:
+    """One retrieval configuration of the table."""
+
+    mode: str  # "flat" or "two_stage"
+    n_probe: int | None  # two_stage: clusters probed; None = the store's automatic rule
+    lexical_weight: float | None  # None = the store's default (hybrid); 0 = vectors only
+
+    @property
+    def name(self) -> str:
+        kind = "vector" if self.lexical_weight == 0 else "hybrid"
+        probe = f"@{self.n_probe or 'auto'}" if self.mode == "two_stage" else ""
+        return f"{self.mode}-{kind}{probe}"
+
+
+def _search_configs(n_probe: Sequence[int]) -> list[_SearchConfig]:
+    """Flat vector and flat hybrid (exact references), two-stage hybrid at every ``n_probe``
+    (0 = automatic), and two-stage vector at the automatic n_probe for reference."""
+    return ([_SearchConfig("flat", None, 0.0), _SearchConfig("flat", None, None)]
+            + [_SearchConfig("two_stage", p or None, None) for p in n_probe]
+            + [_SearchConfig("two_stage", None, 0.0)])
+
+
+def _check_evidence(samples: list[Sample], relevant: dict[str, list[set[str]]]) -> None:
+    """ValueError when questions exist but no question's evidence names a turn: the ids do
+    not match (another scheme, or a broken file), and every retrieval metric would be empty."""
+    n_q = sum(len(s.qa) for s in samples)
+    if n_q == 0 or any(r for rs in relevant.values() for r in rs):
+        return
+    ev = [e for s in samples for q in s.qa for e in (q.raw_evidence or q.evidence)][:3]
+    turns = [t.dia_id for s in samples for t in s.turns][:3]
+    raise ValueError(
+        f"no question's evidence matches a turn id ({n_q} questions): evidence ids such as {ev} "
+        f"vs turn dia_ids such as {turns}; evidence must name turns by their dia_id (exactly, or in "
+        "LoCoMo's D<session>:<turn> form)")
+
+
 def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndarray,
                      relevant: list[set[str]], search_cfgs: list, qa_modes: Sequence[str],
                      retrieval: dict[str, _Acc], qa: dict[str, _Acc], url: str | None,
@@ -478,7 +498,11 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             tmp, config=cfg,
             # The vector-only store never embeds: every vector is passed in. The SLM store
             # gets the shared embedder because SLM topics are embedded into cluster centres.
-            embedder=False if org == "vector" else emb,
+            # Every vector is passed in: turns as embeddings, questions through the lookup (the
+            # question text is still the query, for the lexical half of hybrid search). The SLM
+            # store falls back to the shared embedder for its topic labels.
+            embedder=LookupEmbedder([q.question for q in s.qa], q_vecs,
+                                    fallback=None if org == "vector" else emb),
             llm=store_client if store_client is not None else False,
         )
         try:
@@ -502,23 +526,29 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             before_qa = _llm_counts(qa_client)
             for qi, (q, qv, rel) in enumerate(zip(s.qa, q_vecs, relevant)):
                 hits_for_qa: dict[str, Any] = {}
-                for mode, np_ in search_cfgs:
-                    name = f"{org}/{mode}" + (f"@{np_ or 'auto'}" if np_ is not None else "")
+                for sc in search_cfgs:
+                    name = f"{org}/{sc.name}"
                     t0 = time.perf_counter()
-                    hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=np_ or None)
+                    hits = store.search(q.question, k=SEARCH_K, mode=sc.mode, n_probe=sc.n_probe,
+                                        lexical_weight=sc.lexical_weight)
                     # The store's own latency_s stops before its post-search triggers run:
                     # this loop repeats each question once per configuration, so a confused
                     # question fires the confusion trigger (an organisation) inside a search
                     # call, which says nothing about search speed. Wall time is the fallback.
                     lat = getattr(hits, "latency_s", None) or (time.perf_counter() - t0)
-                    if mode == "flat":
+                    # QA answers from the store's default search (hybrid) in each mode.
+                    if sc.lexical_weight is None and sc.mode == "flat":
                         hits_for_qa["flat"] = hits
-                    elif np_ == qa_np:
+                    elif sc.lexical_weight is None and (sc.n_probe or 0) == qa_np:
                         hits_for_qa["two_stage"] = hits
                     if not rel:
                         continue  # recall/nDCG undefined: counted in questions_without_resolvable_evidence
                     got = [id_to_dia.get(int(h.memory_id)) for h in hits]
+                    # Scanned: the memories whose score the search computed, as the store
+                    # counts them (Hits.scanned); a two-stage search whose probed clusters hold
+                    # fewer than k rows falls back to flat and scans every eligible memory.
                     frac = hits.scanned / hits.candidates if hits.candidates else 0.0
+                    fell_back = float(sc.mode == "two_stage" and hits.mode == "flat")
                     retrieval[name].add(
                         q.category,
                         **{
@@ -527,6 +557,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
                             "precision@5": precision_at_k(got, rel, 5),
                             "ndcg@10": ndcg_at_k(got, rel, 10),
                             "search_fraction": frac,
+                            "fallback_flat": fell_back,
                             "latency_s": lat,
                         },
                     )
@@ -534,8 +565,8 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
                     for mode in qa_modes:
                         hits = hits_for_qa.get(mode)
                         if hits is None:  # two_stage at the default n_probe was not in the list
-                            hits = store.search(qv, k=SEARCH_K, mode=mode, n_probe=qa_np or None)
-                        pred = _ask(qa_client, q.question, hits)
+                            hits = store.search(q.question, k=SEARCH_K, mode=mode, n_probe=qa_np or None)
+                        pred = ask(qa_client, q.question, answer_context(hits, grouped=True))
                         name = f"{org}/{mode}" + (f"@{qa_np or 'auto'}" if mode == "two_stage" else "")
                         f1, b1 = token_f1(pred, q.answer), bleu1(pred, q.answer)
                         qa[name].add(q.category, f1=f1, bleu1=b1)
@@ -699,11 +730,18 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default=None, help="directory to cache embeddings between runs")
     p.add_argument("--store-option", action="append", default=[], type=_store_option, metavar="FIELD=VALUE",
                    help="StoreConfig override for every store, e.g. target_cluster_size=32 (repeatable)")
+    p.add_argument("--qa-table", action="store_true",
+                   help="with --llm: measure the QA table instead (flat vector RAG vs clag_fast without and with "
+                        "cluster labels, a fixed stratified question subset; see clag_fast.eval.qa)")
+    p.add_argument("--qa-n", type=int, default=200, help="--qa-table: questions in the subset (default 200)")
+    p.add_argument("--qa-seed", type=int, default=0, help="--qa-table: seed of the subset (default 0)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _run_from_args(args: argparse.Namespace) -> int:
+    if args.qa_table:
+        return _qa_table_from_args(args)
     try:
         report = run_eval(
             args.dataset, out_dir=args.out, samples=args.samples, max_questions=args.max_questions,
@@ -721,6 +759,25 @@ def _run_from_args(args: argparse.Namespace) -> int:
     print(to_markdown(report))
     for path in report.get("files", []):
         print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _qa_table_from_args(args: argparse.Namespace) -> int:
+    from clag_fast.eval.qa import run_qa_table, to_markdown
+
+    try:
+        if args.llm is None:
+            raise ValueError("--qa-table needs --llm (managed or a server URL)")
+        summary = run_qa_table(
+            args.dataset, out_dir=args.out, n_questions=args.qa_n, seed=args.qa_seed, llm=args.llm,
+            embedder=args.embedder, precision=args.precision, threads=args.threads, cache_dir=args.cache,
+            store_options=dict(args.store_option), progress=not args.no_progress,
+        )
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"clag-fast eval: error: {exc}", file=sys.stderr)
+        return 2
+    print(to_markdown(summary))
+    print(f"wrote {Path(args.out) / 'qa.jsonl'}, qa.json, qa.md", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,329 @@
+"""The paper's QA table, measured: does cluster-labelled context help a small model answer?
+
+Three configurations answer the same questions with the same SLM and the same answer prompt
+(:mod:`clag_fast.eval.answer`), and differ only in the context:
+
+  flat_vector   flat vector RAG: exact scan of every memory, vectors only (lexical_weight 0),
+                the top ``k`` as a plain dated list
+  clag          the store's default retrieval (two-stage, automatic n_probe, hybrid
+                lexical + vector at ``StoreConfig.lexical_weight``), the same plain list
+  clag_labels   the same hits as ``clag``, grouped under their cluster's label (summary, else
+                tags): the CLAG context
+
+The questions are a fixed stratified subset (:func:`select_questions`): the same rule and seed
+choose the same questions on every run, so only the rule is stored, never the data. Every
+(question, configuration) becomes one JSON line in ``qa.jsonl`` with the retrieved memories
+(ids, dia_ids, scores, cluster ids), the exact context sent, the answer and its F1 / BLEU-1, so
+that :func:`summarize` (``python -m clag_fast.eval.qa OUT/qa.jsonl``) recomputes every figure
+of the table from the file alone. A run that stops part-way resumes from its JSONL.
+
+The stores are organised without an SLM (k-means, profiles from the most typical member and
+frequent words): the SLM is used for answers only, so the table isolates the context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clag_fast.eval.answer import ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply
+from clag_fast.eval.data import Sample, load_dataset
+from clag_fast.eval.metrics import bleu1, token_f1
+
+__all__ = ["QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl", "summarize",
+           "to_markdown", "main"]
+
+#: name -> (search mode, lexical_weight (None = the store's default), grouped context)
+QA_CONFIGS: dict[str, tuple[str, float | None, bool]] = {
+    "flat_vector": ("flat", 0.0, False),
+    "clag": ("two_stage", None, False),
+    "clag_labels": ("two_stage", None, True),
+}
+BASELINE = "flat_vector"
+QA_K = 10
+SELECTION_RULE = (
+    "per category (sorted), the n_per_category questions with the smallest "
+    "sha256(f'{seed}|{sample_id}|{qa_index}|{question}'), n_per_category = ceil(n / categories); "
+    "a category with fewer questions gives all of them"
+)
+
+
+def select_questions(samples: Sequence[Sample], n: int, seed: int = 0) -> list[tuple[int, int]]:
+    """A fixed stratified subset: ``(sample index, question index)`` pairs, in dataset order.
+
+    Every category gets ``ceil(n / categories)`` questions (all of them when it has fewer),
+    those with the smallest sha256 of ``seed``, sample id, index and question text. The rule
+    depends on the data and the seed only (no RNG state, no Python hash salt), so every run on
+    the same file picks the same questions.
+    """
+    if n < 1:
+        raise ValueError(f"the QA subset needs n >= 1, got {n}")
+    by_cat: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for si, s in enumerate(samples):
+        for qi, q in enumerate(s.qa):
+            key = hashlib.sha256(f"{seed}|{s.sample_id}|{qi}|{q.question}".encode()).hexdigest()
+            by_cat[q.category].append((key, si, qi))
+    if not by_cat:
+        raise ValueError("the dataset has no questions")
+    per = math.ceil(n / len(by_cat))
+    picked = [(si, qi) for cat in sorted(by_cat) for _, si, qi in sorted(by_cat[cat])[:per]]
+    return sorted(picked)
+
+
+def _hit_record(h: Any, dia: dict[int, str]) -> dict:
+    return {"memory_id": int(h.memory_id), "dia_id": dia.get(int(h.memory_id)), "score": float(h.score),
+            "cluster_id": h.cluster_id}
+
+
+def run_qa_table(
+    dataset: str | Path,
+    *,
+    out_dir: str | Path = "eval_qa",
+    n_questions: int = 200,
+    seed: int = 0,
+    llm: str = "managed",
+    embedder: Any = "minilm",
+    precision: str = "auto",
+    threads: int | None = None,
+    cache_dir: str | Path | None = None,
+    store_options: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Answer the stratified subset in every configuration of :data:`QA_CONFIGS`.
+
+    Writes ``out_dir/qa.jsonl`` (appended line by line, so a stopped run resumes: pairs
+    already in the file are not asked again), ``qa_run.json`` (the parameters and the
+    selection rule; a resumed run must match them) and ``qa.json`` / ``qa.md`` (the table).
+    Returns the summary of :func:`summarize`.
+    """
+    from tqdm import tqdm
+
+    from clag_fast.eval.runner import LookupEmbedder, _embed, _llm_endpoint, _make_embedder, _store_config
+    from clag_fast.slm.client import LLMClient
+    from clag_fast.store import MemoryStore
+
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    samples = load_dataset(dataset)
+    picked = select_questions(samples, n_questions, seed)
+    emb, emb_name = _make_embedder(embedder, precision, threads)
+    cfg = _store_config("vector", store_options)
+    run = {
+        "dataset": Path(dataset).name,
+        "n_questions": n_questions,
+        "seed": seed,
+        "selection_rule": SELECTION_RULE,
+        "selected": len(picked),
+        "configs": {k: {"mode": m, "lexical_weight": w, "grouped": g} for k, (m, w, g) in QA_CONFIGS.items()},
+        "k": QA_K,
+        "embedder": emb_name,
+        "answer_system_prompt": ANSWER_SYSTEM,
+        "answer_max_tokens": ANSWER_MAX_TOKENS,
+        "store_options": dict(store_options or {}),
+        "lexical_weight_default": cfg.lexical_weight,
+    }
+    meta_path, jsonl = out / "qa_run.json", out / "qa.jsonl"
+    if meta_path.exists() and jsonl.exists():
+        old = json.loads(meta_path.read_text())
+        if {k: old.get(k) for k in run} != run:
+            raise ValueError(f"{out} holds a QA run with other parameters; choose another --out")
+    meta_path.write_text(json.dumps(run, indent=1))
+    done = {(r["sample_id"], r["qa_index"], r["config"]) for r in read_jsonl(jsonl)} if jsonl.exists() else set()
+
+    by_sample: dict[int, list[int]] = defaultdict(list)
+    for si, qi in picked:
+        by_sample[si].append(qi)
+    todo = {si: qis for si, qis in by_sample.items()
+            if any((samples[si].sample_id, qi, c) not in done for qi in qis for c in QA_CONFIGS)}
+    cache = Path(cache_dir) if cache_dir is not None else None
+    with _llm_endpoint(llm) as url, jsonl.open("a", encoding="utf-8") as f:
+        if url is None:
+            raise ValueError("the QA table needs an SLM: llm='managed' or a server URL")
+        client = LLMClient(url)
+        bar = tqdm(total=sum(len(v) for v in todo.values()), desc="qa", unit="q", disable=not progress)
+        for si, qis in sorted(todo.items()):
+            s = samples[si]
+            texts = [t.memory_text() for t in s.turns]
+            tv = _embed(emb, texts, emb_name, cache, progress=False)
+            questions = [s.qa[qi].question for qi in qis]
+            qv = _embed(emb, questions, emb_name, cache, progress=False)
+            with tempfile.TemporaryDirectory(prefix="clag-qa-") as tmp:
+                store = MemoryStore.open(tmp, config=cfg, embedder=LookupEmbedder(questions, qv), llm=False)
+                try:
+                    ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns])
+                    store.organize()
+                    dia = {int(m): t.dia_id for m, t in zip(ids, s.turns)}
+                    for qi in qis:
+                        q = s.qa[qi]
+                        searches: dict[tuple, Any] = {}
+                        for name, (mode, lw, grouped) in QA_CONFIGS.items():
+                            if (s.sample_id, qi, name) in done:
+                                continue
+                            hits = searches.get((mode, lw))
+                            if hits is None:
+                                hits = searches[(mode, lw)] = store.search(q.question, k=QA_K, mode=mode,
+                                                                           lexical_weight=lw)
+                            context = answer_context(hits, grouped)
+                            t0 = time.perf_counter()
+                            pred, reply = ask_with_reply(client, q.question, context)
+                            rec = {
+                                "config": name, "sample_id": s.sample_id, "qa_index": qi,
+                                "category": q.category, "question": q.question, "gold": q.answer,
+                                "evidence": list(q.evidence),
+                                "retrieved": [_hit_record(h, dia) for h in hits],
+                                "context": context, "reply": reply, "answer": pred,
+                                "f1": token_f1(pred, q.answer), "bleu1": bleu1(pred, q.answer),
+                                "answer_s": round(time.perf_counter() - t0, 3),
+                            }
+                            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                            f.flush()
+                        bar.update(1)
+                finally:
+                    store.close()
+        bar.close()
+    summary = summarize(read_jsonl(jsonl))
+    summary["run"] = run
+    summary["llm_stats"] = {k: v for k, v in client.stats.snapshot().items() if isinstance(v, (int, float))}
+    summary["seconds_this_run"] = time.perf_counter() - t_start
+    (out / "qa.json").write_text(json.dumps(_nan_to_none(summary), indent=1))
+    (out / "qa.md").write_text(to_markdown(summary))
+    return summary
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a ``qa.jsonl`` (blank lines and a torn last line are skipped)."""
+    out = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a run killed mid-write leaves at most one torn line
+    return out
+
+
+def _bootstrap(d: np.ndarray, n_boot: int, rng: np.random.Generator) -> dict:
+    """Mean of the paired differences ``d`` and its percentile-bootstrap 95% interval."""
+    if len(d) == 0:
+        return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
+    means = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(d.mean()), "lo": float(lo), "hi": float(hi), "n": int(len(d))}
+
+
+def summarize(records: Iterable[dict], *, baseline: str = BASELINE, n_boot: int = 10000, seed: int = 0,
+              rescore: bool = True) -> dict:
+    """The QA table from per-question records (the lines of ``qa.jsonl``).
+
+    Per configuration and per category: n, mean F1, mean BLEU-1. For every configuration but
+    ``baseline``: the mean paired difference to the baseline (over the questions both
+    answered) with a percentile-bootstrap 95% interval (``n_boot`` resamples of the questions,
+    ``seed`` fixed, so the interval is reproducible), overall and per category.
+    ``rescore``: recompute F1 / BLEU-1 from ``answer`` and ``gold`` (default) rather than trust
+    the stored values. A (question, configuration) seen twice keeps its last record.
+    """
+    scores: dict[str, dict[tuple, tuple[float, float]]] = defaultdict(dict)
+    cats: dict[tuple, str] = {}
+    for r in records:
+        key = (str(r["sample_id"]), int(r["qa_index"]))
+        f1, b1 = (token_f1(r["answer"], r["gold"]), bleu1(r["answer"], r["gold"])) if rescore else (
+            float(r["f1"]), float(r["bleu1"]))
+        scores[r["config"]][key] = (f1, b1)
+        cats[key] = str(r["category"])
+
+    def block(keys: list[tuple], table: dict[tuple, tuple[float, float]]) -> dict:
+        vals = np.array([table[k] for k in keys], dtype=float).reshape(-1, 2)
+        mean = vals.mean(axis=0) if len(vals) else np.array([np.nan, np.nan])
+        return {"n": len(keys), "f1": float(mean[0]), "bleu1": float(mean[1])}
+
+    configs = {}
+    for name in sorted(scores, key=lambda c: (c != baseline, list(QA_CONFIGS).index(c) if c in QA_CONFIGS else 99, c)):
+        table = scores[name]
+        keys = sorted(table)
+        configs[name] = block(keys, table) | {
+            "by_category": {c: block([k for k in keys if cats[k] == c], table)
+                            for c in sorted({cats[k] for k in keys})}}
+    diffs = {}
+    base = scores.get(baseline, {})
+    rng = np.random.default_rng(seed)
+    for name in configs:
+        if name == baseline or not base:
+            continue
+        keys = sorted(set(scores[name]) & set(base))
+        groups = {"all": keys} | {c: [k for k in keys if cats[k] == c] for c in sorted({cats[k] for k in keys})}
+        diffs[f"{name} - {baseline}"] = {
+            g: {metric: _bootstrap(np.array([scores[name][k][m] - base[k][m] for k in ks], float), n_boot, rng)
+                for m, metric in ((0, "f1"), (1, "bleu1"))}
+            for g, ks in groups.items()
+        }
+    return {"configs": configs, "differences": diffs, "baseline": baseline, "bootstrap": {"n_boot": n_boot,
+            "seed": seed, "interval": "percentile 95%, paired by question"}}
+
+
+def _f(x: float, d: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}f}"
+
+
+def to_markdown(summary: dict) -> str:
+    """The QA table: per configuration and category (F1 / BLEU-1 / n), then the differences."""
+    configs = summary["configs"]
+    cats = sorted({c for v in configs.values() for c in v["by_category"]})
+    lines = ["| configuration | n | F1 | BLEU-1 | " + " | ".join(f"cat {c} F1 / BLEU-1 (n)" for c in cats) + " |",
+             "|---|---:|---:|---:|" + "---|" * len(cats)]
+    for name, v in configs.items():
+        per = " | ".join(
+            f"{_f(b['f1'])} / {_f(b['bleu1'])} ({b['n']})" if (b := v["by_category"].get(c)) else "n/a"
+            for c in cats)
+        lines.append(f"| {name} | {v['n']} | {_f(v['f1'])} | {_f(v['bleu1'])} | {per} |")
+    if summary["differences"]:
+        lines += ["", "| difference (paired, bootstrap 95% CI) | group | n | ΔF1 [CI] | ΔBLEU-1 [CI] |",
+                  "|---|---|---:|---|---|"]
+        for name, groups in summary["differences"].items():
+            for g, m in groups.items():
+                cell = lambda x: f"{_f(x['mean'])} [{_f(x['lo'])}, {_f(x['hi'])}]"  # noqa: E731
+                lines.append(f"| {name} | {g} | {m['f1']['n']} | {cell(m['f1'])} | {cell(m['bleu1'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m clag_fast.eval.qa OUT/qa.jsonl``: recompute and print the table."""
+    p = argparse.ArgumentParser(prog="python -m clag_fast.eval.qa",
+                                description="Recompute the QA table from a qa.jsonl written by clag-fast eval --qa-table.")
+    p.add_argument("jsonl")
+    p.add_argument("--baseline", default=BASELINE)
+    p.add_argument("--n-boot", type=int, default=10000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of Markdown")
+    a = p.parse_args(argv)
+    summary = summarize(read_jsonl(a.jsonl), baseline=a.baseline, n_boot=a.n_boot, seed=a.seed)
+    print(json.dumps(_nan_to_none(summary), indent=1) if a.json else to_markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
