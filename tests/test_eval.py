@@ -237,3 +237,172 @@ def test_clag_fast_eval_subcommand(tmp_path, capsys):
     assert rc == 0
     assert "| vector/two_stage-hybrid@8 |" in capsys.readouterr().out
     assert json.loads((tmp_path / "eval.json").read_text())["counts"]["memories"] == 41
+
+
+# --- hand-computed retrieval metrics, turn ids not in LoCoMo's form ---------------------
+
+
+class _DictEmbedder:
+    """Vectors chosen by hand: turn i is the unit vector e_i; a question is a weighted sum that
+    puts the turns in a stated order (weights 12, 11, ... 1, all distinct, so cosines tie never)."""
+
+    dim = 16
+
+    def __init__(self, vectors: dict):
+        self.vectors = vectors
+
+    def encode(self, texts):
+        return np.stack([self.vectors[t] for t in texts]).astype(np.float32)
+
+
+def _ranked_fixture(tmp_path):
+    n = 12
+    turns = [{"speaker": "A", "dia_id": f"0:{i}", "text": f"turn number {i}"} for i in range(1, n + 1)]
+    vecs = {f"A: turn number {i}": np.eye(16)[i - 1] for i in range(1, n + 1)}
+
+    def query(order):  # order: turn numbers, best first (the rest follow in numeric order)
+        order = order + [i for i in range(1, n + 1) if i not in order]
+        v = sum((n - r) * np.eye(16)[t - 1] for r, t in enumerate(order))
+        return v / np.linalg.norm(v)
+
+    qa = [
+        # evidence 0:3 at rank 1 -> R@5 = R@10 = 1, P@5 = 1/5
+        ("where first?", ["0:3"], [3]),
+        # evidence 0:5 at rank 2 and 0:7 at rank 8 -> R@5 = 1/2, R@10 = 1, P@5 = 1/5
+        ("where second?", ["0:5", "0:7"], [1, 5, 2, 3, 4, 6, 8, 7]),
+        # evidence 0:9 at rank 11 -> R@5 = R@10 = 0, P@5 = 0
+        ("where third?", ["0:9"], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 9]),
+        # evidence naming no turn: left out of the retrieval metrics
+        ("where fourth?", ["0:99"], [1]),
+    ]
+    for q, _, order in qa:
+        vecs[q] = query(order)
+    data = [{"sample_id": "ranked", "conversation": {"session_1": turns},
+             "qa": [{"question": q, "answer": "x", "evidence": ev, "category": 1} for q, ev, _ in qa]}]
+    path = tmp_path / "ranked.json"
+    path.write_text(json.dumps(data))
+    return path, _DictEmbedder(vecs)
+
+
+def test_recall_by_hand_on_ids_in_another_scheme(tmp_path):
+    path, emb = _ranked_fixture(tmp_path)
+    rep = run_eval(path, out_dir=tmp_path / "out", embedder=emb, progress=False, n_probe=[2])
+    assert rep["counts"]["questions_without_resolvable_evidence"] == 1
+    r = rep["retrieval"]["vector/flat-vector"]
+    assert r["questions"] == 3
+    assert r["recall@5"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert r["recall@10"] == pytest.approx((1 + 1 + 0) / 3)
+    assert r["precision@5"] == pytest.approx((0.2 + 0.2 + 0) / 3)
+    assert r["search_fraction"] == 1.0
+    assert (tmp_path / "out" / "recall_vs_fraction.png").stat().st_size > 0
+
+
+def test_no_resolvable_evidence_is_a_clear_error(tmp_path):
+    data = json.loads(TINY.read_text())
+    for q in data[0]["qa"]:
+        q["evidence"] = ["turn-7"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"no question's evidence matches a turn id.*'turn-7'.*'D1:1'"):
+        run_eval(bad, out_dir=None, embedder="hash", progress=False)
+
+
+# --- the QA table ------------------------------------------------------------------------
+
+
+def test_select_questions_is_stratified_and_fixed():
+    from clag_fast.eval.data import parse_samples
+    from clag_fast.eval.qa import select_questions
+
+    cats = [1] * 5 + [2] * 5 + [3]
+    data = [{"sample_id": f"s{j}", "conversation": {"session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "t"}]},
+             "qa": [{"question": f"q{j}-{i}", "answer": "a", "evidence": [], "category": c}
+                    for i, c in enumerate(cats)]} for j in range(2)]
+    samples = parse_samples(data)
+    picked = select_questions(samples, 6, seed=0)
+    by_cat = [samples[si].qa[qi].category for si, qi in picked]
+    assert sorted(by_cat) == ["1", "1", "2", "2", "3", "3"]  # ceil(6 / 3) = 2 per category
+    assert picked == sorted(picked) == select_questions(parse_samples(data), 6, seed=0)
+    assert len(select_questions(samples, 100, seed=0)) == 22  # every question, none twice
+
+
+def _qa_records():
+    """Three questions by hand. flat_vector: F1 .5/1/0, BLEU-1 .5/1/0. clag: F1 1/0/(2/3),
+    BLEU-1 1/0/exp(-1) ("three" against "three dogs": precision 1, brevity penalty e^(1-2/1))."""
+    rows = [
+        ("q1", "1", "red car", {"flat_vector": "blue car", "clag": "red car"}),
+        ("q2", "1", "Paris", {"flat_vector": "Paris", "clag": "London"}),
+        ("q3", "2", "three dogs", {"flat_vector": "", "clag": "three"}),
+    ]
+    return [{"config": c, "sample_id": "s", "qa_index": i, "category": cat, "question": q, "gold": gold,
+             "answer": ans, "f1": -1.0, "bleu1": -1.0}
+            for i, (q, cat, gold, answers) in enumerate(rows) for c, ans in answers.items()]
+
+
+def test_summarize_recomputes_the_table_by_hand(tmp_path, capsys):
+    from clag_fast.eval.qa import main as qa_main
+    from clag_fast.eval.qa import summarize
+
+    s = summarize(_qa_records())
+    flat, clag = s["configs"]["flat_vector"], s["configs"]["clag"]
+    assert (flat["n"], flat["f1"], flat["bleu1"]) == (3, pytest.approx(0.5), pytest.approx(0.5))
+    assert clag["f1"] == pytest.approx((1 + 0 + 2 / 3) / 3)
+    assert clag["bleu1"] == pytest.approx((1 + 0 + np.exp(-1)) / 3)
+    assert flat["by_category"]["1"] == {"n": 2, "f1": pytest.approx(0.75), "bleu1": pytest.approx(0.75)}
+    assert clag["by_category"]["2"]["f1"] == pytest.approx(2 / 3)
+    d = s["differences"]["clag - flat_vector"]["all"]["f1"]
+    assert d["n"] == 3 and d["mean"] == pytest.approx((0.5 - 1 + 2 / 3) / 3)
+    assert -1 <= d["lo"] <= d["mean"] <= d["hi"] <= 2 / 3  # a bootstrap mean lies within the data
+    assert summarize(_qa_records()) == s  # the seed fixes the interval
+    assert summarize(_qa_records(), rescore=False)["configs"]["clag"]["f1"] == -1.0  # stored values
+    # the command line reads a JSONL; a torn last line (a killed run) is skipped
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _qa_records()) + '{"config": "cl')
+    assert qa_main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| flat_vector | 3 | 0.500 | 0.500 |" in out and "| clag | 3 | 0.556 | 0.456 |" in out
+    assert "| clag - flat_vector | all | 3 | 0.056 [" in out
+
+
+def test_answer_context_and_extraction():
+    from clag_fast.eval.answer import answer_context, extract_answer
+    from clag_fast.results import Hit
+
+    hits = [Hit(1, "A: one", 0.9, 7, "pets", [], "memory", "default", 0.0, {"date": "May 1"}),
+            Hit(2, "A: two", 0.8, 3, "", ["work", "job"], "memory", "default", 0.0, None),
+            Hit(3, "A: three", 0.7, 7, "pets", [], "memory", "default", 0.0, None)]
+    assert answer_context(hits, grouped=False) == "- (May 1) A: one\n- A: two\n- A: three"
+    assert answer_context(hits, grouped=True) == "Topic: pets\n- (May 1) A: one\n- A: three\nTopic: work, job\n- A: two"
+    assert extract_answer("Memories:\nTopic: pets\nAnswer: a cat\nmore") == "a cat"
+    assert extract_answer("\n\n") == ""
+
+
+def test_qa_table_end_to_end_jsonl_and_resume(fake_slm, tmp_path, capsys):
+    from clag_fast.eval.qa import QA_CONFIGS, read_jsonl, run_qa_table, summarize
+
+    out = tmp_path / "qa"
+    summary = run_qa_table(TINY, out_dir=out, n_questions=5, llm=fake_slm, embedder="hash", progress=False,
+                           store_options=CLUSTERED)
+    recs = read_jsonl(out / "qa.jsonl")
+    assert len(recs) == 5 * len(QA_CONFIGS) and _FakeSLM.answered == 15
+    assert sorted({r["category"] for r in recs}) == ["1", "2", "3", "4", "5"]  # one per category
+    for r in recs:
+        assert len(r["retrieved"]) == 10 and {"memory_id", "dia_id", "score", "cluster_id"} <= set(r["retrieved"][0])
+        assert r["answer"] == r["gold"] and r["f1"] == 1.0  # the fake SLM answers the gold
+        assert ("Topic: " in r["context"]) == (r["config"] == "clag_labels")
+    by = {(r["config"], r["qa_index"]): r for r in recs}
+    for (c, qi), r in by.items():
+        if c == "clag_labels":  # the same hits as clag, only grouped
+            assert r["retrieved"] == by[("clag", qi)]["retrieved"]
+    assert summary["configs"]["clag_labels"]["f1"] == 1.0
+    assert summarize(recs)["configs"] == summary["configs"]
+    assert (out / "qa.md").read_text().startswith("| configuration |")
+    # a second run resumes: nothing is asked again
+    run_qa_table(TINY, out_dir=out, n_questions=5, llm=fake_slm, embedder="hash", progress=False,
+                 store_options=CLUSTERED)
+    assert _FakeSLM.answered == 15 and len(read_jsonl(out / "qa.jsonl")) == 15
+    with pytest.raises(ValueError, match="other parameters"):
+        run_qa_table(TINY, out_dir=out, n_questions=6, llm=fake_slm, embedder="hash", progress=False)
+    # the CLI path: --qa-table needs --llm
+    assert main([str(TINY), "--qa-table", "--embedder", "hash", "--no-progress"]) == 2
+    assert "--qa-table needs --llm" in capsys.readouterr().err

@@ -103,3 +103,28 @@ def test_load_dataset_reports_bad_json(tmp_path):
     p.write_text(json.dumps([_sample(qa="nope")]))
     with pytest.raises(ValueError, match=r"bad.json: sample 0 \(s1\): 'qa' must be a list"):
         load_dataset(p)
+
+
+def _ids_sample(turn_ids, evidence):
+    return parse_samples([{
+        "sample_id": "ids",
+        "conversation": {"session_1": [{"speaker": "A", "dia_id": d, "text": f"text {i}"}
+                                       for i, d in enumerate(turn_ids)]},
+        "qa": [{"question": f"q{i}?", "answer": "a", "evidence": ev, "category": 1} for i, ev in enumerate(evidence)],
+    }])[0]
+
+
+def test_evidence_is_matched_as_written_first_then_normalised():
+    s = _ids_sample(["0:1", "0:19", "D2:3", "D1:05", "D1:5"],
+                    [["0:19"], ["D:2:03"], ["D1:05"], ["D1:005"], ["0:2"], ["0:19", "D2:3"], "0:1"])
+    got = [s.resolve_evidence(q) for q in s.qa]
+    assert got == [
+        {"0:19"},  # another id scheme: exact match
+        {"D2:3"},  # LoCoMo typo, normalised
+        {"D1:05"},  # exact match wins over the canonical "D1:5"
+        {"D1:5"},  # normalised: the turn written canonically is chosen
+        set(),  # names no turn
+        {"0:19", "D2:3"},
+        {"0:1"},  # a bare string is one id
+    ]
+    assert s.qa[0].raw_evidence == ("0:19",) and s.qa[0].evidence == ()  # no D-form id in it

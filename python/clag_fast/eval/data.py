@@ -92,10 +92,11 @@ class Sample:
         matched against the turns' ids in the same canonical form.
         """
         exact = self.dia_ids()
+        # canonical form -> turn id; a turn already written canonically wins, then turn order
         canon: dict[str, str] = {}
-        for did in exact:
-            for c in normalize_evidence(did)[:1]:
-                canon.setdefault(c, did)
+        for t in sorted(self.turns, key=lambda t: normalize_evidence(t.dia_id)[:1] != [t.dia_id]):
+            for c in normalize_evidence(t.dia_id)[:1]:
+                canon.setdefault(c, t.dia_id)
         out: set[str] = set()
         for e in q.raw_evidence or q.evidence:
             if e in exact:

@@ -119,7 +119,7 @@ def run_qa_table(
     samples = load_dataset(dataset)
     picked = select_questions(samples, n_questions, seed)
     emb, emb_name = _make_embedder(embedder, precision, threads)
-    cfg = _store_config("vector", store_options)
+    cfg = _store_config("vector", {"dim": int(emb.dim)} | dict(store_options or {}))
     run = {
         "dataset": Path(dataset).name,
         "n_questions": n_questions,

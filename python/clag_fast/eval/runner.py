@@ -492,7 +492,8 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
         # prompts are counted separately.
         qa_client = LLMClient(url)
         store_client = LLMClient(url) if org == "slm" else None
-    cfg = _store_config(org, store_options)
+    # The store's dimension follows the embedder (a store option may still override it).
+    cfg = _store_config(org, {"dim": int(emb.dim)} | dict(store_options or {}))
     with tempfile.TemporaryDirectory(prefix="clag-eval-") as tmp:
         store = MemoryStore.open(
             tmp, config=cfg,
