@@ -406,3 +406,13 @@ def test_qa_table_end_to_end_jsonl_and_resume(fake_slm, tmp_path, capsys):
     # the CLI path: --qa-table needs --llm
     assert main([str(TINY), "--qa-table", "--embedder", "hash", "--no-progress"]) == 2
     assert "--qa-table needs --llm" in capsys.readouterr().err
+
+
+def test_report_explains_a_scanned_share_that_falls_with_n_probe():
+    from clag_fast.eval.report import _scan_notes
+
+    r = lambda frac, fb: {"search_fraction": frac, "fallback_flat": fb}  # noqa: E731
+    notes = _scan_notes({"vector/two_stage-hybrid@2": r(0.446, 0.37), "vector/two_stage-hybrid@4": r(0.154, 0.02),
+                         "vector/two_stage-hybrid@8": r(0.186, 0.0), "vector/two_stage-hybrid@auto": r(0.1, 0.0)})
+    assert len(notes) == 2 and "44.6% at n_probe 2 but 15.4% at 4: at 2, 37.0%" in notes[1]
+    assert _scan_notes({"vector/two_stage-hybrid@2": r(0.1, 0.0), "vector/two_stage-hybrid@4": r(0.2, 0.0)}) == []

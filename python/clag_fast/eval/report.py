@@ -41,13 +41,16 @@ def to_markdown(report: dict) -> str:
             f"{_fmt(r['precision@5'])} | {_fmt(r['ndcg@10'])} | {_pct(r['search_fraction'])} | "
             f"{_pct(r.get('fallback_flat', float('nan')))} | {_fmt(r['latency_ms_p50'], 2)} | {_fmt(r['latency_ms_p99'], 2)} |"
         )
+    lines += _scan_notes(report["retrieval"])
     lines += [
         "",
         "Configurations: flat = exact scan of every memory; two_stage = probed clusters only "
         "(@n_probe, auto = the store's rule); vector = lexical_weight 0, hybrid = the store's "
-        "default lexical + vector fusion. Scanned = distinct memories whose score the search "
-        "computed (Hits.scanned) over the eligible memories; a two-stage search whose probed "
-        "clusters hold fewer than k rows falls back to flat and scans them all.",
+        "default lexical + vector fusion. Scanned = memories whose score the search computed, "
+        "over the eligible memories, as the store counts them (Hits.scanned: the members of the "
+        "probed clusters; hybrid search adds its lexical candidates, a memory among both may be "
+        "counted twice); a two-stage search whose probed clusters hold fewer than k rows falls "
+        "back to flat and scans them all (column 'fell back to flat').",
         "",
         "| organisation | memories | ingest s | organize s | ms/memory | clusters per sample | size min/p50/p90/max "
         "| LLM calls/memory | LLM tokens/memory | LLM calls/question (search) | answer calls/question "
@@ -74,6 +77,27 @@ def to_markdown(report: dict) -> str:
             per = " | ".join(_fmt(q["by_category"].get(x, {}).get("f1", float("nan"))) for x in cats)
             lines.append(f"| {name} | {q['questions']} | {_fmt(q['f1'])} | {_fmt(q['bleu1'])} | {per} |")
     return "\n".join(lines) + "\n"
+
+
+def _scan_notes(retrieval: dict) -> list[str]:
+    """A note for every two-stage series whose scanned share falls as n_probe grows: the
+    smaller n_probe fell back to a flat scan (its probed clusters held fewer than k rows), so
+    the table says why rather than showing a silent inversion."""
+    series: dict[str, list[tuple[int, str, dict]]] = {}
+    for name, r in retrieval.items():
+        base, _, npb = name.partition("@")
+        if npb.isdigit():
+            series.setdefault(base, []).append((int(npb), name, r))
+    notes = []
+    for base, pts in series.items():
+        pts.sort()
+        for (p1, _, a), (p2, _, b) in zip(pts, pts[1:]):
+            if b["search_fraction"] < a["search_fraction"]:
+                notes.append(
+                    f"Note: {base} scans {_pct(a['search_fraction'])} at n_probe {p1} but "
+                    f"{_pct(b['search_fraction'])} at {p2}: at {p1}, {_pct(a.get('fallback_flat', float('nan')))} "
+                    "of the searches fell back to a flat scan (the probed clusters held fewer than k rows).")
+    return [""] + notes if notes else []
 
 
 def write_plots(report: dict, out_dir: Path) -> list[str]:
