@@ -2,22 +2,28 @@
 
 Part 1, the candidates for the lexical index, side by side in one process:
 - ``rust``: the native postings (``clag_fast._clag_fast.Lexical``, what the store uses):
-  add in batches of 10,000; query = BM25 of every matching row, then the top 50; the
-  open-time rebuild = reading the texts back from SQLite + indexing them.
+  add in batches of 10,000; query = BM25 of every matching row then the top 50 (the
+  exhaustive ``score``), and ``rust_maxscore`` = the top 50 by MaxScore (``score_top``,
+  what search uses); the open-time rebuild = reading the texts back from SQLite + indexing.
 - ``fts5``: an SQLite FTS5 table (unicode61 tokenizer) in the store database, filled in
   transactions of 10,000 (as ``add_many`` would, in the metadata's transaction); query =
   the words quoted and OR'ed, ``ORDER BY bm25(fts) LIMIT 50``.
-Part 2, through ``MemoryStore`` (``--store``): ``add_many`` rate with the lexical feed on vs
-patched off (alternate batches into two stores), then ``search`` p50 of the same text
-queries with ``lexical_weight=0`` (vectors only) and the default (hybrid), two-stage,
-interleaved query by query.
+Part 2, through ``MemoryStore`` (``--store``), each step in a child process: build a store of
+n memories (``add_many`` rate with the lexical feed on vs patched off over the first
+``--n-rate``, alternate batches into two stores; organise; close), then open it read-only
+(time; with ``index/lexical.bin`` and with it moved aside = the rebuild) and search the same
+text queries, ``k=10``, modes interleaved query by query: vectors only (``lexical_weight=0``)
+and hybrid (the default), two-stage and flat. ``--before DIR`` runs the same add-rate and
+open/search steps with another build's ``python/`` directory first on ``PYTHONPATH`` (a
+worktree of the previous commit), on the same store, in the same run.
 
 Texts: 8-30 words, half from one of 1,000 topics' own words, half from a Zipf(1.1)
 vocabulary of 50,000 words; vectors: unit rows around the topic's centre. Queries: five
 words of a stored text plus two common words, the vector of that text plus noise.
 
-    .venv/bin/python benches/bench_hybrid.py --n 100000 --store
-    .venv/bin/python benches/bench_hybrid.py --n 1000000 --store
+    .venv/bin/python benches/bench_hybrid.py --n 100000 --store --before /tmp/clag_before/python
+    .venv/bin/python benches/bench_hybrid.py --n 1000000 --store --no-candidates \
+        --before /tmp/clag_before/python --queries 200 --rounds 2
 """
 
 from __future__ import annotations
@@ -122,22 +128,26 @@ def candidates(n: int, syn: Synthetic, nq: int) -> dict:
             sample_t, sample_v = texts, vecs
     out["ingest_per_s"] = {"rust": n / t_rust, "fts5": n / t_fts, "sqlite_row_only": n / t_meta}
     qs, _ = syn.queries(sample_t, sample_v, nq)
-    docs, tokens = lex.stats()
-    lat: dict[str, list[float]] = {"rust": [], "fts5": []}
+    lat: dict[str, list[float]] = {"rust": [], "rust_maxscore": [], "fts5": []}
+    none = np.zeros(0, np.int64)
     sql = "SELECT rowid, bm25(fts) FROM fts WHERE fts MATCH ? ORDER BY bm25(fts) LIMIT 50"
     for q in qs:  # interleaved
         t0 = time.perf_counter()
-        rows, scores, _, _ = lex.score(q, None, None, docs, tokens)
+        rows, scores, _, _ = lex.score(q)
         top = rows[np.argpartition(-scores, POOL - 1)[:POOL]] if len(rows) > POOL else rows
         t1 = time.perf_counter()
-        db.execute(sql, (_fts_query(q),)).fetchall()
+        lex.score_top(q, None, None, POOL, none)
         t2 = time.perf_counter()
+        db.execute(sql, (_fts_query(q),)).fetchall()
+        t3 = time.perf_counter()
         lat["rust"].append(t1 - t0)
-        lat["fts5"].append(t2 - t1)
+        lat["rust_maxscore"].append(t2 - t1)
+        lat["fts5"].append(t3 - t2)
         del top
     out["query_ms"] = {k: {"p50": 1e3 * float(np.median(v)), "p99": 1e3 * float(np.percentile(v, 99))}
                        for k, v in lat.items()}
-    out["matches_per_query"] = float(np.median([len(lex.score(q, None, None, docs, tokens)[0]) for q in qs[:50]]))
+    out["matches_per_query"] = float(np.median([len(lex.score(q)[0]) for q in qs[:50]]))
+    out["maxscore_scored_per_query"] = float(np.median([lex.score_top(q, None, None, POOL, none)[5] for q in qs[:50]]))
     t0 = time.perf_counter()
     pairs = db.execute("SELECT id, text FROM memories").fetchall()
     t1 = time.perf_counter()
@@ -166,59 +176,123 @@ class TableEmbedder:
         return np.stack([self.table[t] for t in texts])
 
 
-def through_store(n: int, syn: Synthetic, nq: int, rounds: int) -> dict:
+CFG = dict(slm="off", cache_size=0)
+
+
+def build_store(path: Path, n: int, syn: Synthetic, n_rate: int) -> dict:
+    """Fill store ``path`` with n memories through ``add_many`` (batches of 10,000); over the
+    first ``n_rate`` memories a second store with the lexical feed patched off (the
+    vector-only baseline, bench only) gets the same batches, alternating. Then organise."""
     from clag_fast import MemoryStore, StoreConfig
 
     out: dict = {"n": n}
-    cfg = StoreConfig(slm="off", cache_size=0)
-    with tempfile.TemporaryDirectory(prefix="clag-bench-hyb-") as tmp:
-        a = MemoryStore.open(Path(tmp) / "a", config=cfg, embedder=False, llm=False)
-        b = MemoryStore.open(Path(tmp) / "b", config=cfg, embedder=False, llm=False)
-        b._searcher.lexical.add = lambda rows, texts: None  # the vector-only baseline (bench only)
-        ta = tb = 0.0
-        n_b = min(n, 100_000)  # the rate comparison on the first 100k
-        sample = None
-        for c in range(0, n, BATCH):
-            texts, vecs, _ = syn.chunk(c // BATCH, min(BATCH, n - c))
-            if sample is None:
-                sample = (texts, vecs)
-            t0 = time.perf_counter()
-            a.add_many(texts, embeddings=vecs)
-            t1 = time.perf_counter()
-            ta += t1 - t0
-            if c < n_b:
-                b.add_many(texts, embeddings=vecs)
-                tb += time.perf_counter() - t1
-                if c + BATCH >= n_b:
-                    out["add_many_per_s_first_100k"] = {"lexical": (c + len(texts)) / ta,
-                                                         "vector_only": (c + len(texts)) / tb}
-        out["add_many_per_s_all"] = n / ta
-        b.close()
+    cfg = StoreConfig(**CFG)
+    a = MemoryStore.open(path, config=cfg, embedder=False, llm=False)
+    b = MemoryStore.open(path.with_name(path.name + "-vec"), config=cfg, embedder=False, llm=False)
+    b._searcher.lexical.add = lambda *args: None  # noqa: SLF001 -- the vector-only baseline
+    ta = tb = 0.0
+    for c in range(0, n, BATCH):
+        texts, vecs, _ = syn.chunk(c // BATCH, min(BATCH, n - c))
         t0 = time.perf_counter()
-        a.organize()
-        out["organize_s"] = time.perf_counter() - t0
-        a.close()
-        qs, qv = syn.queries(*sample, nq)
+        a.add_many(texts, embeddings=vecs)
+        t1 = time.perf_counter()
+        ta += t1 - t0
+        if c < n_rate:
+            b.add_many(texts, embeddings=vecs)
+            tb += time.perf_counter() - t1
+            if c + BATCH >= n_rate:
+                out["add_many_per_s_first"] = {"n": c + len(texts), "lexical": (c + len(texts)) / ta,
+                                               "vector_only": (c + len(texts)) / tb}
+                b.close()
+    out["add_many_per_s_all"] = n / ta
+    t0 = time.perf_counter()
+    a.organize()
+    out["organize_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    a.close()
+    out["close_s"] = time.perf_counter() - t0
+    lex = path / "index" / "lexical.bin"
+    out["lexical_bin_bytes"] = lex.stat().st_size if lex.exists() else 0
+    return out
+
+
+def measure_store(path: Path, syn: Synthetic, nq: int, rounds: int, rebuild_open: bool) -> dict:
+    """Open time, then search p50/p99 per mode, the modes interleaved query by query."""
+    from clag_fast import MemoryStore, StoreConfig
+
+    out: dict = {}
+    cfg = StoreConfig(**CFG)
+    sample = syn.chunk(0, BATCH)
+    qs, qv = syn.queries(sample[0], sample[1], nq)
+    emb = TableEmbedder(qs, qv)
+    lex = path / "index" / "lexical.bin"
+    if rebuild_open and lex.exists():
+        aside = lex.with_name("lexical.bin.bench-aside")
+        lex.rename(aside)
         t0 = time.perf_counter()
-        a = MemoryStore.open(Path(tmp) / "a", config=cfg, embedder=TableEmbedder(qs, qv), llm=False)
-        out["open_s"] = time.perf_counter() - t0
-        lat: dict[str, list[float]] = {"vector": [], "hybrid": [], "vector_flat": [], "hybrid_flat": []}
-        scanned: dict[str, list[float]] = {k: [] for k in lat}
-        for r in range(rounds):
-            for q in qs:
-                for name, lw, mode in (("vector", 0.0, "two_stage"), ("hybrid", None, "two_stage"),
-                                       ("vector_flat", 0.0, "flat"), ("hybrid_flat", None, "flat")):
-                    if "flat" in name and r > 0:
-                        continue
-                    t0 = time.perf_counter()
-                    h = a.search(q, k=10, mode=mode, lexical_weight=lw)
-                    lat[name].append(time.perf_counter() - t0)
-                    scanned[name].append(h.scanned / h.candidates)
-        out["search_ms_p50"] = {k: 1e3 * float(np.median(v)) for k, v in lat.items()}
-        out["search_ms_p99"] = {k: 1e3 * float(np.percentile(v, 99)) for k, v in lat.items()}
-        out["scanned_share"] = {k: float(np.mean(v)) for k, v in scanned.items()}
-        out["hybrid_over_vector_p50"] = out["search_ms_p50"]["hybrid"] / out["search_ms_p50"]["vector"]
-        a.close()
+        MemoryStore.open(path, config=cfg, embedder=emb, llm=False, read_only=True).close()
+        out["open_s_rebuild"] = time.perf_counter() - t0
+        aside.rename(lex)
+    t0 = time.perf_counter()
+    a = MemoryStore.open(path, config=cfg, embedder=emb, llm=False, read_only=True)
+    out["open_s"] = time.perf_counter() - t0
+    modes = (("vector_two_stage", 0.0, "two_stage"), ("hybrid_two_stage", None, "two_stage"),
+             ("hybrid_flat", None, "flat"), ("vector_flat", 0.0, "flat"))
+    lat: dict[str, list[float]] = {m[0]: [] for m in modes}
+    scanned: dict[str, list[float]] = {m[0]: [] for m in modes}
+    for r in range(rounds):
+        for q in qs:
+            for name, lw, mode in modes:
+                if "flat" in name and r > 0:
+                    continue  # flat is slow and steady: one round
+                t0 = time.perf_counter()
+                h = a.search(q, k=10, mode=mode, lexical_weight=lw)
+                lat[name].append(time.perf_counter() - t0)
+                scanned[name].append(h.scanned / h.candidates)
+    out["search_ms_p50"] = {k: 1e3 * float(np.median(v)) for k, v in lat.items()}
+    out["search_ms_p99"] = {k: 1e3 * float(np.percentile(v, 99)) for k, v in lat.items()}
+    out["scanned_share"] = {k: float(np.mean(v)) for k, v in scanned.items()}
+    p50 = out["search_ms_p50"]
+    out["hybrid_over_vector_two_stage_p50"] = p50["hybrid_two_stage"] / p50["vector_two_stage"]
+    a.close()
+    return out
+
+
+def _child(impl: str | None, argv: list[str]) -> dict:
+    """Run this script's ``--child`` step with ``impl`` (a python/ directory holding another
+    build of clag_fast, e.g. a worktree of the commit before) first on the path."""
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    if impl:
+        env["PYTHONPATH"] = impl + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"child {argv} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def through_store(n: int, nq: int, rounds: int, before: str | None, n_rate: int, keep: str | None) -> dict:
+    """Build the store with this build (and, with ``before``, a store with that build for its
+    add rate over the first ``n_rate``), then open + search the same store with each build."""
+    out: dict = {"n": n}
+    tmp = keep or tempfile.mkdtemp(prefix="clag-bench-hyb-")
+    path = Path(tmp) / f"store-{n}"
+    common = ["--n", str(n), "--queries", str(nq), "--rounds", str(rounds), "--n-rate", str(n_rate)]
+    if not (path / "memories.db").exists():
+        out["build"] = _child(None, ["--child", "build", "--path", str(path), *common])
+    builds = {"after": None} if before is None else {"before": before, "after": None}
+    if before is not None:
+        bpath = Path(tmp) / f"store-before-{n_rate}"
+        out["build_before"] = _child(before, ["--child", "build", "--path", str(bpath), *common, "--n", str(n_rate)])
+    for name, impl in builds.items():
+        out[f"measure_{name}"] = _child(impl, ["--child", "measure", "--path", str(path), *common,
+                                               *([] if name == "before" else ["--rebuild-open"])])
+    if keep is None:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -229,15 +303,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store", action="store_true", help="also measure through MemoryStore")
     ap.add_argument("--no-candidates", action="store_true")
+    ap.add_argument("--before", default=None, help="python/ dir of another build (the commit before) to compare")
+    ap.add_argument("--n-rate", type=int, default=100_000, help="memories over which add rates are compared")
+    ap.add_argument("--keep", default=None, help="directory for the stores (kept, reused by later runs)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--child", choices=["build", "measure"], help=argparse.SUPPRESS)
+    ap.add_argument("--path", help=argparse.SUPPRESS)
+    ap.add_argument("--rebuild-open", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     syn = Synthetic()
+    if args.child == "build":
+        print(json.dumps(build_store(Path(args.path), args.n, syn, min(args.n_rate, args.n))))
+        return 0
+    if args.child == "measure":
+        print(json.dumps(measure_store(Path(args.path), syn, args.queries, args.rounds, args.rebuild_open)))
+        return 0
     res: dict = {}
     if not args.no_candidates:
         res["candidates"] = candidates(args.n, syn, args.queries)
         print(json.dumps(res["candidates"], indent=1), flush=True)
     if args.store:
-        res["store"] = through_store(args.n, syn, args.queries, args.rounds)
+        res["store"] = through_store(args.n, args.queries, args.rounds, args.before, min(args.n_rate, args.n),
+                                     args.keep)
         print(json.dumps(res["store"], indent=1), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from clag_fast import _clag_fast as native
 from clag_fast.config import StoreConfig
@@ -62,7 +64,7 @@ def test_very_long_text_and_token():
     assert len(words) == 200_001 and len(words[-1]) == 40
     lex = native.Lexical()
     lex.add([0, 1], ["word " * 200_000, "other"])  # tf saturates, nothing overflows
-    rows, scores, terms, _ = lex.score("word", None, None, *lex.stats())
+    rows, scores, terms, _ = lex.score("word")
     assert rows.tolist() == [0] and terms == 1 and np.isfinite(scores).all()
 
 
@@ -90,17 +92,103 @@ def test_bm25_matches_reference():
     docs = [tokenize(t) for t in texts]
     for _ in range(20):
         q = " ".join(rng.choice(vocab, 3))
-        rows, scores, _, _ = lex.score(q, None, None, *lex.stats())
+        rows, scores, _, _ = lex.score(q)
         ref = _bm25_ref(docs, tokenize(q))
         assert rows.tolist() == np.flatnonzero(ref).tolist()
         np.testing.assert_allclose(scores, ref[rows], rtol=1e-4)
 
 
+def _numpy_bm25(docs: list[list[str]], in_scope: np.ndarray, query: list[str], k1=1.2, b=0.75) -> np.ndarray:
+    """BM25 of every document with term statistics over the documents in ``in_scope`` only
+    (numpy, float64); 0 outside the scope."""
+    vocab = sorted({t for d in docs for t in d} | set(query))
+    col = {t: i for i, t in enumerate(vocab)}
+    tf = np.zeros((len(docs), len(vocab)))
+    for i, d in enumerate(docs):
+        for t in d:
+            tf[i, col[t]] += 1
+    tf[~in_scope] = 0
+    n = in_scope.sum()
+    if n == 0:
+        return np.zeros(len(docs))
+    dl = tf.sum(axis=1)
+    avgdl = max(dl[in_scope].sum() / n, 1e-6)
+    q = [col[t] for t in sorted(set(query))]
+    df = (tf[:, q] > 0).sum(axis=0)
+    idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+    t = tf[:, q]
+    return (idf * t * (k1 + 1) / (t + k1 * (1 - b + b * dl[:, None] / avgdl))).sum(axis=1)
+
+
+@st.composite
+def _corpus(draw):
+    """Documents (Zipf-like words: the min of two draws favours low ids) at increasing rows
+    with gaps, each in one of three namespaces, some dead; a few queries."""
+    n_vocab = draw(st.integers(2, 40))
+    word = st.builds(lambda a, b: f"w{min(a, b)}", st.integers(0, n_vocab - 1), st.integers(0, n_vocab - 1))
+    docs = draw(st.lists(st.lists(word, min_size=0, max_size=12), min_size=1, max_size=80))
+    gaps = draw(st.lists(st.integers(1, 3), min_size=len(docs), max_size=len(docs)))
+    rows = np.cumsum(gaps) - 1
+    ns = draw(st.lists(st.sampled_from("abc"), min_size=len(docs), max_size=len(docs)))
+    live = np.asarray(draw(st.lists(st.booleans(), min_size=len(docs), max_size=len(docs))))
+    queries = draw(st.lists(st.lists(st.one_of(word, st.just("unseen")), min_size=1, max_size=6),
+                            min_size=1, max_size=4))
+    kind = np.asarray(draw(st.lists(st.booleans(), min_size=len(docs), max_size=len(docs))))
+    return docs, rows, ns, live, queries, kind
+
+
+@given(_corpus(), st.integers(1, 12))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_top_n_is_exact_scoped_bm25(corpus, top_n):
+    """MaxScore's top-N and its scores equal a brute-force numpy BM25 over the scope (one
+    namespace's live documents, or all live ones), after deletes, with and without a
+    narrower eligible mask (a kind filter); and equal the exhaustive scoring bit for bit."""
+    docs, rows, ns, live, queries, kind = corpus
+    lex = native.Lexical()
+    lex.add(rows.tolist(), [" ".join(d) for d in docs], ns)
+    n_rows = int(rows[-1]) + 1
+    live_rows = np.zeros(n_rows, bool)
+    live_rows[rows] = live
+    lex.sync(live_rows)
+    assert lex.stats() == (int(live.sum()), int(sum(len(d) for d, lv in zip(docs, live) if lv)))
+    for query in queries:
+        qtext = " ".join(query)
+        for scope in (None, "a", "b", "c"):
+            in_scope = live & (np.asarray(ns) == scope if scope else True)
+            ref = _numpy_bm25(docs, in_scope, query)
+            for eligible in (None, kind & in_scope):
+                elig_rows = None
+                allowed = in_scope if eligible is None else eligible
+                if eligible is not None:
+                    elig_rows = np.zeros(n_rows, bool)
+                    elig_rows[rows] = eligible
+                lookup = np.asarray([rows[0], rows[-1], n_rows + 5], np.int64)
+                top, scores, looked, terms, _, _ = lex.score_top(qtext, scope, elig_rows, top_n, lookup)
+                full_rows, full_scores, _, _ = lex.score(qtext, scope, elig_rows)
+                # the exhaustive path, bit for bit
+                order = np.lexsort((full_rows, -full_scores))[:top_n]
+                assert top.tolist() == full_rows[order].tolist()
+                assert scores.tolist() == full_scores[order].tolist()
+                # the numpy reference: same matches, same scores, same top scores
+                want = np.flatnonzero((ref > 0) & allowed)
+                assert sorted(full_rows.tolist()) == rows[want].tolist()
+                pos = np.searchsorted(rows, top)
+                np.testing.assert_allclose(scores, ref[pos], rtol=1e-4)
+                best = np.sort(ref[want])[::-1][:top_n]
+                np.testing.assert_allclose(scores, best, rtol=1e-4)
+                for r, s in zip(lookup.tolist(), looked.tolist()):
+                    i = np.searchsorted(rows, r)
+                    exp = ref[i] if i < len(rows) and rows[i] == r and allowed[i] else 0.0
+                    assert s == pytest.approx(exp, rel=1e-4, abs=1e-6)
+                if not in_scope.any():
+                    assert terms == 0 and len(top) == 0
+
+
 def test_rows_are_append_only():
     lex = LexicalIndex()
-    lex.add([0, 5], ["a b", "c d"])
+    lex.add([0, 5], ["a b", "c d"], ["default"])
     with pytest.raises(ValueError):
-        lex.add([3], ["late"])
+        lex.add([3], ["late"], ["default"])
 
 
 def test_fuse_methods():

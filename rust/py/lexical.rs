@@ -1,14 +1,16 @@
-//! `Lexical` binding: texts in, (rows, scores) arrays out; the GIL is released around adds
-//! and scoring, and the index lock is taken inside the detached closure (as in `index.rs`).
-//! Mask arrays are borrowed read-only from numpy for the call: do not mutate them meanwhile.
+//! `Lexical` binding: texts in, (rows, scores) arrays out; the GIL is released around adds,
+//! scoring and file I/O, and the index lock is taken inside the detached closure (as in
+//! `index.rs`). Mask arrays are borrowed read-only from numpy for the call: do not mutate
+//! them meanwhile.
 
+use std::path::PathBuf;
 use std::sync::RwLock;
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::lexical::{self, Bm25, Lexical};
+use crate::lexical::{self, Bm25, Lexical, Scope};
 
 #[pyclass(name = "Lexical", module = "clag_fast._clag_fast", frozen)]
 pub struct PyLexical {
@@ -27,11 +29,59 @@ fn mask<'a>(a: &'a Option<PyReadonlyArray1<'_, bool>>, what: &str) -> PyResult<O
     }
 }
 
+/// The scope argument: None = every counted document, a str = one namespace, a bool array =
+/// the rows set in it.
+enum ScopeArg<'py> {
+    All,
+    Namespace(String),
+    Mask(PyReadonlyArray1<'py, bool>),
+}
+
+impl<'py> FromPyObject<'_, 'py> for ScopeArg<'py> {
+    type Error = PyErr;
+    fn extract(ob: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        if ob.is_none() {
+            return Ok(ScopeArg::All);
+        }
+        if let Ok(s) = ob.extract::<String>() {
+            return Ok(ScopeArg::Namespace(s));
+        }
+        ob.extract::<PyReadonlyArray1<'py, bool>>()
+            .map(ScopeArg::Mask)
+            .map_err(|_| PyValueError::new_err("scope must be None, a namespace name or a bool array"))
+    }
+}
+
+fn scope<'a>(s: &'a ScopeArg<'_>) -> PyResult<Scope<'a>> {
+    Ok(match s {
+        ScopeArg::All => Scope::All,
+        ScopeArg::Namespace(n) => Scope::Namespace(n),
+        ScopeArg::Mask(m) => {
+            let sl = m.as_slice().map_err(|_| PyValueError::new_err("scope must be C-contiguous"))?;
+            // SAFETY: bool is one byte, 0 or 1.
+            Scope::Mask(unsafe { std::slice::from_raw_parts(sl.as_ptr() as *const u8, sl.len()) })
+        }
+    })
+}
+
 #[pymethods]
 impl PyLexical {
     #[new]
     fn new() -> Self {
         PyLexical { inner: RwLock::new(Lexical::new()) }
+    }
+
+    /// load(path) -> Lexical; OSError when the file is missing, damaged or foreign.
+    #[staticmethod]
+    fn load(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let ix = py.detach(|| Lexical::load(&path))?;
+        Ok(PyLexical { inner: RwLock::new(ix) })
+    }
+
+    /// save(path): atomic replace (temp file, fsync, rename).
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).save(&path))?;
+        Ok(())
     }
 
     fn __len__(&self) -> usize {
@@ -44,72 +94,86 @@ impl PyLexical {
         (g.n_terms(), g.n_postings())
     }
 
-    /// add(rows, texts): rows increasing and above every indexed row.
-    fn add(&self, py: Python<'_>, rows: Vec<u32>, texts: Vec<String>) -> PyResult<()> {
+    /// A counter bumped by every change (to know whether a save is due).
+    fn changes(&self) -> u64 {
+        self.inner.read().unwrap_or_else(|p| p.into_inner()).changes()
+    }
+
+    /// add(rows, texts, namespaces=["default"]): rows increasing and above every indexed row;
+    /// one namespace per text, or one for all.
+    #[pyo3(signature = (rows, texts, namespaces=None))]
+    fn add(&self, py: Python<'_>, rows: Vec<u32>, texts: Vec<String>, namespaces: Option<Vec<String>>) -> PyResult<()> {
+        let ns = namespaces.unwrap_or_else(|| vec!["default".to_owned()]);
         py.detach(|| {
             let t: Vec<&str> = texts.iter().map(String::as_str).collect();
-            self.inner.write().unwrap_or_else(|p| p.into_inner()).add(&rows, &t)
+            let n: Vec<&str> = ns.iter().map(String::as_str).collect();
+            self.inner.write().unwrap_or_else(|p| p.into_inner()).add(&rows, &t, &n)
         })?;
         Ok(())
     }
 
-    /// stats(scope=None) -> (documents, tokens) over the rows in scope.
+    /// sync(live) -> (died, revived, missing): count exactly the rows set in `live`.
+    fn sync(&self, py: Python<'_>, live: PyReadonlyArray1<'_, bool>) -> PyResult<(usize, usize, usize)> {
+        let l = Some(live);
+        let m = mask(&l, "live")?.unwrap_or(&[]);
+        let r = py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).sync(m));
+        Ok((r.died, r.revived, r.missing))
+    }
+
+    /// stats(scope=None) -> (documents, tokens) in scope.
     #[pyo3(signature = (scope=None))]
-    fn stats(&self, py: Python<'_>, scope: Option<PyReadonlyArray1<'_, bool>>) -> PyResult<(u64, u64)> {
-        let s = mask(&scope, "scope")?;
+    fn stats(&self, py: Python<'_>, scope: Option<ScopeArg<'_>>) -> PyResult<(u64, u64)> {
+        let sa = scope.unwrap_or(ScopeArg::All);
+        let s = self::scope(&sa)?;
         Ok(py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).stats(s)))
     }
 
-    /// score(query, scope, eligible, docs, tokens, k1, b) -> (rows, scores, terms, max_possible)
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (query, scope, eligible, docs, tokens, k1=1.2, b=0.75))]
+    /// score(query, scope=None, eligible=None, k1, b) -> (rows ascending, scores, terms,
+    /// max_possible): every matching row (the exhaustive reference).
+    #[pyo3(signature = (query, scope=None, eligible=None, k1=1.2, b=0.75))]
     fn score<'py>(
         &self,
         py: Python<'py>,
         query: &str,
-        scope: Option<PyReadonlyArray1<'py, bool>>,
+        scope: Option<ScopeArg<'py>>,
         eligible: Option<PyReadonlyArray1<'py, bool>>,
-        docs: u64,
-        tokens: u64,
         k1: f32,
         b: f32,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, usize, f32)> {
-        let s = mask(&scope, "scope")?;
+        let sa = scope.unwrap_or(ScopeArg::All);
+        let s = self::scope(&sa)?;
         let e = mask(&eligible, "eligible")?;
-        let m = py.detach(|| {
-            self.inner.read().unwrap_or_else(|p| p.into_inner()).score(query, s, e, docs, tokens, Bm25 { k1, b })
-        });
+        let m = py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).score(query, s, e, Bm25 { k1, b }));
         let rows: Vec<i64> = m.rows.iter().map(|&r| r as i64).collect();
         Ok((PyArray1::from_vec(py, rows), PyArray1::from_vec(py, m.scores), m.terms, m.max_possible))
     }
 
-    /// score_top(query, scope, eligible, docs, tokens, top_n, lookup, k1, b)
-    /// -> (top rows best first, their scores, scores of `lookup` rows, terms, max_possible)
+    /// score_top(query, scope, eligible, top_n, lookup, k1, b)
+    /// -> (top rows best first, their scores, scores of `lookup` rows, terms, max_possible, scored)
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    #[pyo3(signature = (query, scope, eligible, docs, tokens, top_n, lookup, k1=1.2, b=0.75))]
+    #[pyo3(signature = (query, scope, eligible, top_n, lookup, k1=1.2, b=0.75))]
     fn score_top<'py>(
         &self,
         py: Python<'py>,
         query: &str,
-        scope: Option<PyReadonlyArray1<'py, bool>>,
+        scope: Option<ScopeArg<'py>>,
         eligible: Option<PyReadonlyArray1<'py, bool>>,
-        docs: u64,
-        tokens: u64,
         top_n: usize,
         lookup: PyReadonlyArray1<'py, i64>,
         k1: f32,
         b: f32,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<f32>>, usize, f32)> {
-        let s = mask(&scope, "scope")?;
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<f32>>, usize, f32, usize)> {
+        let sa = scope.unwrap_or(ScopeArg::All);
+        let s = self::scope(&sa)?;
         let e = mask(&eligible, "eligible")?;
         let look: Vec<u32> = lookup.as_slice().map_err(|_| PyValueError::new_err("lookup must be C-contiguous"))?
             .iter().map(|&r| r.clamp(0, u32::MAX as i64) as u32).collect();
-        let (rows, scores, looked, terms, maxp) = py.detach(|| {
-            self.inner.read().unwrap_or_else(|p| p.into_inner())
-                .score_top(query, s, e, docs, tokens, Bm25 { k1, b }, top_n, &look)
+        let t = py.detach(|| {
+            self.inner.read().unwrap_or_else(|p| p.into_inner()).score_top(query, s, e, Bm25 { k1, b }, top_n, &look)
         });
-        let rows: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-        Ok((PyArray1::from_vec(py, rows), PyArray1::from_vec(py, scores), PyArray1::from_vec(py, looked), terms, maxp))
+        let rows: Vec<i64> = t.rows.iter().map(|&r| r as i64).collect();
+        Ok((PyArray1::from_vec(py, rows), PyArray1::from_vec(py, t.scores), PyArray1::from_vec(py, t.looked), t.terms,
+            t.max_possible, t.scored))
     }
 
     /// compact(live) -> postings dropped (those of rows outside `live`).

@@ -2,17 +2,22 @@
 the fusion of lexical and vector scores.
 
 The index (native ``Lexical``, ``rust/lexical.rs``) is derived state like ``clusters.bin``:
-it is built from the database's live texts when a store opens, then fed by every add and
-update under the store's write lock, after the SQLite transaction committed. So a memory
-whose ``add`` returned is found lexically after any crash (the database has it, the next
-open indexes it), and nothing has to be reconciled. Deletes, archives and replaced texts
-need no call here: the index is append-only by vector row, and every query passes the live
-rows in scope, which also scopes the term statistics to one namespace. Why postings in the
-core rather than SQLite FTS5, and how the fusion was chosen: BENCHMARKS.md ("Hybrid
-retrieval"), ``benches/bench_hybrid.py`` and ``benches/eval_hybrid.py``.
+fed by every add and update under the store's write lock after the SQLite transaction
+committed, saved as ``index/lexical.bin`` at flush and close, and on open loaded and brought
+up to date from the database (``store/recovery.open_lexical``: the rows after the file's
+watermark are indexed, rows that died since leave the statistics; a missing or damaged file
+is rebuilt). So a memory whose ``add`` returned is found lexically after any crash.
+
+Deletes, archives and replaced texts only kill rows in the row table; ``sync`` takes the dead
+rows out of the term statistics, which are kept per namespace in the core, so a query neither
+scans postings nor counts rows to get them. Why postings in the core rather than SQLite FTS5,
+and how the fusion was chosen: BENCHMARKS.md ("Hybrid retrieval"), ``benches/bench_hybrid.py``
+and ``benches/eval_hybrid.py``.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -30,69 +35,100 @@ def tokenize(text: str) -> list[str]:
 
 class Matches:
     """A query's best BM25 rows (``rows``/``scores``, best first), the scores of the rows it
-    was asked to look up (``looked``, 0 = no shared word), and ``terms``: query words found
-    in scope (0 = fall back to vectors)."""
+    was asked to look up (``looked``, 0 = no shared word), ``terms``: query words found in
+    scope (0 = fall back to vectors), and ``scored``: rows whose score was computed."""
 
-    __slots__ = ("rows", "scores", "looked", "terms", "max_possible")
+    __slots__ = ("rows", "scores", "looked", "terms", "max_possible", "scored")
 
     def __init__(self, rows: np.ndarray, scores: np.ndarray, looked: np.ndarray, terms: int,
-                 max_possible: float) -> None:
+                 max_possible: float, scored: int = 0) -> None:
         self.rows, self.scores, self.looked = rows, scores, looked
-        self.terms, self.max_possible = terms, max_possible
+        self.terms, self.max_possible, self.scored = terms, max_possible, scored
 
 
 class LexicalIndex:
-    """The store's BM25 index over vector rows. Adds happen under the store's write lock;
+    """The store's BM25 index over vector rows. Adds, ``sync`` and ``save`` happen under the
+    store's write lock (``sync`` also from searches under the read lock: it is idempotent);
     scoring is thread-safe (the native index has its own lock and releases the GIL)."""
 
     K1 = 1.2
     B = 0.75
 
-    def __init__(self) -> None:
-        self._native = _native.Lexical()
-        self._stats: dict[tuple, tuple[int, int]] = {}
-        self._stats_version = -1
+    def __init__(self, native: _native.Lexical | None = None) -> None:
+        self._native = native if native is not None else _native.Lexical()
+        self._synced = -1  # the row-table version the statistics match
+        # the native change counter at the last save or load (-1: never saved)
+        self._saved = -1 if native is None else native.changes()
+
+    @classmethod
+    def load(cls, path: Path) -> "LexicalIndex":
+        """The index saved at ``path`` (OSError when missing, damaged or foreign)."""
+        return cls(_native.Lexical.load(str(path)))
+
+    def save(self, path: Path) -> bool:
+        """Write the index atomically to ``path`` if it changed since the last save or load;
+        returns whether it wrote."""
+        changes = self._native.changes()
+        if changes == self._saved and path.exists():
+            return False
+        self._native.save(str(path))
+        self._saved = changes
+        return True
 
     def __len__(self) -> int:
+        """Rows covered: one past the highest row indexed (a saved file's watermark)."""
         return len(self._native)
 
     def sizes(self) -> tuple[int, int]:
         """(distinct terms, postings) held."""
         return self._native.sizes()
 
-    def build(self, rows_texts: list[tuple[int, str]], batch: int = 50_000) -> None:
-        """Index (vector row, text) pairs; rows ascending (the open-time rebuild)."""
-        rows_texts.sort(key=lambda rt: rt[0])
-        for i in range(0, len(rows_texts), batch):
-            chunk = rows_texts[i:i + batch]
-            self._native.add([r for r, _ in chunk], [t for _, t in chunk])
+    def add(self, rows: np.ndarray | list[int], texts: list[str], namespaces: list[str]) -> None:
+        """Index new memories (rows above every indexed row, as appended vector rows are), one
+        namespace per text or one for all. They count in the statistics at once."""
+        self._native.add([int(r) for r in rows], list(texts), list(namespaces))
 
-    def add(self, rows: np.ndarray | list[int], texts: list[str]) -> None:
-        """Index new memories (rows above every indexed row, as appended vector rows are)."""
-        self._native.add([int(r) for r in rows], list(texts))
+    def build(self, rows: np.ndarray, texts: list[str], namespaces: list[str], batch: int = 50_000) -> None:
+        """Index (row, text, namespace) triples, rows above every indexed row, in any order
+        (an open-time rebuild or catch-up)."""
+        rows = np.asarray(rows, np.int64)
+        if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+            order = np.argsort(rows, kind="stable")
+            rows = rows[order]
+            texts = [texts[j] for j in order.tolist()]
+            namespaces = [namespaces[j] for j in order.tolist()]
+        for i in range(0, len(rows), batch):
+            self._native.add(rows[i:i + batch].tolist(), texts[i:i + batch], namespaces[i:i + batch])
+
+    def sync(self, live: np.ndarray, version: int | None = None) -> tuple[int, int, int]:
+        """Count exactly the rows set in ``live`` (the row table's live column at ``version``);
+        a no-op when already synced at that version (None: always sync, record nothing).
+        Returns (died, revived, missing: live rows below ``len(self)`` holding no document)."""
+        if version is not None and version == self._synced:
+            return (0, 0, 0)
+        out = self._native.sync(np.ascontiguousarray(live, dtype=bool))
+        if version is not None:
+            self._synced = version
+        return out
+
+    def mark_synced(self, before: int, after: int) -> None:
+        """A write that only added rows moved the row table from ``before`` to ``after``:
+        still in sync if it was before."""
+        if self._synced == before:
+            self._synced = after
 
     def compact(self, live: np.ndarray) -> int:
         """Drop the postings of rows outside ``live``; returns how many went."""
         return self._native.compact(np.ascontiguousarray(live, dtype=bool))
 
-    def score(self, query: str, scope: np.ndarray | None, eligible: np.ndarray | None,
-              scope_key: tuple, version: int, top_n: int, lookup: np.ndarray) -> Matches:
-        """The ``top_n`` best BM25 rows among ``eligible`` and the scores of ``lookup`` rows,
-        with term statistics from the ``scope`` rows (the live rows of the query's namespace;
-        None = every indexed row). (documents, tokens) of a scope are cached per
-        ``scope_key`` until ``version`` changes (any write)."""
-        if version != self._stats_version:
-            self._stats.clear()
-            self._stats_version = version
-        stats = self._stats.get(scope_key)
-        if stats is None:
-            stats = self._native.stats(scope)
-            if len(self._stats) > 64:
-                self._stats.clear()
-            self._stats[scope_key] = stats
-        rows, scores, looked, terms, maxp = self._native.score_top(
-            query, scope, eligible, stats[0], stats[1], top_n, np.ascontiguousarray(lookup, np.int64), self.K1, self.B)
-        return Matches(rows, scores, looked, terms, maxp)
+    def score(self, query: str, namespace: str | None, eligible: np.ndarray | None, top_n: int,
+              lookup: np.ndarray) -> Matches:
+        """The ``top_n`` best BM25 rows and the scores of ``lookup`` rows, with term statistics
+        from ``namespace``'s live memories (None = every namespace). ``eligible``: the rows
+        the caller's other filters allow (inside the namespace), None = all of the scope."""
+        rows, scores, looked, terms, maxp, scored = self._native.score_top(
+            query, namespace, eligible, top_n, np.ascontiguousarray(lookup, np.int64), self.K1, self.B)
+        return Matches(rows, scores, looked, terms, maxp, scored)
 
 
 def _minmax(x: np.ndarray) -> np.ndarray:

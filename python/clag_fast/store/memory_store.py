@@ -127,19 +127,21 @@ class MemoryStore:
         return config
 
     def _build_lexical(self) -> LexicalIndex:
-        """The BM25 index, rebuilt from the database's live texts (derived state: whatever
-        ``add`` returned is in the database, so a crash never loses it lexically)."""
-        lexical = LexicalIndex()
-        lexical.build(self._catalog.live_texts())
-        return lexical
+        """The BM25 index: ``index/lexical.bin`` brought up to date from the database, or
+        rebuilt from it (derived state: whatever ``add`` returned is in the database, so a
+        crash never loses it lexically). See ``recovery.open_lexical``."""
+        return recovery.open_lexical(self._state)
 
     def _lexical_gc(self) -> None:
-        """Drop dead rows' postings once dead rows outnumber live ones (deletes, updates)."""
+        """After rows died (deletes, updates, archives): take them out of the term statistics,
+        and drop their postings once dead rows outnumber live ones."""
         rows = self._state.rows
         live = rows.live[: rows.n]
+        lexical = self._searcher.lexical
+        lexical.sync(live, rows.version)
         n_live = int(live.sum())
         if rows.n - n_live > max(n_live, 10_000):
-            self._searcher.lexical.compact(live)
+            lexical.compact(live)
 
     def _settle_precision(self) -> str:
         """The default embedder's precision, fixed for the life of the store.
@@ -284,8 +286,10 @@ class MemoryStore:
         with self._catalog.transaction():
             self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows.tolist())
             placement.record_placement(state, ids, texts, placed, now)
-        self._searcher.lexical.add(rows, texts)  # after the commit; rebuilt from SQLite on open
+        self._searcher.lexical.add(rows, texts, namespaces)  # after the commit; replayed from SQLite on open
+        before = state.rows.version
         state.rows.set_rows(rows, np.asarray(ids, np.int64), namespaces, kinds, np.full(len(ids), now))
+        self._searcher.lexical.mark_synced(before, state.rows.version)  # only rows added, all counted
         state.cache.clear()
         self._slm.note_routes(ids, rows, texts, placed)
         if self.config.fsync:
@@ -315,9 +319,9 @@ class MemoryStore:
                     self._catalog.set_text(memory_id, text, int(new_row[0]))
                     placement.record_placement(state, [memory_id], [text], placed, time.time())
             if vectors is not None:
-                self._searcher.lexical.add(new_row, [text])
-                state.index.unassign(np.asarray([old_row]))
                 r = state.rows
+                self._searcher.lexical.add(new_row, [text], [r.name("namespace", old_row)])
+                state.index.unassign(np.asarray([old_row]))
                 r.set_rows(new_row, np.asarray([memory_id]), [r.name("namespace", old_row)], [r.name("kind", old_row)],
                            r.created_at[[old_row]], access_count=r.access_count[[old_row]])
                 r.kill(np.asarray([old_row]))
@@ -390,6 +394,15 @@ class MemoryStore:
         with self._state.lock.write():
             self._state.flush_access()
             self._state.index.flush()
+            self._save_lexical()
+
+    def _save_lexical(self) -> None:
+        """Save the lexical index (when it changed) after the vectors it covers are durable.
+        It is derived state: a failed save is logged, and the next open replays more rows."""
+        try:
+            self._searcher.lexical.save(recovery.lexical_path(self.path))
+        except OSError as e:
+            log.warning("%s: the lexical index was not saved (%s)", self.path, e)
 
     # -- reading -----------------------------------------------------------------------
     def search(

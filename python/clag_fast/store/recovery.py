@@ -8,6 +8,8 @@ costs data, and never silently hides it.
   empty or brand new beside a vector file holding rows is refused, naming both files, rather
   than opened as an empty store.
 * After any crash, ``reconcile`` makes the index's cluster state and the database agree.
+* The lexical index (``index/lexical.bin``) is derived state too: loaded and brought up to
+  date from the database, or rebuilt from it with a warning (``open_lexical``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from clag_fast.errors import StoreFormatError
 from clag_fast.index import VectorIndex
 from clag_fast.store import routing
+from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.organize import reassign, sync_clusters
 from clag_fast.store.state import StoreState
 
@@ -30,6 +33,7 @@ DB_NAME = "memories.db"
 INDEX_DIR = "index"
 VECTORS = "vectors.f32"
 CLUSTERS = "clusters.bin"
+LEXICAL = "lexical.bin"
 
 
 def vector_file_has_rows(path: Path) -> bool:
@@ -174,3 +178,67 @@ def reconcile(state: StoreState) -> dict[str, int]:
         idx.flush()
         log.warning("recovered %s: %s", state.path, fixed)
     return fixed
+
+
+def lexical_path(path: Path) -> Path:
+    """Where a store keeps its lexical index."""
+    return path / INDEX_DIR / LEXICAL
+
+
+def open_lexical(state: StoreState) -> LexicalIndex:
+    """The BM25 index of an opened store: ``index/lexical.bin`` brought up to date from the
+    database, or rebuilt from it.
+
+    The file covers the vector rows below its watermark as they were at its save (flush,
+    close). Rows after the watermark are the adds since: their texts are read from the
+    database and indexed. Rows that died since (deletes, archives, replaced texts) leave the
+    statistics by a sync with the row table. A file that is missing (a store written before
+    the file existed, or one never flushed), damaged, foreign, covering rows the vector file
+    lacks, or lacking live rows it should cover is rebuilt from the database with a warning,
+    never an error. Nothing is written here: read-only stores never write the file, writable
+    ones save it at their next flush or close.
+    """
+    rows = state.rows
+    live = rows.live[: rows.n]
+    path = lexical_path(state.path)
+    lex: LexicalIndex | None = None
+    reason = None
+    if path.exists():
+        try:
+            lex = LexicalIndex.load(path)
+        except OSError as e:
+            reason = str(e)
+        else:
+            if len(lex) > len(state.index):
+                reason = f"it covers {len(lex)} vector rows but the vector file holds {len(state.index)}"
+            else:
+                missing = lex.sync(live)[2]
+                if missing:
+                    reason = f"{missing} live memories below its watermark are not in it"
+    elif live.any():
+        reason = "it is missing"
+    if reason is not None:
+        log.warning("%s: %s; the lexical index is rebuilt from the database", path, reason)
+        lex = None
+    if lex is None:
+        lex = LexicalIndex()
+        data = state.catalog.live_texts()
+        if data:
+            at = np.fromiter((r for r, _ in data), np.int64, len(data))
+            lex.build(at, [t for _, t in data], _namespace_names(state, at))
+    else:
+        tail = np.flatnonzero(live[len(lex):]) + len(lex)
+        if len(tail):
+            mids = rows.memory_id[tail].tolist()
+            details = state.details(mids)
+            lex.build(tail, [details[m][0] for m in mids], [details[m][2] for m in mids])
+    lex.sync(live, rows.version)
+    return lex
+
+
+def _namespace_names(state: StoreState, at: np.ndarray) -> list[str]:
+    """The namespace of each row in ``at``, from the row table's codes."""
+    codes = state.rows.namespace[at]
+    uniq, first = np.unique(codes, return_index=True)
+    names = {int(c): state.rows.name("namespace", int(at[i])) for c, i in zip(uniq.tolist(), first.tolist())}
+    return [names[c] for c in codes.tolist()]

@@ -5,11 +5,11 @@ Per query the work outside the native search is constant: the filter mask is cac
 (filters, write version) in the row table, decay weights per write version and minute, and
 the k hits' texts come from SQLite in one statement.
 
-Hybrid search (a text query with a lexical weight > 0): BM25 over the eligible rows (term
-statistics from the query's namespace only), the vector search widened to ``HYBRID_POOL``
-hits, and in two-stage mode a cluster-aware stage 1: besides the clusters nearest the query
-by centre (the native probe), the clusters whose members match the query's words best are
-scanned too (``LEXICAL_PROBE_SHARE`` of the probe budget). The candidates (vector hits,
+Hybrid search (a text query with a lexical weight > 0): the BM25 top rows among the eligible
+rows (MaxScore in the core; term statistics from the query's namespace only, kept
+incrementally), the vector search widened to ``HYBRID_POOL`` hits, and in two-stage mode a
+cluster-aware stage 1: besides the clusters nearest the query by centre (the native probe),
+the clusters whose members match the query's words best are scanned too (``LEXICAL_PROBE_SHARE`` of the probe budget). The candidates (vector hits,
 lexical top hits, members of the lexical clusters) are scored by ``lexical.fuse``. A query
 with no indexable word (punctuation, emoji, stopwords) is searched by vectors only.
 """
@@ -143,9 +143,11 @@ class Searcher:
             res = idx.search(q[None, :], k=pool, mode="flat", mask=mask, weights=weights)
             count = int(res.counts[0])
         v_rows, v_cos = res.ids[0, :count], res.scores[0, :count]
-        scope_filters = (filters[0], None, None, None)
-        scope = self.eligible(scope_filters)[0] if scope_filters != filters else mask
-        m = self.lexical.score(text, scope, mask, scope_filters, rows.version, pool, v_rows)
+        lexical = self.lexical
+        lexical.sync(rows.live[: rows.n], rows.version)  # a no-op unless rows died since the last sync
+        # Term statistics are the namespace's (kept per namespace in the core: no mask, no
+        # counting); the row mask is passed only when kind/time filters narrow the rows further.
+        m = lexical.score(text, filters[0], None if filters[1:] == (None, None, None) else mask, pool, v_rows)
         if m.terms == 0 or len(m.rows) == 0:
             return None
         scanned = int(res.scanned[0])
