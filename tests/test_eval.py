@@ -368,23 +368,25 @@ def test_answer_context_and_extraction():
     from clag_fast.eval.answer import answer_context, extract_answer
     from clag_fast.results import Hit
 
-    hits = [Hit(1, "A: one", 0.9, 7, "pets", [], "memory", "default", 0.0, {"date": "May 1"}),
+    hits = [Hit(1, "A: one", 0.9, 7, "pets", ["cat"], "memory", "default", 0.0, {"date": "May 1"}),
             Hit(2, "A: two", 0.8, 3, "", ["work", "job"], "memory", "default", 0.0, None),
-            Hit(3, "A: three", 0.7, 7, "pets", [], "memory", "default", 0.0, None)]
+            Hit(3, "A: three", 0.7, 7, "pets", ["cat"], "memory", "default", 0.0, None)]
     assert answer_context(hits, grouped=False) == "- (May 1) A: one\n- A: two\n- A: three"
     assert answer_context(hits, grouped=True) == "Topic: pets\n- (May 1) A: one\n- A: three\nTopic: work, job\n- A: two"
+    assert answer_context(hits, grouped="tags") == (
+        "Topic: cat\n- (May 1) A: one\n- A: three\nTopic: work, job\n- A: two")
     assert extract_answer("Memories:\nTopic: pets\nAnswer: a cat\nmore") == "a cat"
     assert extract_answer("\n\n") == ""
 
 
 def test_qa_table_end_to_end_jsonl_and_resume(fake_slm, tmp_path, capsys):
-    from clag_fast.eval.qa import QA_CONFIGS, read_jsonl, run_qa_table, summarize
+    from clag_fast.eval.qa import DEFAULT_QA_CONFIGS, read_jsonl, run_qa_table, summarize
 
     out = tmp_path / "qa"
     summary = run_qa_table(TINY, out_dir=out, n_questions=5, llm=fake_slm, embedder="hash", progress=False,
                            store_options=CLUSTERED)
     recs = read_jsonl(out / "qa.jsonl")
-    assert len(recs) == 5 * len(QA_CONFIGS) and _FakeSLM.answered == 15
+    assert len(recs) == 5 * len(DEFAULT_QA_CONFIGS) and _FakeSLM.answered == 15
     assert sorted({r["category"] for r in recs}) == ["1", "2", "3", "4", "5"]  # one per category
     for r in recs:
         assert len(r["retrieved"]) == 10 and {"memory_id", "dia_id", "score", "cluster_id"} <= set(r["retrieved"][0])
@@ -403,6 +405,15 @@ def test_qa_table_end_to_end_jsonl_and_resume(fake_slm, tmp_path, capsys):
     assert _FakeSLM.answered == 15 and len(read_jsonl(out / "qa.jsonl")) == 15
     with pytest.raises(ValueError, match="other parameters"):
         run_qa_table(TINY, out_dir=out, n_questions=6, llm=fake_slm, embedder="hash", progress=False)
+    # an extra configuration on its own, read together with the first file
+    run_qa_table(TINY, out_dir=tmp_path / "tags", n_questions=5, llm=fake_slm, embedder="hash", progress=False,
+                 store_options=CLUSTERED, configs=["clag_tags"])
+    tags = read_jsonl(tmp_path / "tags" / "qa.jsonl")
+    assert len(tags) == 5 and all(r["config"] == "clag_tags" and "Topic: " in r["context"] for r in tags)
+    both = summarize(recs + tags)
+    assert set(both["differences"]) == {f"{c} - flat_vector" for c in ("clag", "clag_labels", "clag_tags")}
+    with pytest.raises(ValueError, match="unknown"):
+        run_qa_table(TINY, out_dir=tmp_path / "x", llm=fake_slm, embedder="hash", configs=["nope"])
     # the CLI path: --qa-table needs --llm
     assert main([str(TINY), "--qa-table", "--embedder", "hash", "--no-progress"]) == 2
     assert "--qa-table needs --llm" in capsys.readouterr().err

@@ -33,18 +33,20 @@ def cluster_label(h: Any) -> str:
     return label or (f"cluster {h.cluster_id}" if h.cluster_id is not None else "unclustered")
 
 
-def answer_context(hits: Sequence[Any], grouped: bool) -> str:
+def answer_context(hits: Sequence[Any], grouped: bool | str) -> str:
     """The memories as the prompt shows them.
 
     ``grouped=False``: one dated line per hit, best first. ``grouped=True``: the hits grouped
-    under their cluster's label (``Topic: ...``), groups in the order of their best hit and
-    hits in rank order within a group.
+    under their cluster's label (``Topic: ...``, :func:`cluster_label`), groups in the order of
+    their best hit and hits in rank order within a group. ``grouped="tags"``: the same, the
+    label being the cluster's tags only (falling back to :func:`cluster_label`).
     """
     if not grouped:
         return "\n".join(_line(h) for h in hits)
     groups: dict[str, list[str]] = {}
     for h in hits:
-        groups.setdefault(cluster_label(h), []).append(_line(h))
+        label = ", ".join(h.cluster_tags or []) if grouped == "tags" else ""
+        groups.setdefault(label or cluster_label(h), []).append(_line(h))
     return "\n".join(f"Topic: {label}\n" + "\n".join(lines) for label, lines in groups.items())
 
 

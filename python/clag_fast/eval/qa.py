@@ -41,15 +41,19 @@ from clag_fast.eval.answer import ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_conte
 from clag_fast.eval.data import Sample, load_dataset
 from clag_fast.eval.metrics import bleu1, token_f1
 
-__all__ = ["QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl", "summarize",
-           "to_markdown", "main"]
+__all__ = ["QA_CONFIGS", "DEFAULT_QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl",
+           "summarize", "to_markdown", "main"]
 
-#: name -> (search mode, lexical_weight (None = the store's default), grouped context)
-QA_CONFIGS: dict[str, tuple[str, float | None, bool]] = {
+#: name -> (search mode, lexical_weight (None = the store's default), grouping of the context:
+#: False = plain list, True = under the cluster label, "tags" = under the cluster's tags)
+QA_CONFIGS: dict[str, tuple[str, float | None, bool | str]] = {
     "flat_vector": ("flat", 0.0, False),
     "clag": ("two_stage", None, False),
     "clag_labels": ("two_stage", None, True),
+    "clag_tags": ("two_stage", None, "tags"),
 }
+#: The paper's three configurations (clag_tags is an extra, on request).
+DEFAULT_QA_CONFIGS = ("flat_vector", "clag", "clag_labels")
 BASELINE = "flat_vector"
 QA_K = 10
 SELECTION_RULE = (
@@ -99,8 +103,10 @@ def run_qa_table(
     cache_dir: str | Path | None = None,
     store_options: dict[str, Any] | None = None,
     progress: bool = True,
+    configs: Sequence[str] = DEFAULT_QA_CONFIGS,
 ) -> dict:
-    """Answer the stratified subset in every configuration of :data:`QA_CONFIGS`.
+    """Answer the stratified subset in every configuration of ``configs`` (names of
+    :data:`QA_CONFIGS`).
 
     Writes ``out_dir/qa.jsonl`` (appended line by line, so a stopped run resumes: pairs
     already in the file are not asked again), ``qa_run.json`` (the parameters and the
@@ -114,6 +120,10 @@ def run_qa_table(
     from clag_fast.store import MemoryStore
 
     t_start = time.perf_counter()
+    unknown = [c for c in configs if c not in QA_CONFIGS]
+    if unknown or not configs:
+        raise ValueError(f"QA configurations: unknown {unknown or 'none given'} (have {sorted(QA_CONFIGS)})")
+    chosen = {c: QA_CONFIGS[c] for c in dict.fromkeys(configs)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     samples = load_dataset(dataset)
@@ -126,7 +136,7 @@ def run_qa_table(
         "seed": seed,
         "selection_rule": SELECTION_RULE,
         "selected": len(picked),
-        "configs": {k: {"mode": m, "lexical_weight": w, "grouped": g} for k, (m, w, g) in QA_CONFIGS.items()},
+        "configs": {k: {"mode": m, "lexical_weight": w, "grouped": g} for k, (m, w, g) in chosen.items()},
         "k": QA_K,
         "embedder": emb_name,
         "answer_system_prompt": ANSWER_SYSTEM,
@@ -146,7 +156,7 @@ def run_qa_table(
     for si, qi in picked:
         by_sample[si].append(qi)
     todo = {si: qis for si, qis in by_sample.items()
-            if any((samples[si].sample_id, qi, c) not in done for qi in qis for c in QA_CONFIGS)}
+            if any((samples[si].sample_id, qi, c) not in done for qi in qis for c in chosen)}
     cache = Path(cache_dir) if cache_dir is not None else None
     with _llm_endpoint(llm) as url, jsonl.open("a", encoding="utf-8") as f:
         if url is None:
@@ -168,7 +178,7 @@ def run_qa_table(
                     for qi in qis:
                         q = s.qa[qi]
                         searches: dict[tuple, Any] = {}
-                        for name, (mode, lw, grouped) in QA_CONFIGS.items():
+                        for name, (mode, lw, grouped) in chosen.items():
                             if (s.sample_id, qi, name) in done:
                                 continue
                             hits = searches.get((mode, lw))
@@ -311,16 +321,17 @@ def _nan_to_none(x: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m clag_fast.eval.qa OUT/qa.jsonl``: recompute and print the table."""
+    """``python -m clag_fast.eval.qa OUT/qa.jsonl [MORE.jsonl ...]``: recompute and print the
+    table (several files are read as one, e.g. an extra configuration run on its own)."""
     p = argparse.ArgumentParser(prog="python -m clag_fast.eval.qa",
                                 description="Recompute the QA table from a qa.jsonl written by clag-fast eval --qa-table.")
-    p.add_argument("jsonl")
+    p.add_argument("jsonl", nargs="+")
     p.add_argument("--baseline", default=BASELINE)
     p.add_argument("--n-boot", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of Markdown")
     a = p.parse_args(argv)
-    summary = summarize(read_jsonl(a.jsonl), baseline=a.baseline, n_boot=a.n_boot, seed=a.seed)
+    summary = summarize([r for path in a.jsonl for r in read_jsonl(path)], baseline=a.baseline, n_boot=a.n_boot, seed=a.seed)
     print(json.dumps(_nan_to_none(summary), indent=1) if a.json else to_markdown(summary))
     return 0
 
