@@ -182,7 +182,7 @@ class MemoryStore:
                 list(nss),
                 list(kinds),
                 np.asarray(created, dtype=np.float64),
-                last_accessed=np.asarray([np.nan if v is None else v for v in last], dtype=np.float64),
+                last_accessed=np.array(last, dtype=np.float64),  # None (never accessed) -> NaN
                 access_count=np.asarray(count, dtype=np.float64),
                 strength=np.asarray(strength, dtype=np.float32),
                 live=np.asarray(st, dtype=np.int64) == catalog_mod.LIVE,

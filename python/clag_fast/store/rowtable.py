@@ -70,6 +70,15 @@ class RowTable:
             c = codes[value] = len(codes)
         return c
 
+    def _encode(self, column: str, values: list[str]) -> np.ndarray:
+        """Codes for many strings: the distinct ones get codes first, then one C-level map
+        (a per-row method call cost ~0.4 s per million rows at open)."""
+        codes = self._codes[column]
+        for v in dict.fromkeys(values):
+            if v not in codes:
+                codes[v] = len(codes)
+        return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
+
     def name(self, column: str, row: int) -> str:
         """The namespace or kind string of ``row``."""
         code = int(getattr(self, column)[row])
@@ -90,8 +99,8 @@ class RowTable:
     ) -> None:
         self.ensure(int(rows.max()) + 1 if len(rows) else self.n)
         self.memory_id[rows] = memory_ids
-        self.namespace[rows] = [self.code("namespace", s) for s in namespaces]
-        self.kind[rows] = [self.code("kind", s) for s in kinds]
+        self.namespace[rows] = self._encode("namespace", namespaces)
+        self.kind[rows] = self._encode("kind", kinds)
         self.created_at[rows] = created_at
         self.last_accessed[rows] = np.nan if last_accessed is None else last_accessed
         self.access_count[rows] = 0.0 if access_count is None else access_count
