@@ -49,6 +49,10 @@ pub struct Params<'a> {
 pub struct Adaptive {
     pub min_probe: usize,
     pub gap: f32,
+    /// Rows the probed lists must hold before the gap may end the probe; 0 = k. A caller
+    /// that asks for a wide candidate pool (hybrid search: k = 50) but only needs k rows to
+    /// be reachable sets it lower, so small clusters are not probed just to fill the pool.
+    pub min_rows: usize,
 }
 
 /// Preallocated batch results (q x k, row-major) plus per-query counts.
@@ -300,12 +304,13 @@ pub fn probe(cl: &Clusters, dim: usize, q: &[f32], k: usize, n_probe: usize, ada
     let keep = match (adaptive, best.first()) {
         (Some(a), Some(first)) => {
             let floor = first.score - a.gap;
+            let need = if a.min_rows > 0 { a.min_rows } else { k };
             // Rows stage 2 will score so far: the pending rows, then each probed list.
             let mut rows = cl.n_pending();
             best.iter()
                 .enumerate()
                 .take_while(|&(i, s)| {
-                    let go = i < a.min_probe || s.score >= floor || rows < k;
+                    let go = i < a.min_probe || s.score >= floor || rows < need;
                     let c = &cl.slots()[s.id as usize];
                     rows += c.primary.len() + c.secondary.len();
                     go
@@ -548,13 +553,13 @@ pub(crate) mod tests {
         let flat = Params { k: 10, n_probe: 1, flat: true, ..Default::default() };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         // A gap wider than any score difference: every cluster up to the cap.
-        let wide = Some(Adaptive { min_probe: 1, gap: 2.0 });
+        let wide = Some(Adaptive { min_probe: 1, gap: 2.0, min_rows: 0 });
         let p = Params { k: 10, n_probe: all, adaptive: wide, ..Default::default() };
         let b = search(&cl, &d, dim, &q, &p).unwrap();
         assert_eq!(a.ids, b.ids);
         assert!(b.probed.iter().all(|&c| c >= 0), "every cluster probed");
         // min_probe at the cap: also every cluster, whatever the gap.
-        let p = Params { k: 10, n_probe: all, adaptive: Some(Adaptive { min_probe: all, gap: 0.0 }), ..Default::default() };
+        let p = Params { k: 10, n_probe: all, adaptive: Some(Adaptive { min_probe: all, gap: 0.0, min_rows: 0 }), ..Default::default() };
         let c = search(&cl, &d, dim, &q, &p).unwrap();
         assert_eq!(a.ids, c.ids);
         assert_eq!(c.scanned, vec![d.len() as i64 / dim as i64; 16]);
@@ -566,7 +571,7 @@ pub(crate) mod tests {
         // Queries near rows: their own blob is far ahead of the others.
         let q = d[..8 * dim].to_vec();
         for (gap, min) in [(0.0f32, 1usize), (0.05, 1), (0.3, 2), (2.0, 3)] {
-            let p = Params { k: 10, n_probe: 8, adaptive: Some(Adaptive { min_probe: min, gap }), ..Default::default() };
+            let p = Params { k: 10, n_probe: 8, adaptive: Some(Adaptive { min_probe: min, gap, min_rows: 0 }), ..Default::default() };
             let r = search(&cl, &d, dim, &q, &p).unwrap();
             let fixed = Params { k: 10, n_probe: 8, ..Default::default() };
             let f = search(&cl, &d, dim, &q, &fixed).unwrap();
@@ -587,7 +592,7 @@ pub(crate) mod tests {
         }
         // No gap and min_probe 1, but k beyond one cluster's rows: probing goes on until the
         // probed lists hold k rows, and the top-k is full.
-        let p = Params { k: 120, n_probe: 8, adaptive: Some(Adaptive { min_probe: 1, gap: 0.0 }), ..Default::default() };
+        let p = Params { k: 120, n_probe: 8, adaptive: Some(Adaptive { min_probe: 1, gap: 0.0, min_rows: 0 }), ..Default::default() };
         let r = search(&cl, &d, dim, &q, &p).unwrap();
         for qi in 0..8 {
             let got: Vec<i64> = r.probed[qi * 8..(qi + 1) * 8].iter().copied().filter(|&c| c >= 0).collect();
@@ -597,7 +602,7 @@ pub(crate) mod tests {
             assert_eq!(r.counts[qi], 120);
         }
         // A zero min_probe or a bad gap is an error.
-        for a in [Adaptive { min_probe: 0, gap: 0.1 }, Adaptive { min_probe: 1, gap: f32::NAN }, Adaptive { min_probe: 1, gap: -0.1 }] {
+        for a in [Adaptive { min_probe: 0, gap: 0.1, min_rows: 0 }, Adaptive { min_probe: 1, gap: f32::NAN, min_rows: 0 }, Adaptive { min_probe: 1, gap: -0.1, min_rows: 0 }] {
             let p = Params { k: 10, n_probe: 8, adaptive: Some(a), ..Default::default() };
             assert!(search(&cl, &d, dim, &q, &p).is_err());
         }

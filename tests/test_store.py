@@ -499,3 +499,43 @@ def test_hits_never_show_stale_text_or_metadata(tmp_path):
         b = s.add("third text", embedding=v[1])  # may reuse the deleted id
         assert s.search(v[1], k=1)[0].text == "third text"
         assert s.get(b).text == "third text"
+
+
+def test_explicit_n_probe_is_a_floor_not_a_flat_fallback(tmp_path):
+    # Clusters of ~2 memories: 1-2 probed clusters hold fewer than k rows. The store probes on
+    # until k rows are reachable instead of scanning everything, so scanned never falls as
+    # n_probe grows and the search stays two-stage.
+    cfg = StoreConfig(dim=16, min_memories_to_cluster=40, target_cluster_size=2, max_cluster_size=4,
+                      organize_every=0, slm="off", cache_size=0)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 16)).astype(np.float32)
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+        s.add_many([f"m{i}" for i in range(300)], embeddings=x)
+        s.organize()
+        assert len(s.clusters()) > 50
+        for q in x[:20]:
+            scanned = []
+            for n_probe in (1, 2, 4, 8):
+                hits = s.search(q, k=10, n_probe=n_probe)
+                assert hits.mode == "two_stage" and len(hits) == 10
+                assert len(hits.clusters_probed) >= n_probe
+                scanned.append(hits.scanned)
+            assert scanned == sorted(scanned) and scanned[-1] < 300
+
+
+def test_vector_index_min_rows_bounds_adaptive_probing(tmp_path):
+    from clag_fast import VectorIndex
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((400, 8)).astype(np.float32)
+    with VectorIndex.open(tmp_path / "ix", dim=8) as ix:
+        ix.append(x)
+        ix.kmeans(100, seed=0)
+        q = x[0]
+        wide = ix.search(q, k=50, n_probe=100, probe_gap=0.0, min_probe=1)
+        narrow = ix.search(q, k=50, n_probe=100, probe_gap=0.0, min_probe=1, min_rows=5)
+        sizes = dict(zip(ix.cluster_ids().tolist(), ix.cluster_sizes().tolist()))
+        listed = lambda res: sum(sizes[c] for c in res.probed[0].tolist() if c >= 0)  # noqa: E731
+        assert listed(wide) >= 50 and listed(narrow) >= 5
+        assert (res_n := (narrow.probed[0] >= 0).sum()) < (wide.probed[0] >= 0).sum()
+        assert res_n >= 1

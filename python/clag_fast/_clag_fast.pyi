@@ -57,6 +57,7 @@ class VectorIndex:
         weights: npt.NDArray[np.float32] | None = None,
         probe_gap: float | None = None,
         min_probe: int = 1,
+        min_rows: int = 0,
     ) -> tuple[
         npt.NDArray[np.int64],
         npt.NDArray[np.float32],

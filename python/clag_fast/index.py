@@ -338,6 +338,7 @@ class VectorIndex:
         *,
         probe_gap: float | None = None,
         min_probe: int = 1,
+        min_rows: int | None = None,
     ) -> SearchResult:
         """Top-``k`` rows by cosine for each query ((dim,) or (q, dim)).
 
@@ -351,6 +352,9 @@ class VectorIndex:
         ``n_probe`` clusters in all (the cap). A query whose own clusters stand out (the
         other centres far below) scans just those; one whose centre scores lie close
         together scans up to the cap. ``probe_gap=None`` probes exactly ``n_probe``.
+        Probing also goes on while the probed lists hold fewer than ``min_rows`` rows (None =
+        ``k``), so the top-k can fill; a caller asking for a wide pool (large ``k``) that
+        needs only a few rows reachable passes a smaller ``min_rows``.
         ``probed`` then lists the clusters probed, best first, padded with -1 to ``n_probe``.
 
         ``mask``: bool[len] (True = eligible). ``weights``: float32[len], finite, >= 0; each
@@ -361,6 +365,7 @@ class VectorIndex:
         k = _positive_int(k, "k")
         n_probe = _positive_int(n_probe, "n_probe")
         min_probe = _positive_int(min_probe, "min_probe")
+        min_rows = 0 if min_rows is None else _positive_int(min_rows, "min_rows")
         if probe_gap is not None:
             if isinstance(probe_gap, bool) or not isinstance(probe_gap, (int, float, np.integer, np.floating)):
                 raise ValueError(f"probe_gap must be a number or None, got {probe_gap!r}")
@@ -385,5 +390,5 @@ class VectorIndex:
             if w.shape != (n,):
                 raise ValueError(f"weights must have shape ({n},) (one entry per row), got {w.shape}")
             w = np.ascontiguousarray(w, dtype=np.float32)
-        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe))
+        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe, min_rows))
 

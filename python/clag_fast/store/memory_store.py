@@ -450,7 +450,7 @@ class MemoryStore:
         qvec = self._query_vector(query)
         selected = None
         if qkey is not None and mode == "two_stage" and self.config.slm.select_clusters:
-            selected = self._slm.select_clusters(query, qvec, n_probe or self._searcher.auto_probe())
+            selected = self._slm.select_clusters(query, qvec, n_probe or self.config.n_probe or self._searcher.auto_probe())
         with state.lock.read():
             hits = self._searcher.search(qvec[None, :], k, (namespace, kind, since, until), mode, n_probe,
                                          selected, None if qkey is None else [qkey], lw)[0]
