@@ -76,9 +76,13 @@ def open_index(path: Path, dim: int, read_only: bool, rows_needed: int = 0) -> V
     if rows_needed > 0:
         if not vf.exists():
             _refuse_rows(path, 0, rows_needed)
-        with _open(path, dim, read_only=True, writable_store=not read_only) as idx:
-            if len(idx) < rows_needed:
-                _refuse_rows(path, len(idx), rows_needed)
+        idx = _open(path, dim, read_only=True, writable_store=not read_only)
+        if (n := len(idx)) < rows_needed:
+            idx.close()
+            _refuse_rows(path, n, rows_needed)
+        if read_only:
+            return idx  # the checked index is the one a reader wants: no second open
+        idx.close()
     return _open(path, dim, read_only, writable_store=not read_only)
 
 
