@@ -23,6 +23,10 @@ from typing import Any, Sequence
 
 from clag_fast.config import SLMConfig
 from clag_fast.slm import prompts
+from clag_fast.store.profiles import BAD_TAGS as _BAD_TAGS
+from clag_fast.store.profiles import STOPWORDS as _STOPWORDS
+from clag_fast.store.profiles import TAG_WORD_RE as _WORD_RE
+from clag_fast.store.profiles import keywords
 from clag_fast.slm.client import LLMClient, LLMError, is_transient
 
 log = logging.getLogger(__name__)
@@ -84,34 +88,6 @@ class Evolution:
 
     links: list[int]
     tags: list[str]
-
-
-_WORD_RE = re.compile(r"[a-z][a-z0-9'-]*")
-# Words a small model offers as "tags" that describe the prompt rather than the notes.
-_BAD_TAGS = frozenset(
-    "note notes tag tags topic topics group groups summary word words one two three single "
-    "lowercase different json text data sentence subtitle keyword keywords shared".split()
-)
-_STOPWORDS = frozenset(
-    "a about after again all also am an and any are as at be because been before being but by "
-    "can could did do does doing don't for from had has have having he her here hers him his how "
-    "i i'm i've if in into is it it's its just me more most my no not now of off on once only or "
-    "other our out over own same she should so some such than that that's the their them then "
-    "there these they this those through to too under until up very was we we're were what when "
-    "where which while who why will with would you you're your yours yeah oh really so yes "
-    "thanks thank going get got like know think much many lot well great good".split()
-)
-
-
-def keywords(texts: Sequence[str], n: int = 3, exclude: Sequence[str] = ()) -> list[str]:
-    """The ``n`` most frequent content words of ``texts`` (fills tags the SLM left out)."""
-    skip = set(exclude) | _STOPWORDS | _BAD_TAGS
-    counts: Counter[str] = Counter()
-    for t in texts:
-        for w in _WORD_RE.findall(str(t).lower()):
-            if len(w) >= 3 and w not in skip:
-                counts[w] += 1
-    return [w for w, _ in counts.most_common(n)]
 
 
 def _wordy(text: str) -> bool:

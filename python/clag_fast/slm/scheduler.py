@@ -25,6 +25,7 @@ import numpy as np
 
 from clag_fast.store import organize as org_ops
 from clag_fast.store import placement as place_ops
+from clag_fast.store.profiles import vector_profile
 from clag_fast.store.state import StoreState
 
 if TYPE_CHECKING:
@@ -380,7 +381,7 @@ class SLMScheduler:
         slm_done = list(profiles)
         for cid in todo:
             if cid not in profiles:
-                profiles[cid] = org_ops.vector_profile(briefs[cid].examples)
+                profiles[cid] = vector_profile(briefs[cid].examples)
         with state.lock.write():
             # Clusters that deserved an SLM profile but were not asked, or whose call failed
             # on the server's side (down, timeout, HTTP 408/429/5xx), stay marked as unprofiled

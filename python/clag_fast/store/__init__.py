@@ -7,7 +7,8 @@ Modules, each owning one thing:
   rowtable      per-row columns for filters and decay, in memory
   routing       the vector routing policy (pure numpy)
   placement     routing new rows into clusters, applying the SLM's routes
-  organize      cold start, topics, split, merge, vector profiles
+  organize      cold start, topics, split, merge, profile bookkeeping
+  profiles      vector profiles (typical member + keywords), tag word lists
   search        filters, probe rule, native search, hits with labels
   recovery      checks and repairs on open
   forgetting    applying the decay / prune policy

@@ -227,16 +227,6 @@ def cluster_examples(state: StoreState, cid: int, n: int, centre: np.ndarray) ->
     return [texts[m] for m in mids if m in texts]
 
 
-def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
-    """A profile without an SLM: the most typical member as summary, frequent words as tags."""
-    from clag_fast.slm.organizer import keywords
-
-    if not texts:
-        return "", []
-    summary = texts[0] if len(texts[0]) <= 120 else texts[0][:117] + "..."
-    return summary, keywords(texts, 3)
-
-
 def save_profiles(state: StoreState, profiles: dict[int, tuple[str, list[str]]], now: float,
                   unprofiled: set[int] = frozenset()) -> None:
     """Write profiles; ``unprofiled`` ones are marked for the next SLM pass (size 0)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from clag_fast.store import routing
+from clag_fast.store.profiles import vector_profile
 from clag_fast.store.state import StoreState
 
 # Rows per routing chunk: bounds the (chunk x chunk) similarity matrix of rows that open
@@ -101,8 +102,6 @@ def record_placement(state: StoreState, memory_ids: list[int], texts: list[str],
     """Inside the caller's transaction: save the clusters a batch opened and the memories'
     assignments. A new cluster is labelled by its first memory until the next profile pass
     (SLM or vector) rewrites it, so no hit is ever returned unlabelled."""
-    from clag_fast.store.organize import vector_profile
-
     provisional = {}
     if placement.new_clusters:
         uniq, first = np.unique(placement.ids[:, 0], return_index=True)

@@ -1,0 +1,47 @@
+"""Vector profiles: a cluster described without an SLM (its most typical member as the
+summary, frequent content words as tags), and the word lists both kinds of profile use.
+
+No dependencies on the rest of the package: placement labels a new cluster with it, the
+organiser fills the tags an SLM left out with ``keywords``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Sequence
+
+TAG_WORD_RE = re.compile(r"[a-z][a-z0-9'-]*")
+# Words a small model offers as "tags" that describe the prompt rather than the notes.
+BAD_TAGS = frozenset(
+    "note notes tag tags topic topics group groups summary word words one two three single "
+    "lowercase different json text data sentence subtitle keyword keywords shared".split()
+)
+STOPWORDS = frozenset(
+    "a about after again all also am an and any are as at be because been before being but by "
+    "can could did do does doing don't for from had has have having he her here hers him his how "
+    "i i'm i've if in into is it it's its just me more most my no not now of off on once only or "
+    "other our out over own same she should so some such than that that's the their them then "
+    "there these they this those through to too under until up very was we we're were what when "
+    "where which while who why will with would you you're your yours yeah oh really so yes "
+    "thanks thank going get got like know think much many lot well great good".split()
+)
+
+
+def keywords(texts: Sequence[str], n: int = 3, exclude: Sequence[str] = ()) -> list[str]:
+    """The ``n`` most frequent content words of ``texts`` (fills tags the SLM left out)."""
+    skip = set(exclude) | STOPWORDS | BAD_TAGS
+    counts: Counter[str] = Counter()
+    for t in texts:
+        for w in TAG_WORD_RE.findall(str(t).lower()):
+            if len(w) >= 3 and w not in skip:
+                counts[w] += 1
+    return [w for w, _ in counts.most_common(n)]
+
+
+def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
+    """A profile without an SLM: the most typical member as summary, frequent words as tags."""
+    if not texts:
+        return "", []
+    summary = texts[0] if len(texts[0]) <= 120 else texts[0][:117] + "..."
+    return summary, keywords(texts, 3)
