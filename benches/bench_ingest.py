@@ -37,15 +37,6 @@ DIM = 384
 N_BLOBS = 1_000
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB (VmHWM)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 class Vectors:
     """Deterministic unit vectors, generated per call (a 1M x 384 set would be 1.5 GB)."""
 
@@ -106,7 +97,7 @@ def ingest(path: Path, n: int, batch: int, data: str, spread: float = 1.0,
         out["close_s"] = time.perf_counter() - t0
     finally:
         store.close()
-    out["peak_rss_mb"] = peak_rss_mb()
+    out["peak_rss_mb"] = measure.peak_rss_mb()
     return out
 
 

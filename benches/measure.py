@@ -24,13 +24,23 @@ def threads() -> int:
     return int(os.environ.get("CLAG_BENCH_THREADS", os.cpu_count() or 1))
 
 
-def rss_mb() -> float:
-    """Resident set size of this process in MiB (from /proc, no psutil needed)."""
+def _status_mb(key: str) -> float:
+    """A kB field of /proc/self/status (VmRSS, VmHWM, ...) in MiB; no psutil needed."""
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024.0
-    raise OSError("VmRSS not found in /proc/self/status")
+    raise OSError(f"{key} not found in /proc/self/status")
+
+
+def rss_mb() -> float:
+    """Resident set size of this process in MiB."""
+    return _status_mb("VmRSS")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (VmHWM)."""
+    return _status_mb("VmHWM")
 
 
 @dataclass

@@ -30,12 +30,11 @@
 //! stage 1 aggregates per cluster.
 
 use std::collections::{BinaryHeap, HashMap};
-use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::Write;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::files;
 
 /// Longest token kept, in characters; longer runs (hashes, base64) are cut to this.
 const MAX_TOKEN_CHARS: usize = 40;
@@ -1096,27 +1095,12 @@ impl Lexical {
     /// Atomically replace `path` with this index (temp file, fsync, rename, fsync directory):
     /// a crash leaves the old file or the new one.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let bytes = self.encode();
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-        let io = |e: std::io::Error| Error::Io(format!("{}: {e}", tmp.display()));
-        {
-            let mut f = File::create(&tmp).map_err(io)?;
-            f.write_all(&bytes).map_err(io)?;
-            f.sync_all().map_err(io)?;
-        }
-        std::fs::rename(&tmp, path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        files::write_atomic(path, &self.encode())
     }
 
     /// Load `path`; errors name the file.
     pub fn load(path: &Path) -> Result<Lexical> {
-        let b = std::fs::read(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-        Lexical::decode(&b).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+        files::read_decoded(path, Lexical::decode)
     }
 }
 

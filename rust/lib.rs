@@ -11,6 +11,8 @@ pub mod vectors;
 pub mod kmeans;
 /// Centres, running sums, member lists and the operations on them.
 pub mod clusters;
+/// Atomic whole-file writes and named reads for the derived state files.
+pub mod files;
 /// The cluster state file (atomic save, checksummed load).
 pub mod state;
 /// int8 member copies for stage 2 (approximate scan, exact re-score).

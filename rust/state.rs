@@ -11,12 +11,11 @@
 //! ```
 //! Rows appended after the save are simply PENDING on reload.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 
 use crate::clusters::{Cluster, Clusters};
 use crate::error::{Error, Result};
+use crate::files;
 use crate::vectors::fnv1a;
 
 pub const MAGIC: [u8; 8] = *b"CLAGCLU\0";
@@ -141,26 +140,12 @@ pub fn decode(b: &[u8], dim: usize) -> Result<(Clusters, usize)> {
 
 /// Atomically replace `path` with the encoded state.
 pub fn save(c: &Clusters, path: &Path) -> Result<()> {
-    let bytes = encode(c);
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".clusters.bin.tmp{}", std::process::id()));
-    let io = |e: std::io::Error| Error::Io(format!("{}: {e}", tmp.display()));
-    {
-        let mut f = File::create(&tmp).map_err(io)?;
-        f.write_all(&bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
-    }
-    std::fs::rename(&tmp, path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    files::write_atomic(path, &encode(c))
 }
 
 /// Load `path`; errors name the file.
 pub fn load(path: &Path, dim: usize) -> Result<(Clusters, usize)> {
-    let b = std::fs::read(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-    decode(&b, dim).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+    files::read_decoded(path, |b| decode(b, dim))
 }
 
 #[cfg(test)]

@@ -27,3 +27,29 @@ def exact_top(vectors: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
     """Indices of the exact top-k rows by cosine (vectors are unit length)."""
     q = query / np.linalg.norm(query)
     return np.argsort(-(vectors @ q), kind="stable")[:k]
+
+
+def run_until_killed(code: str, min_lines: int, after_s: float = 0.0, timeout_s: float = 120.0) -> list[str]:
+    """Run ``code`` in a child Python, collect its stdout lines, and SIGKILL it ``after_s``
+    seconds after it printed ``min_lines`` lines (or exited, or ``timeout_s`` passed). The
+    writers in the crash tests print a line only after a call returned, so the lines are
+    what the child was promised."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    # Start-up time varies a lot on a loaded machine: kill relative to the first lines.
+    deadline = time.monotonic() + timeout_s
+    while len(lines) < min_lines and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reader.join(timeout=10)
+    return lines

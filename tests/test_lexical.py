@@ -5,11 +5,7 @@ safety with a real SIGKILL."""
 from __future__ import annotations
 
 import math
-import signal
-import subprocess
-import sys
 import textwrap
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,6 +20,7 @@ from clag_fast.config import StoreConfig
 from clag_fast.eval.runner import HashingEmbedder
 from clag_fast.store import MemoryStore
 from clag_fast.store.lexical import LexicalIndex, fuse, tokenize
+from store_helpers import run_until_killed
 
 CFG = StoreConfig(slm="off", cache_size=0, min_memories_to_cluster=20)
 
@@ -279,17 +276,7 @@ WRITER = textwrap.dedent(
 
 def test_sigkill_keeps_every_returned_add_lexically(tmp_path):
     path = tmp_path / "s"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(path=str(path))], stdout=subprocess.PIPE,
-                            text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 120
-    while len(lines) < 60 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    reader.join(5)
+    lines = run_until_killed(WRITER.format(path=str(path)), 60)
     acked = [tuple(map(int, ln.split())) for ln in lines if ln.strip()]
     assert len(acked) >= 60
     store = _store(path)

@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +18,7 @@ from clag_fast.eval.runner import HashingEmbedder
 from clag_fast.store import MemoryStore
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.recovery import lexical_path
+from store_helpers import run_until_killed
 
 CFG = StoreConfig(slm="off", cache_size=0, min_memories_to_cluster=20)
 VOCAB = "river mountain piano guitar garden kitchen novel poem train harbour violin desert".split()
@@ -224,17 +220,7 @@ WRITER = textwrap.dedent(
 
 def test_sigkill_after_adds_past_the_last_flush(tmp_path):
     path = tmp_path / "s"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(path=str(path))], stdout=subprocess.PIPE,
-                            text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 120
-    while len(lines) < 80 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    reader.join(5)
+    lines = run_until_killed(WRITER.format(path=str(path)), 80)
     assert lines and lines[0].strip() == "flushed"
     acked = [tuple(map(int, ln.split())) for ln in lines[1:] if ln.strip() and not ln.startswith("deleted")
              and len(ln.split()) == 2]

@@ -7,13 +7,8 @@ consistent (SQLite and the vectors agree, every memory is findable, clusters cov
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +16,7 @@ import pytest
 
 from clag_fast.config import StoreConfig
 from clag_fast.store import MemoryStore
-from store_helpers import DIM, topic_vectors
+from store_helpers import DIM, run_until_killed, topic_vectors
 
 CFG = StoreConfig(min_memories_to_cluster=40, organize_every=25, max_cluster_size=60, slm="off")
 
@@ -49,19 +44,7 @@ WRITER = textwrap.dedent(
 
 
 def _run_and_kill(path: Path, after_s: float) -> list[tuple[int, int]]:
-    code = WRITER.format(tests=str(Path(__file__).parent), path=str(path))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    # Start-up time varies a lot on a loaded machine: kill relative to the first acks.
-    deadline = time.monotonic() + 120
-    while len(lines) < 30 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(after_s)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    reader.join(timeout=10)
+    lines = run_until_killed(WRITER.format(tests=str(Path(__file__).parent), path=str(path)), 30, after_s)
     out = []
     for line in lines:
         parts = line.split()

@@ -4,7 +4,7 @@
 //! them meanwhile.
 
 use std::path::PathBuf;
-use std::sync::RwLock;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
@@ -64,6 +64,17 @@ fn scope<'a>(s: &'a ScopeArg<'_>) -> PyResult<Scope<'a>> {
     })
 }
 
+impl PyLexical {
+    // A panic while holding the lock poisons it; every mutation validates before changing
+    // state, so the data is still consistent: recover the guard (as the index binding does).
+    fn read(&self) -> RwLockReadGuard<'_, Lexical> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+    fn write(&self) -> RwLockWriteGuard<'_, Lexical> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 #[pymethods]
 impl PyLexical {
     #[new]
@@ -80,23 +91,23 @@ impl PyLexical {
 
     /// save(path): atomic replace (temp file, fsync, rename).
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).save(&path))?;
+        py.detach(|| self.read().save(&path))?;
         Ok(())
     }
 
     fn __len__(&self) -> usize {
-        self.inner.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.read().len()
     }
 
     /// (terms, postings) held.
     fn sizes(&self) -> (usize, usize) {
-        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let g = self.read();
         (g.n_terms(), g.n_postings())
     }
 
     /// A counter bumped by every change (to know whether a save is due).
     fn changes(&self) -> u64 {
-        self.inner.read().unwrap_or_else(|p| p.into_inner()).changes()
+        self.read().changes()
     }
 
     /// add(rows, texts, namespaces=["default"]): rows increasing and above every indexed row;
@@ -107,7 +118,7 @@ impl PyLexical {
         py.detach(|| {
             let t: Vec<&str> = texts.iter().map(String::as_str).collect();
             let n: Vec<&str> = ns.iter().map(String::as_str).collect();
-            self.inner.write().unwrap_or_else(|p| p.into_inner()).add(&rows, &t, &n)
+            self.write().add(&rows, &t, &n)
         })?;
         Ok(())
     }
@@ -116,7 +127,7 @@ impl PyLexical {
     fn sync(&self, py: Python<'_>, live: PyReadonlyArray1<'_, bool>) -> PyResult<(usize, usize, usize)> {
         let l = Some(live);
         let m = mask(&l, "live")?.unwrap_or(&[]);
-        let r = py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).sync(m));
+        let r = py.detach(|| self.write().sync(m));
         Ok((r.died, r.revived, r.missing))
     }
 
@@ -125,7 +136,7 @@ impl PyLexical {
     fn stats(&self, py: Python<'_>, scope: Option<ScopeArg<'_>>) -> PyResult<(u64, u64)> {
         let sa = scope.unwrap_or(ScopeArg::All);
         let s = self::scope(&sa)?;
-        Ok(py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).stats(s)))
+        Ok(py.detach(|| self.read().stats(s)))
     }
 
     /// score(query, scope=None, eligible=None, k1, b) -> (rows ascending, scores, terms,
@@ -143,7 +154,7 @@ impl PyLexical {
         let sa = scope.unwrap_or(ScopeArg::All);
         let s = self::scope(&sa)?;
         let e = mask(&eligible, "eligible")?;
-        let m = py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).score(query, s, e, Bm25 { k1, b }));
+        let m = py.detach(|| self.read().score(query, s, e, Bm25 { k1, b }));
         let rows: Vec<i64> = m.rows.iter().map(|&r| r as i64).collect();
         Ok((PyArray1::from_vec(py, rows), PyArray1::from_vec(py, m.scores), m.terms, m.max_possible))
     }
@@ -169,7 +180,7 @@ impl PyLexical {
         let look: Vec<u32> = lookup.as_slice().map_err(|_| PyValueError::new_err("lookup must be C-contiguous"))?
             .iter().map(|&r| r.clamp(0, u32::MAX as i64) as u32).collect();
         let t = py.detach(|| {
-            self.inner.read().unwrap_or_else(|p| p.into_inner()).score_top(query, s, e, Bm25 { k1, b }, top_n, &look)
+            self.read().score_top(query, s, e, Bm25 { k1, b }, top_n, &look)
         });
         let rows: Vec<i64> = t.rows.iter().map(|&r| r as i64).collect();
         Ok((PyArray1::from_vec(py, rows), PyArray1::from_vec(py, t.scores), PyArray1::from_vec(py, t.looked), t.terms,
@@ -180,7 +191,7 @@ impl PyLexical {
     fn compact(&self, py: Python<'_>, live: PyReadonlyArray1<'_, bool>) -> PyResult<usize> {
         let l = Some(live);
         let m = mask(&l, "live")?.unwrap_or(&[]);
-        Ok(py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).compact(m)))
+        Ok(py.detach(|| self.write().compact(m)))
     }
 }
 

@@ -2,8 +2,9 @@
 without touching SQLite on the hot path.
 
 SQLite stays the source of truth; these columns are rebuilt from it on open and kept in step
-by the store's write paths. Filters come back as boolean masks over every vector row, cached
-until the next write (``version``).
+by the store's write paths. Filters come back as boolean masks over every vector row;
+``version`` changes with every write, so callers can cache what they derive from them
+(``store.search.Searcher.eligible`` does).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ class RowTable:
         self.strength = np.empty(0, np.float32)
         self._codes: dict[str, dict[str, int]] = {"namespace": {}, "kind": {}}
         self.version = 0
-        self._mask_cache: dict[tuple, np.ndarray] = {}
 
     # -- growth ------------------------------------------------------------------------
     def ensure(self, n_rows: int) -> None:
@@ -56,9 +56,8 @@ class RowTable:
         self.touch()
 
     def touch(self) -> None:
-        """Invalidate cached masks after any write."""
+        """Mark a write: masks and weights callers derived from the columns are stale."""
         self.version += 1
-        self._mask_cache.clear()
 
     def code(self, column: str, value: str, *, create: bool = True) -> int:
         """Small integer code for a namespace or kind string (-2 when unknown and not created)."""
@@ -124,10 +123,6 @@ class RowTable:
         until: float | None = None,
     ) -> np.ndarray:
         """Boolean mask over all rows: live and matching every given filter."""
-        key = (namespace, kind, since, until)
-        cached = self._mask_cache.get(key)
-        if cached is not None:
-            return cached
         m = self.live[: self.n].copy()
         if namespace is not None:
             m &= self.namespace[: self.n] == self.code("namespace", namespace, create=False)
@@ -137,9 +132,6 @@ class RowTable:
             m &= self.created_at[: self.n] >= since
         if until is not None:
             m &= self.created_at[: self.n] < until
-        if len(self._mask_cache) > 64:  # many distinct filters: keep memory bounded
-            self._mask_cache.clear()
-        self._mask_cache[key] = m
         return m
 
     def weights(self, policy: ForgettingPolicy, now: float) -> np.ndarray:
