@@ -221,9 +221,6 @@ class Catalog:
         """(vector_row, text) of every live memory: what the lexical index is built from."""
         return self.db.execute("SELECT vector_row, text FROM memories WHERE state=?", (LIVE,)).fetchall()
 
-    def count_memories(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
-
     def count_state(self, state: int) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM memories WHERE state=?", (state,)).fetchone()[0])
 

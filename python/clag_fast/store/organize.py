@@ -220,13 +220,6 @@ def example_ids(state: StoreState, cid: int, n: int, centre: np.ndarray) -> list
     return [m for m in state.rows.memory_id[top].tolist() if m >= 0]
 
 
-def cluster_examples(state: StoreState, cid: int, n: int, centre: np.ndarray) -> list[str]:
-    """Texts of the ``n`` members nearest the cluster's ``centre``."""
-    mids = example_ids(state, cid, n, centre)
-    texts = state.catalog.texts(mids) if mids else {}
-    return [texts[m] for m in mids if m in texts]
-
-
 def save_profiles(state: StoreState, profiles: dict[int, tuple[str, list[str]]], now: float,
                   unprofiled: set[int] = frozenset()) -> None:
     """Write profiles; ``unprofiled`` ones are marked for the next SLM pass (size 0)."""

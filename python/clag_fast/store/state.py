@@ -8,7 +8,6 @@ another's private names and none imports the facade.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +130,3 @@ class StoreState:
         """(cluster ids, id -> size) of the index's live clusters."""
         ids = self.index.cluster_ids().tolist()
         return ids, dict(zip(ids, self.index.cluster_sizes().tolist()))
-
-    def now(self) -> float:
-        return time.time()
