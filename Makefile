@@ -23,7 +23,8 @@ install: $(BIN)/python
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release -q
 
 install-test: install
-	$(BIN)/pip install -q pytest pytest-benchmark hypothesis matplotlib
+	$(BIN)/pip install -q pytest pytest-benchmark hypothesis matplotlib langchain-tests schemathesis \
+		fastapi uvicorn httpx 'mcp>=1.10,<3' langchain-core langgraph llama-index-core
 
 demo: install
 	$(BIN)/clag-fast demo
