@@ -154,7 +154,6 @@ def flat_grid(rs: RetrievalSet, tv: np.ndarray, qv: np.ndarray) -> dict[tuple, n
 
     lex = native.Lexical()
     lex.add(list(range(len(rs.texts))), rs.texts)
-    docs, tokens = lex.stats()
     cos_all = qv @ tv.T
     out: dict[tuple, list] = {}
 
@@ -163,7 +162,7 @@ def flat_grid(rs: RetrievalSet, tv: np.ndarray, qv: np.ndarray) -> dict[tuple, n
 
     for qi, (q, rel) in enumerate(zip(rs.questions, rs.evidence)):
         cos = cos_all[qi]
-        rows, scores, terms, maxp = lex.score(q, None, None, docs, tokens)
+        rows, scores, terms, maxp = lex.score(q)
         bm_all = np.zeros(len(rs.texts), np.float32)
         bm_all[rows] = scores
         vec_rank = np.argsort(-cos, kind="stable")

@@ -88,6 +88,46 @@ fn is_stopword(w: &str) -> bool {
     STOPWORDS.binary_search(&w).is_ok()
 }
 
+/// A light English suffix stripper for ASCII words (plural `-s`/`-es`/`-ies`, then `-ing` or
+/// `-ed` with a doubled final consonant undone, then a final `e`), so "hikes", "hiking",
+/// "hiked" and "hike" are one term.
+/// Applied to documents and queries alike. Measured on LoCoMo (benches/eval_hybrid.py, flat,
+/// Recall@10, prototyped by stemming the texts in Python): BM25 0.582 -> 0.612, the 0.5 blend
+/// 0.645 -> 0.660, better on both halves of the conversations and by 3 points on the
+/// stdlib-docs set.
+/// Words outside ASCII are left as written.
+fn stem_ascii(w: &mut String) {
+    let n = w.len();
+    let b = w.as_bytes();
+    if n > 4 && w.ends_with("ies") {
+        w.truncate(n - 3);
+        w.push('y');
+    } else if n > 3 && w.ends_with("es") && matches!(b[n - 3], b's' | b'x' | b'z') {
+        w.truncate(n - 2);
+    } else if n > 3 && w.ends_with('s') && !(w.ends_with("ss") || w.ends_with("us") || w.ends_with("is")) {
+        w.truncate(n - 1);
+    }
+    for suf in ["ing", "ed"] {
+        let n = w.len();
+        // The stem keeps at least three letters ("hiking" -> "hik", "sing" stays), and "-eed"
+        // is not a past tense ("speed", "need").
+        if n >= suf.len() + 3 && w.ends_with(suf) && !w.ends_with("eed") {
+            w.truncate(n - suf.len());
+            let b = w.as_bytes();
+            let m = b.len();
+            if m > 3 && b[m - 1] == b[m - 2] && !matches!(b[m - 1], b'l' | b's' | b'z') {
+                w.truncate(m - 1);
+            }
+            break;
+        }
+    }
+    // A final silent `e` goes too, so "hike" meets "hiking" and "hiked" (both "hik").
+    let n = w.len();
+    if n > 3 && w.ends_with('e') && !w.ends_with("ee") {
+        w.truncate(n - 1);
+    }
+}
+
 /// Split `text` into lower-cased Unicode words (letters, digits and combining marks; anything
 /// else separates), one token per character in unspaced scripts, stopwords dropped, tokens cut
 /// to `MAX_TOKEN_CHARS`. Nothing in the text is ever an operator: quotes, `*`, `-`, `AND`,
@@ -104,6 +144,9 @@ fn for_each_token(text: &str, buf: &mut String, mut f: impl FnMut(&str)) {
     let mut chars = 0usize;
     let emit = |buf: &mut String, chars: &mut usize, f: &mut dyn FnMut(&str)| {
         if !buf.is_empty() && !is_stopword(buf) {
+            if buf.is_ascii() {
+                stem_ascii(buf);
+            }
             f(buf);
         }
         buf.clear();
@@ -876,7 +919,8 @@ impl Lexical {
 // postings with hash updates (a 1M-memory index loads in a fraction of a second).
 
 const MAGIC: [u8; 8] = *b"CLAGLEX\0";
-const VERSION: u32 = 1;
+// 2: tokens are stemmed (`stem_ascii`); a version-1 file is rebuilt from the database.
+const VERSION: u32 = 2;
 
 /// Checksum of a file body: four interleaved 64-bit multiply-rotate lanes over 8-byte words,
 /// several GB/s (FNV-1a, a byte at a time, would spend ~0.15 s on a 1M-memory index). It
@@ -1117,7 +1161,11 @@ mod tests {
 
     #[test]
     fn tokenize_unicode_and_operators() {
-        assert_eq!(tokenize("The CAT's \"NEAR\" dog-house AND *fish*"), ["cat", "near", "dog", "house", "fish"]);
+        assert_eq!(tokenize("The CAT's \"NEAR\" dog-house AND *fish*"), ["cat", "near", "dog", "hous", "fish"]);
+        assert_eq!(tokenize("hikes hiking hiked hike"), ["hik", "hik", "hik", "hik"]);
+        assert_eq!(tokenize("parties boxes glass bus running stopped walls"),
+                   ["party", "box", "glass", "bus", "run", "stop", "wall"]);
+        assert_eq!(tokenize("free trees see café"), ["free", "tree", "see", "café"]);
         assert_eq!(tokenize("Ünïcode Straße ΑΘΗΝΑ"), ["ünïcode", "straße", "αθηνα"]);
         assert_eq!(tokenize("東京タワー"), ["東", "京", "タ", "ワ", "ー"]);
         assert_eq!(tokenize("हिन्दी"), ["हिन्दी"]);
