@@ -2,8 +2,10 @@
 //! file and the cluster state together (rows appended since the last save are PENDING).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::clusters::Clusters;
+use crate::coarse::{self, Coarse};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::search::{self, Params, Results};
@@ -17,6 +19,8 @@ pub struct Index {
     dir: PathBuf,
     vf: VectorFile,
     cl: Clusters,
+    /// Group centroids for routing against many centres (`coarse`), built on first need.
+    coarse: Mutex<Option<Arc<Coarse>>>,
 }
 
 impl Index {
@@ -47,7 +51,7 @@ impl Index {
         };
         cl.grow_rows(vf.len());
         cl.member_cache = member_cache;
-        Ok(Index { dir: dir.to_path_buf(), vf, cl })
+        Ok(Index { dir: dir.to_path_buf(), vf, cl, coarse: Mutex::new(None) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -159,13 +163,31 @@ impl Index {
         let mut ids = vec![-1i64; n * k];
         let mut sc = vec![f32::NEG_INFINITY; n * k];
         let valid = self.cl.has_centres();
-        kernels::top_centres(&x, self.cl.centre_matrix(), dim, k, Some(&valid), &mut ids, &mut sc);
+        match self.coarse_for(&valid) {
+            Some(c) => coarse::top_centres(&x, self.cl.centre_matrix(), dim, k, &valid, &c, &mut ids, &mut sc),
+            None => kernels::top_centres(&x, self.cl.centre_matrix(), dim, k, Some(&valid), &mut ids, &mut sc),
+        }
         for v in ids.iter_mut() {
             if *v >= 0 {
                 *v = self.cl.slots()[*v as usize].id;
             }
         }
         Ok((ids, sc))
+    }
+
+    /// The coarse layer for routing when there are at least `coarse::COARSE_MIN` centres,
+    /// rebuilt once their count drifted by a quarter from the one it was built for.
+    fn coarse_for(&self, valid: &[bool]) -> Option<Arc<Coarse>> {
+        let c = valid.iter().filter(|&&v| v).count();
+        // CLAG_FAST_EXACT_ROUTING=1 keeps routing exact at any size (benchmarks compare both).
+        if c < coarse::COARSE_MIN || std::env::var_os("CLAG_FAST_EXACT_ROUTING").is_some() {
+            return None;
+        }
+        let mut cached = self.coarse.lock().unwrap_or_else(|e| e.into_inner());
+        if !cached.as_ref().is_some_and(|cc| cc.fits(c)) {
+            *cached = Coarse::build(self.cl.centre_matrix(), valid, self.dim()).map(Arc::new);
+        }
+        cached.clone()
     }
 
     pub fn assign(&mut self, rows: &[i64], targets: &[i64], width: usize) -> Result<()> {

@@ -9,6 +9,8 @@ pub mod kernels;
 pub mod vectors;
 /// Spherical k-means (k-means++ seeding) used for cold start and splits.
 pub mod kmeans;
+/// Routing against many centres through a coarse layer of centre groups.
+pub mod coarse;
 /// Centres, running sums, member lists and the operations on them.
 pub mod clusters;
 /// Atomic whole-file writes and named reads for the derived state files.
