@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 
 # Rows per re-assignment chunk (a 24 MB gather of their vectors).
 REASSIGN_CHUNK = 16_384
+# A cluster whose centre moved by more than this (1 - cosine) since the last organisation has
+# its members re-assigned: centres are running means, so a young cluster drifts as members
+# join, and members routed early can be left nearer another centre than their own (seen: a
+# member at cosine 0.09 to its own centre and 0.58 to another, unfindable by two-stage search
+# probing 2 clusters). Mature clusters barely move, so the work falls as the store grows.
+DRIFT = 0.05
 
 
 def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] | None = None,
@@ -34,6 +40,7 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
     report: dict[str, Any] = {"reason": reason, "memories": int(len(live)), "kmeans_k": 0,
                               "topics": [], "split": [], "merged": [], "reassigned": 0}
     now = time.time()
+    touched_all: set[int] | None = None  # None: every member was (re-)assigned, or no clusters
     new: list[tuple[int, str]] = []
     profiles: dict[int, tuple[str, list[str]]] = {}
     enough = len(live) >= (2 if reason == "explicit" else cfg.min_memories_to_cluster)
@@ -54,12 +61,15 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
         if len(unassigned):
             report["reassigned"] = reassign(state, unassigned)
     if len(idx.cluster_ids()) > 0 and cfg.labels is None:
-        touched = _split_oversized(state, report, new)
+        touched = drifted(state)
+        report["drifted"] = len(touched)
+        touched |= _split_oversized(state, report, new)
         touched |= _merge_redundant(state, report, now)
         alive = set(idx.cluster_ids().tolist())
         members = [idx.members(c) for c in touched if c in alive]
         if members:
             reassign(state, np.concatenate(members))
+        touched_all = touched
     # A topic no memory is nearest to would only waste probes: drop it (and any other
     # cluster left empty), except template labels, which exist by definition.
     templates = state.catalog.template_clusters() | {c for c, src in new if src == "template"}
@@ -75,6 +85,7 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
         sync_clusters(state, now)
         state.catalog.set_meta("last_organized", repr(now))
     idx.flush()
+    _settle_references(state, touched_all)
     state.count("organizations")
     state.cache.clear()
     report["clusters"] = int(len(alive))
@@ -94,6 +105,38 @@ def create_label_clusters(state: StoreState, labels: list[str], vectors: np.ndar
     reassign(state, state.rows.live_rows())
     idx.flush()
     return [c for c, _ in new]
+
+
+def drifted(state: StoreState) -> set[int]:
+    """Clusters whose centre moved by more than ``DRIFT`` from its reference: the centre it
+    had when its members were last re-assigned (a slow drift adds up across organisations).
+    None on the first organisation in this process: a reopened store starts from its saved,
+    settled centres."""
+    if state.organized_centres is None:
+        return set()
+    before_ids, before = state.organized_centres
+    ids, centres = state.index.cluster_ids(), state.index.centres()
+    common, now_at, then_at = np.intersect1d(ids, before_ids, return_indices=True)
+    if len(common) == 0:
+        return set()
+    moved = 1.0 - np.einsum("ij,ij->i", centres[now_at], before[then_at])
+    return set(common[moved > DRIFT].tolist())
+
+
+def _settle_references(state: StoreState, touched: set[int] | None) -> None:
+    """Reference centres for ``drifted``: re-assigned (``touched``) and new clusters take
+    their current centre; the others keep theirs, so small moves accumulate until they count.
+    ``touched`` None: every cluster takes its current centre."""
+    ids, centres = state.index.cluster_ids(), state.index.centres()
+    if touched is None or state.organized_centres is None:
+        state.organized_centres = (ids, centres)
+        return
+    before_ids, before = state.organized_centres
+    ref = centres.copy()
+    common, now_at, then_at = np.intersect1d(ids, before_ids, return_indices=True)
+    keep = ~np.isin(common, np.fromiter(touched, np.int64, len(touched)))
+    ref[now_at[keep]] = before[then_at[keep]]
+    state.organized_centres = (ids, ref)
 
 
 def _split_oversized(state: StoreState, report: dict, new: list) -> set[int]:

@@ -99,6 +99,9 @@ class StoreState:
     access: AccessLog = field(default_factory=AccessLog)
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     cache: ResultCache = field(init=False)
+    # (cluster ids, their centres) at the end of the last organisation in this process: the
+    # next one re-assigns the members of clusters whose centre moved since (organize.drifted).
+    organized_centres: tuple[np.ndarray, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.cache = ResultCache(self.config.cache_size)
