@@ -434,7 +434,7 @@ class MemoryStore:
                 r.kill(np.asarray([old_row]))
                 r.memory_id[old_row] = -1
                 self._lexical_gc()
-            if state.fields.built:
+            if state.fields.active:
                 row = int(new_row[0]) if vectors is not None else old_row
                 state.fields.set([row], [meta if meta is not None else self._catalog.metadata_of(memory_id)])
             state.cache.clear()
