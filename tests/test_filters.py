@@ -262,3 +262,21 @@ def test_a_read_only_reader_sees_new_metadata_after_refresh(tmp_path):
             w.flush()
             r.refresh()
             assert [m.memory_id for m in r.memories(where={"g": 1}).items] == [ids[0], *ids[1::2]]
+
+
+def test_filtered_search_scores_are_cosines_for_unnormalised_queries(tmp_path):
+    # the small-subset path (exact scan of the eligible rows) must score like the native one
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 384)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = 3.7 * x[11] + 0.1 * rng.standard_normal(384).astype(np.float32)
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+        s.add_many([f"t{i}" for i in range(300)], embeddings=x,
+                   metadata=[{"even": i % 2 == 0} for i in range(300)])
+        hits = s.search(q, k=3, mode="flat", where={"even": False})
+        want = x @ (q / np.linalg.norm(q))
+        assert hits[0].memory_id == s.search(q, k=1, mode="flat")[0].memory_id
+        for h in hits:
+            i = int(h.text[1:])
+            assert i % 2 == 1
+            assert h.score == pytest.approx(float(want[i]), abs=1e-5)

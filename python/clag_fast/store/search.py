@@ -251,6 +251,9 @@ class Searcher:
         """Exact top-k over the few eligible rows: what the native flat search returns, at
         the cost of the eligible rows' dot products alone."""
         rows, sub = self._subset(filters, mask)
+        # The native search normalises queries; scores here must be the same cosines.
+        norms = np.linalg.norm(qvecs, axis=1, keepdims=True)
+        qvecs = (qvecs / np.where(norms > 0, norms, 1)).astype(np.float32)
         m, q = len(rows), len(qvecs)
         kk = min(k, m)
         ids, best = [], []
