@@ -1,0 +1,384 @@
+"""LangGraph ``BaseStore`` backed by a clag_fast ``MemoryStore`` (extra ``langgraph``).
+
+    from clag_fast.integrations.langgraph import ClagStore
+    store = ClagStore(index={"dims": 384, "embed": my_embeddings, "fields": ["text"]}, path="mem/")
+    store.put(("users", "u1"), "tea", {"text": "The user likes green tea", "kind": "pref"})
+    items = store.search(("users",), query="what does the user drink?", filter={"kind": "pref"})
+
+Mapping: a namespace tuple is the store namespace ``".".join(labels)`` (LangGraph forbids "."
+in labels); the item key is the memory's key; the value is the memory's metadata, beside four
+reserved fields (``RESERVED``) that a value may not use; the memory's text is what was
+embedded (or the value as JSON when nothing was). Behaviour follows ``InMemoryStore``:
+
+- a batch answers its gets, searches and listings from the state before its puts, and of
+  several puts to one (namespace, key) the last wins;
+- ``filter`` matches as in ``InMemoryStore`` (equality, nested-dict and list equality,
+  ``$eq``/``$ne``/``$gt``/``$gte``/``$lt``/``$lte``); string equalities run inside the store
+  before top-k, the rest is checked here on over-fetched candidates;
+- a search with a query ranks embedded items by cosine similarity, then fills up to
+  ``limit`` with items that have no vector (``index=False`` or no text at the fields).
+
+Differences (tested and documented in the notes): one vector per item (the texts at the
+indexed fields joined by newlines; ``InMemoryStore`` keeps one per field and max-pools), a
+search without a query lists items in insertion order across namespaces (``InMemoryStore``
+groups them by namespace), ``list_namespaces`` shows only namespaces that hold items (as the
+Postgres store does; ``InMemoryStore`` also lists namespaces that were only read or emptied),
+unknown filter operators raise even when nothing would be compared, and TTL is not supported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    validate_op_namespace,
+)
+from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
+
+from clag_fast.config import StoreConfig
+from clag_fast.integrations.storehandle import StoreHandle
+from clag_fast.store import MemoryStore
+
+log = logging.getLogger(__name__)
+
+NS_FIELD = "__lg_ns"
+INDEXED_FIELD = "__lg_indexed"
+CREATED_FIELD = "__lg_created_at"
+UPDATED_FIELD = "__lg_updated_at"
+RESERVED = (NS_FIELD, INDEXED_FIELD, CREATED_FIELD, UPDATED_FIELD)
+OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+PAGE = 1000
+
+
+class ClagStore(BaseStore):
+    """A LangGraph store on a clag_fast ``MemoryStore``.
+
+    index: LangGraph's ``IndexConfig`` (``dims``, ``embed``: an ``Embeddings``, a function
+      or a "provider:model" string, ``fields``: paths embedded by default, "$" = the whole
+      value). None: no vectors, queries are ignored (as in ``InMemoryStore``).
+    store / path / config / llm: the ``MemoryStore`` (see ``StoreHandle``); without either a
+      temporary directory is used and removed at ``close()``.
+    search_mode: "two_stage" or "flat" (exact).
+    """
+
+    supports_ttl = False
+
+    def __init__(self, *, index: IndexConfig | None = None, store: MemoryStore | None = None,
+                 path: str | Path | None = None, config: StoreConfig | None = None, llm: Any = False,
+                 search_mode: str = "two_stage") -> None:
+        if search_mode not in ("two_stage", "flat"):
+            raise ValueError(f"search_mode must be 'two_stage' or 'flat', got {search_mode!r}")
+        self.search_mode = search_mode
+        self.index_config = dict(index) if index else None
+        self.embeddings = None
+        self._fields: list[tuple[str, Any]] = []
+        if self.index_config:
+            if "dims" not in self.index_config:
+                raise ValueError("index config needs 'dims'")
+            self.embeddings = ensure_embeddings(self.index_config.get("embed"))
+            self._fields = [(p, tokenize_path(p) if p != "$" else p) for p in (self.index_config.get("fields") or ["$"])]
+        dims = int(self.index_config["dims"]) if self.index_config else 1
+        self._handle = StoreHandle(store, path=path, config=config, llm=llm)
+        self._store = self._handle.open_now(dims)
+        # Items with no vector still need a row: a fixed unit vector, excluded from
+        # similarity search by INDEXED_FIELD.
+        self._placeholder = np.zeros(dims, np.float32)
+        self._placeholder[0] = 1.0
+
+    @property
+    def store(self) -> MemoryStore:
+        """The ``MemoryStore`` holding the items."""
+        return self._store
+
+    def close(self) -> None:
+        """Close the store (when this object opened it) and remove a temporary directory."""
+        self._handle.close()
+
+    # -- batches -------------------------------------------------------------------------
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        puts = self._check(ops)
+        queries = self._queries(ops)
+        results = self._read(ops, {q: self.embeddings.embed_query(q) for q in queries})
+        texts = self._put_texts(puts)
+        embedded = self.embeddings.embed_documents(texts) if texts else []
+        self._write(puts, embedded)
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        puts = self._check(ops)
+        queries = self._queries(ops)
+        qvecs = dict(zip(queries, await asyncio.gather(*(self.embeddings.aembed_query(q) for q in queries))))
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(None, self._read, ops, qvecs)
+        texts = self._put_texts(puts)
+        embedded = await self.embeddings.aembed_documents(texts) if texts else []
+        await loop.run_in_executor(None, self._write, puts, embedded)
+        return results
+
+    def _check(self, ops: list[Op]) -> dict[tuple[tuple[str, ...], str], PutOp]:
+        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        for op in ops:
+            if not isinstance(op, (GetOp, SearchOp, ListNamespacesOp, PutOp)):
+                raise ValueError(f"Unknown operation type: {type(op)}")
+            validate_op_namespace(op)
+            if isinstance(op, SearchOp) and op.filter:
+                check_filter(op.filter)
+            if isinstance(op, PutOp):
+                if op.value is not None:
+                    clash = [f for f in RESERVED if f in op.value]
+                    if clash:
+                        raise ValueError(f"value for key {op.key!r} uses reserved field(s) {clash}")
+                puts[(op.namespace, op.key)] = op  # last put of a (namespace, key) wins
+        return puts
+
+    def _queries(self, ops: list[Op]) -> list[str]:
+        if not self.embeddings:
+            return []
+        return sorted({op.query for op in ops if isinstance(op, SearchOp) and op.query})
+
+    # -- reading -------------------------------------------------------------------------
+    def _read(self, ops: list[Op], qvecs: dict[str, Any]) -> list[Result]:
+        results: list[Result] = []
+        for op in ops:
+            if isinstance(op, GetOp):
+                results.append(self._get(op))
+            elif isinstance(op, SearchOp):
+                results.append(self._search(op, qvecs.get(op.query) if op.query else None))
+            elif isinstance(op, ListNamespacesOp):
+                results.append(self._list_namespaces(op))
+            else:
+                results.append(None)
+        return results
+
+    def _get(self, op: GetOp) -> Item | None:
+        found = self._store.get_many(keys=[op.key], namespace=_ns_name(op.namespace))
+        return _item(found[0]) if found else None
+
+    def _search(self, op: SearchOp, qvec: Any) -> list[SearchItem]:
+        if op.limit <= 0:
+            return []
+        prefix = tuple(op.namespace_prefix)
+        names = [n for n in self._store.namespaces() if _ns_tuple(n)[: len(prefix)] == prefix]
+        if not names:
+            return []
+        where = _pushdown(op.filter or {})
+        if prefix:
+            where.append({NS_FIELD: {"$in": names}} if len(names) > 1 else {NS_FIELD: names[0]})
+        if qvec is None:
+            return [_search_item(m) for m in self._list(where, op.filter, op.offset + op.limit)[op.offset:]]
+        ranked = self._ranked(np.asarray(qvec, np.float32), where + [{INDEXED_FIELD: True}], op.filter,
+                              op.offset + op.limit)[op.offset:]
+        out = [_search_item(m, score) for m, score in ranked]
+        if len(out) < op.limit:
+            # As InMemoryStore: unembedded items fill the rest (offset does not apply to them).
+            rest = self._list(where + [{INDEXED_FIELD: False}], op.filter, op.limit - len(out))
+            out += [_search_item(m) for m in rest]
+        return out
+
+    def _list(self, where: list[dict], filt: dict | None, want: int) -> list[Any]:
+        out: list[Any] = []
+        cursor = None
+        while len(out) < want:
+            page = self._store.memories(where=_and(where), limit=PAGE, cursor=cursor)
+            out += [m for m in page.items if not filt or matches(_value(m.metadata), filt)]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return out[:want]
+
+    def _ranked(self, qvec: np.ndarray, where: list[dict], filt: dict | None, want: int) -> list[tuple[Any, float]]:
+        # A filter checked here needs over-fetching: grow k until enough pass or all were seen.
+        k = want if not filt else max(2 * want, 16)
+        while True:
+            hits = self._store.search(qvec, k, where=_and(where), mode=self.search_mode)
+            kept = [(h, float(h.score)) for h in hits if not filt or matches(_value(h.metadata), filt)]
+            if len(kept) >= want or len(hits) < k:
+                return kept[:want]
+            k *= 4
+
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        names = [_ns_tuple(n) for n in self._store.namespaces()]
+        if op.match_conditions:
+            names = [ns for ns in names if all(_matches_condition(c, ns) for c in op.match_conditions)]
+        if op.max_depth is not None:
+            names = sorted({ns[: op.max_depth] for ns in names})
+        else:
+            names = sorted(names)
+        return names[op.offset: op.offset + op.limit]
+
+    # -- writing -------------------------------------------------------------------------
+    def _put_texts(self, puts: dict[tuple[tuple[str, ...], str], PutOp]) -> list[str]:
+        """The text embedded for each put that has one, in put order."""
+        if not self.embeddings:
+            return []
+        return [t for t in (self._text_of(op) for op in puts.values()) if t is not None]
+
+    def _text_of(self, op: PutOp) -> str | None:
+        if op.value is None or op.index is False or not self.embeddings:
+            return None
+        fields = self._fields if op.index is None else [(p, tokenize_path(p) if p != "$" else p) for p in op.index]
+        texts: list[str] = []
+        for _, path in fields:
+            texts += [t for t in get_text_at_path(op.value, path) if t]
+        return "\n".join(texts) if texts and "".join(texts).strip() else None
+
+    def _write(self, puts: dict[tuple[tuple[str, ...], str], PutOp], embedded: list[Any]) -> None:
+        now = datetime.now(timezone.utc).isoformat()
+        vectors = iter(embedded)
+        texts, vecs, names, metas, keys = [], [], [], [], []
+        deletes: dict[str, list[str]] = {}
+        for (ns, key), op in puts.items():
+            name = _ns_name(ns)
+            if op.value is None:
+                deletes.setdefault(name, []).append(key)
+                continue
+            text = self._text_of(op)
+            meta = dict(op.value)
+            meta.update({NS_FIELD: name, INDEXED_FIELD: text is not None, CREATED_FIELD: now, UPDATED_FIELD: now})
+            texts.append(text if text is not None else json.dumps(op.value, ensure_ascii=False, default=str) or "{}")
+            vecs.append(next(vectors) if text is not None else self._placeholder)
+            names.append(name)
+            metas.append(meta)
+            keys.append(key)
+        if texts:
+            self._store.add_many(texts, embeddings=np.asarray(vecs, np.float32), namespaces=names,
+                                 metadata=metas, keys=keys)
+        for name, ks in deletes.items():
+            self._store.delete_many(keys=ks, namespace=name)
+
+
+# -- filters ---------------------------------------------------------------------------
+def check_filter(filt: dict) -> None:
+    """Raise ValueError naming an unsupported operator anywhere in ``filt``."""
+    for field, cond in filt.items():
+        if isinstance(cond, dict):
+            ops = [k for k in cond if k.startswith("$")]
+            for k in ops:
+                if k not in OPERATORS:
+                    raise ValueError(f"Unsupported operator {k!r} in the filter on {field!r} "
+                                     f"(supported: {', '.join(OPERATORS)})")
+            if not ops:
+                check_filter(cond)
+
+
+def matches(value: dict, filt: dict) -> bool:
+    """Whether an item's value passes a LangGraph filter (``InMemoryStore``'s semantics)."""
+    return all(_compare(value.get(k), v) for k, v in filt.items())
+
+
+def _compare(item_value: Any, filter_value: Any) -> bool:
+    if isinstance(filter_value, dict):
+        if any(k.startswith("$") for k in filter_value):
+            return all(_operator(item_value, k, v) for k, v in filter_value.items())
+        return isinstance(item_value, dict) and all(_compare(item_value.get(k), v) for k, v in filter_value.items())
+    if isinstance(filter_value, (list, tuple)):
+        return (isinstance(item_value, (list, tuple)) and len(item_value) == len(filter_value)
+                and all(_compare(a, b) for a, b in zip(item_value, filter_value)))
+    return item_value == filter_value
+
+
+def _operator(value: Any, op: str, target: Any) -> bool:
+    if op == "$eq":
+        return value == target
+    if op == "$ne":
+        return value != target
+    a, b = _number(value), _number(target)
+    if a is None or b is None:
+        return False
+    return {"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op]
+
+
+def _number(x: Any) -> float | None:
+    # InMemoryStore compares float(x): numbers, bools and numeric strings. A value that has
+    # no float (missing field, text) raises there; here it does not match.
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _pushdown(filt: dict) -> list[dict]:
+    """The filter's conditions the store can apply before top-k with the same result:
+    equality with a string (Python == and the store agree on strings)."""
+    out = []
+    for field, cond in filt.items():
+        if field in RESERVED:
+            continue
+        if isinstance(cond, str):
+            out.append({field: cond})
+        elif isinstance(cond, dict) and isinstance(cond.get("$eq"), str):
+            out.append({field: cond["$eq"]})
+    return out
+
+
+def _and(conds: list[dict]) -> dict | None:
+    if not conds:
+        return None
+    return conds[0] if len(conds) == 1 else {"$and": conds}
+
+
+# -- mapping ---------------------------------------------------------------------------
+def _ns_name(ns: tuple[str, ...]) -> str:
+    return ".".join(ns)
+
+
+def _ns_tuple(name: str) -> tuple[str, ...]:
+    return tuple(name.split("."))
+
+
+def _value(metadata: dict | None) -> dict:
+    return {k: v for k, v in (metadata or {}).items() if k not in RESERVED}
+
+
+def _times(metadata: dict) -> tuple[datetime, datetime]:
+    return datetime.fromisoformat(metadata[CREATED_FIELD]), datetime.fromisoformat(metadata[UPDATED_FIELD])
+
+
+def _item(m: Any) -> Item:
+    created, updated = _times(m.metadata)
+    return Item(value=_value(m.metadata), key=m.key, namespace=_ns_tuple(m.metadata[NS_FIELD]),
+                created_at=created, updated_at=updated)
+
+
+def _search_item(m: Any, score: float | None = None) -> SearchItem:
+    created, updated = _times(m.metadata)
+    return SearchItem(namespace=_ns_tuple(m.metadata[NS_FIELD]), key=m.key, value=_value(m.metadata),
+                      created_at=created, updated_at=updated, score=score)
+
+
+def _matches_condition(cond: MatchCondition, ns: tuple[str, ...]) -> bool:
+    path = tuple(cond.path)
+    if len(ns) < len(path):
+        return False
+    if cond.match_type == "prefix":
+        pairs = zip(ns, path)
+    elif cond.match_type == "suffix":
+        pairs = zip(reversed(ns), reversed(path))
+    else:
+        raise ValueError(f"Unsupported match type: {cond.match_type!r}")
+    return all(p == "*" or k == p for k, p in pairs)
+
+
+__all__ = ["ClagStore", "check_filter", "matches"]
