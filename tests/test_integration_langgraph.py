@@ -16,8 +16,9 @@ What the comparison compares (and why):
 - list_namespaces: exactly InMemoryStore's answer restricted to namespaces that hold items
   (InMemoryStore also lists namespaces that were only read or emptied; ClagStore, like the
   Postgres store, does not).
-Keys re-put with index=False are drawn from their own pool: InMemoryStore keeps a key's old
-vectors when it is re-put unembedded (only a delete clears them), which ClagStore does not copy.
+Keys re-put with index=False are drawn from their own pool, and with two indexed fields every
+put indexes both: InMemoryStore keeps a key's old vectors when it is re-put unembedded or with
+fewer fields (only a delete clears them), which ClagStore does not copy.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def hash_embed(texts: list[str]) -> list[list[float]]:
 
 
 INDEX = {"dims": DIMS, "embed": hash_embed, "fields": ["text"]}
+# Two fields: one vector per field in both stores, searches max-pool over them.
+INDEX2 = {"dims": DIMS, "embed": hash_embed, "fields": ["text", "alt"]}
 
 # -- operation generator --------------------------------------------------------------------
 NAMESPACES = [("a",), ("a", "b"), ("a", "c"), ("d",), ("a", "b", "e")]
@@ -75,7 +78,8 @@ FILTERS = [None, {"tag": "x"}, {"n": {"$gt": 2}}, {"n": {"$lte": 3}, "tag": "y"}
 @st.composite
 def values(draw, ns, key):
     v = {"text": f"{draw(st.sampled_from(WORDS))} {'.'.join(ns)} {key}", "n": draw(st.integers(0, 5)),
-         "tag": draw(st.sampled_from(["x", "y"]))}
+         "tag": draw(st.sampled_from(["x", "y"])),
+         "alt": f"{draw(st.sampled_from(WORDS))} alt {'.'.join(ns)} {key}"}
     if draw(st.booleans()):
         v["nested"] = {"z": draw(st.integers(0, 2))}
     return v
@@ -162,10 +166,14 @@ def expected_namespaces(op: ListNamespacesOp, ref: BaseStore) -> list[tuple[str,
     return names[op.offset: op.offset + op.limit]
 
 
-def run_program(program, indexed: bool, use_async: bool = False) -> None:
-    ref = InMemoryStore(index=INDEX if indexed else None)
+def run_program(program, index: dict | None, use_async: bool = False) -> None:
+    indexed = index is not None
+    if index is INDEX2:
+        program = [[op._replace(index=None) if isinstance(op, PutOp) and op.index else op for op in batch]
+                   for batch in program]
+    ref = InMemoryStore(index=index)
     with tempfile.TemporaryDirectory() as d:
-        ours = ClagStore(index=INDEX if indexed else None, path=d)
+        ours = ClagStore(index=index, path=d)
         try:
             for batch in program:
                 contexts = [before(op, ref) for op in batch]
@@ -180,19 +188,25 @@ def run_program(program, indexed: bool, use_async: bool = False) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(PROGRAMS)
 def test_same_results_as_inmemorystore_with_an_index(program):
-    run_program(program, indexed=True)
+    run_program(program, INDEX)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(PROGRAMS)
+def test_same_results_as_inmemorystore_with_two_indexed_fields(program):
+    run_program(program, INDEX2)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(PROGRAMS)
 def test_same_results_as_inmemorystore_without_an_index(program):
-    run_program(program, indexed=False)
+    run_program(program, None)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(PROGRAMS)
 def test_abatch_gives_the_same_results(program):
-    run_program(program, indexed=True, use_async=True)
+    run_program(program, INDEX, use_async=True)
 
 
 def test_the_comparison_sees_a_wrong_answer():
@@ -301,6 +315,27 @@ def lg(tmp_path):
     store = ClagStore(index=INDEX, path=tmp_path / "b")
     yield store
     store.close()
+
+
+def test_each_indexed_text_is_searched_and_replaced_with_its_item(tmp_path):
+    index = {"dims": DIMS, "embed": hash_embed, "fields": ["title", "tags[*]"]}
+    ref, ours = InMemoryStore(index=index), ClagStore(index=index, path=tmp_path / "mf")
+    try:
+        for store in (ref, ours):
+            store.put(("d",), "a", {"title": "alpha", "tags": ["red", "green"]})
+            store.put(("d",), "b", {"title": "beta", "tags": ["blue"]})
+        for q in ["green", "blue", "alpha", "red"]:
+            got, want = ours.search(("d",), query=q, limit=2), ref.search(("d",), query=q, limit=2)
+            assert [i.key for i in got] == [i.key for i in want]
+            assert np.allclose([i.score for i in got], [i.score for i in want], atol=1e-5)
+        assert ours.search(("d",), query="green", limit=1)[0].key == "a"
+        ours.put(("d",), "a", {"title": "alpha", "tags": []})  # its tag vectors go with the old value
+        assert ours.search(("d",), query="green", limit=1)[0].score < 0.99
+        ours.delete(("d",), "a")
+        assert [i.key for i in ours.search(("d",), query="alpha", limit=5)] == ["b"]
+        assert len(ours.store) == 2  # "b" and its one tag vector
+    finally:
+        ours.close()
 
 
 def test_duplicate_puts_in_one_batch_keep_the_last(lg):

@@ -6,9 +6,12 @@
     items = store.search(("users",), query="what does the user drink?", filter={"kind": "pref"})
 
 Mapping: a namespace tuple is the store namespace ``".".join(labels)`` (LangGraph forbids "."
-in labels); the item key is the memory's key; the value is the memory's metadata, beside four
-reserved fields (``RESERVED``) that a value may not use; the memory's text is what was
-embedded (or the value as JSON when nothing was). Behaviour follows ``InMemoryStore``:
+in labels); the item key is the memory's key; the value is the memory's metadata, beside
+reserved fields (``RESERVED``) that a value may not use; the memory's text and vector are the
+first text embedded (or the value as JSON and a placeholder vector when nothing was). Each
+further text embedded (several fields, list paths) is one more memory, keyed
+``key + PART_SEP + i``, carrying the value too, so a search max-pools over an item's texts as
+``InMemoryStore`` does. Behaviour follows ``InMemoryStore``:
 
 - a batch answers its gets, searches and listings from the state before its puts, and of
   several puts to one (namespace, key) the last wins;
@@ -18,12 +21,12 @@ embedded (or the value as JSON when nothing was). Behaviour follows ``InMemorySt
 - a search with a query ranks embedded items by cosine similarity, then fills up to
   ``limit`` with items that have no vector (``index=False`` or no text at the fields).
 
-Differences (tested and documented in the notes): one vector per item (the texts at the
-indexed fields joined by newlines; ``InMemoryStore`` keeps one per field and max-pools), a
-search without a query lists items in insertion order across namespaces (``InMemoryStore``
+Differences (tested and documented in the notes): a search without a query lists items in insertion order across namespaces (``InMemoryStore``
 groups them by namespace), ``list_namespaces`` shows only namespaces that hold items (as the
 Postgres store does; ``InMemoryStore`` also lists namespaces that were only read or emptied),
-unknown filter operators raise even when nothing would be compared, and TTL is not supported.
+unknown filter operators raise even when nothing would be compared, texts that are empty or
+whitespace are not embedded, keys must be non-empty, at most 500 characters and free of
+``PART_SEP``, and TTL is not supported.
 """
 
 from __future__ import annotations
@@ -64,7 +67,12 @@ NS_FIELD = "__lg_ns"
 INDEXED_FIELD = "__lg_indexed"
 CREATED_FIELD = "__lg_created_at"
 UPDATED_FIELD = "__lg_updated_at"
-RESERVED = (NS_FIELD, INDEXED_FIELD, CREATED_FIELD, UPDATED_FIELD)
+PARTS_FIELD = "__lg_parts"
+OWNER_FIELD = "__lg_owner"
+RESERVED = (NS_FIELD, INDEXED_FIELD, CREATED_FIELD, UPDATED_FIELD, PARTS_FIELD, OWNER_FIELD)
+PART = "part"  # INDEXED_FIELD of an item's further vectors
+PART_SEP = "\x1f"
+MAX_KEY = 500
 OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
 PAGE = 1000
 
@@ -145,6 +153,9 @@ class ClagStore(BaseStore):
             if isinstance(op, SearchOp) and op.filter:
                 check_filter(op.filter)
             if isinstance(op, PutOp):
+                if not isinstance(op.key, str) or not op.key or len(op.key) > MAX_KEY or PART_SEP in op.key:
+                    raise ValueError(f"key {op.key!r:.60} must be a non-empty string of at most {MAX_KEY} "
+                                     "characters without \\x1f")
                 if op.value is not None:
                     clash = [f for f in RESERVED if f in op.value]
                     if clash:
@@ -186,9 +197,10 @@ class ClagStore(BaseStore):
         if prefix:
             where.append({NS_FIELD: {"$in": names}} if len(names) > 1 else {NS_FIELD: names[0]})
         if qvec is None:
-            return [_search_item(m) for m in self._list(where, op.filter, op.offset + op.limit)[op.offset:]]
-        ranked = self._ranked(np.asarray(qvec, np.float32), where + [{INDEXED_FIELD: True}], op.filter,
-                              op.offset + op.limit)[op.offset:]
+            items = where + [{INDEXED_FIELD: {"$in": [True, False]}}]  # items, not their further vectors
+            return [_search_item(m) for m in self._list(items, op.filter, op.offset + op.limit)[op.offset:]]
+        ranked = self._ranked(np.asarray(qvec, np.float32), where + [{INDEXED_FIELD: {"$in": [True, PART]}}],
+                              op.filter, op.offset + op.limit)[op.offset:]
         out = [_search_item(m, score) for m, score in ranked]
         if len(out) < op.limit:
             # As InMemoryStore: unembedded items fill the rest (offset does not apply to them).
@@ -208,11 +220,21 @@ class ClagStore(BaseStore):
         return out[:want]
 
     def _ranked(self, qvec: np.ndarray, where: list[dict], filt: dict | None, want: int) -> list[tuple[Any, float]]:
-        # A filter checked here needs over-fetching: grow k until enough pass or all were seen.
+        """The best ``want`` items, each at its best vector's score (max pooling). Several
+        vectors of one item and a filter checked here both need over-fetching: k grows until
+        enough items pass or every candidate was seen."""
         k = want if not filt else max(2 * want, 16)
         while True:
             hits = self._store.search(qvec, k, where=_and(where), mode=self.search_mode)
-            kept = [(h, float(h.score)) for h in hits if not filt or matches(_value(h.metadata), filt)]
+            seen: set[tuple[str, str]] = set()
+            kept = []
+            for h in hits:
+                owner = (h.namespace, _owner(h))
+                if owner in seen:
+                    continue  # hits come best first: the first of an item is its best
+                seen.add(owner)
+                if not filt or matches(_value(h.metadata), filt):
+                    kept.append((h, float(h.score)))
             if len(kept) >= want or len(hits) < k:
                 return kept[:want]
             k *= 4
@@ -229,38 +251,60 @@ class ClagStore(BaseStore):
 
     # -- writing -------------------------------------------------------------------------
     def _put_texts(self, puts: dict[tuple[tuple[str, ...], str], PutOp]) -> list[str]:
-        """The text embedded for each put that has one, in put order."""
-        if not self.embeddings:
-            return []
-        return [t for t in (self._text_of(op) for op in puts.values()) if t is not None]
+        """The texts embedded for the puts, in put order."""
+        return [t for op in puts.values() for t in self._texts_of(op)]
 
-    def _text_of(self, op: PutOp) -> str | None:
+    def _texts_of(self, op: PutOp) -> list[str]:
+        """The texts at the indexed paths of a put's value, one vector each (as InMemoryStore)."""
         if op.value is None or op.index is False or not self.embeddings:
-            return None
+            return []
         fields = self._fields if op.index is None else [(p, tokenize_path(p) if p != "$" else p) for p in op.index]
-        texts: list[str] = []
-        for _, path in fields:
-            texts += [t for t in get_text_at_path(op.value, path) if t]
-        return "\n".join(texts) if texts and "".join(texts).strip() else None
+        return [t for _, path in fields for t in get_text_at_path(op.value, path) if isinstance(t, str) and t.strip()]
+
+    def _old_parts(self, puts: dict[tuple[tuple[str, ...], str], PutOp]) -> dict[tuple[str, str], int]:
+        """How many further vectors each put key has now (they are replaced or deleted)."""
+        by_ns: dict[str, list[str]] = {}
+        for ns, key in puts:
+            by_ns.setdefault(_ns_name(ns), []).append(key)
+        out = {}
+        for name, keys in by_ns.items():
+            for m in self._store.get_many(keys=keys, namespace=name):
+                if (m.metadata or {}).get(PARTS_FIELD):
+                    out[(name, m.key)] = int(m.metadata[PARTS_FIELD])
+        return out
 
     def _write(self, puts: dict[tuple[tuple[str, ...], str], PutOp], embedded: list[Any]) -> None:
         now = datetime.now(timezone.utc).isoformat()
+        old_parts = self._old_parts(puts) if self.embeddings else {}
         vectors = iter(embedded)
         texts, vecs, names, metas, keys = [], [], [], [], []
         deletes: dict[str, list[str]] = {}
         for (ns, key), op in puts.items():
             name = _ns_name(ns)
+            old = old_parts.get((name, key), 0)
             if op.value is None:
-                deletes.setdefault(name, []).append(key)
+                deletes.setdefault(name, []).extend([key] + [_part_key(key, i) for i in range(1, old + 1)])
                 continue
-            text = self._text_of(op)
-            meta = dict(op.value)
-            meta.update({NS_FIELD: name, INDEXED_FIELD: text is not None, CREATED_FIELD: now, UPDATED_FIELD: now})
-            texts.append(text if text is not None else json.dumps(op.value, ensure_ascii=False, default=str) or "{}")
-            vecs.append(next(vectors) if text is not None else self._placeholder)
+            item_texts = self._texts_of(op)
+            base = dict(op.value)
+            base.update({NS_FIELD: name, CREATED_FIELD: now, UPDATED_FIELD: now})
+            meta = dict(base, **{INDEXED_FIELD: bool(item_texts)})
+            if len(item_texts) > 1:
+                meta[PARTS_FIELD] = len(item_texts) - 1
+            texts.append(item_texts[0] if item_texts else json.dumps(op.value, ensure_ascii=False, default=str))
+            vecs.append(next(vectors) if item_texts else self._placeholder)
             names.append(name)
             metas.append(meta)
             keys.append(key)
+            for i, t in enumerate(item_texts[1:], 1):
+                texts.append(t)
+                vecs.append(next(vectors))
+                names.append(name)
+                metas.append(dict(base, **{INDEXED_FIELD: PART, OWNER_FIELD: key}))
+                keys.append(_part_key(key, i))
+            stale = [_part_key(key, i) for i in range(len(item_texts), old + 1)]
+            if stale:
+                deletes.setdefault(name, []).extend(stale)
         if texts:
             self._store.add_many(texts, embeddings=np.asarray(vecs, np.float32), namespaces=names,
                                  metadata=metas, keys=keys)
@@ -348,6 +392,14 @@ def _ns_tuple(name: str) -> tuple[str, ...]:
     return tuple(name.split("."))
 
 
+def _part_key(key: str, i: int) -> str:
+    return f"{key}{PART_SEP}{i}"
+
+
+def _owner(m: Any) -> str:
+    return (m.metadata or {}).get(OWNER_FIELD) or m.key
+
+
 def _value(metadata: dict | None) -> dict:
     return {k: v for k, v in (metadata or {}).items() if k not in RESERVED}
 
@@ -364,7 +416,7 @@ def _item(m: Any) -> Item:
 
 def _search_item(m: Any, score: float | None = None) -> SearchItem:
     created, updated = _times(m.metadata)
-    return SearchItem(namespace=_ns_tuple(m.metadata[NS_FIELD]), key=m.key, value=_value(m.metadata),
+    return SearchItem(namespace=_ns_tuple(m.metadata[NS_FIELD]), key=_owner(m), value=_value(m.metadata),
                       created_at=created, updated_at=updated, score=score)
 
 
