@@ -7,7 +7,9 @@
 
 Mapping: a namespace tuple is the store namespace ``".".join(labels)`` (LangGraph forbids "."
 in labels); the item key is the memory's key; the value is the memory's metadata, beside
-reserved fields (``RESERVED``) that a value may not use; the memory's text and vector are the
+reserved fields (named ``__lg_*``; a value may not use that prefix): the namespace's labels
+one per field (``__lg_ns0``, ``__lg_ns1``, ...: a namespace-prefix search is an equality
+filter per label, applied in the store before top-k), times, and what is embedded; the memory's text and vector are the
 first text embedded (or the value as JSON and a placeholder vector when nothing was). Each
 further text embedded (several fields, list paths) is one more memory, keyed
 ``key + PART_SEP + i``, carrying the value too, so a search max-pools over an item's texts as
@@ -63,13 +65,13 @@ from clag_fast.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
-NS_FIELD = "__lg_ns"
+RESERVED_PREFIX = "__lg_"
+LEVEL_FIELD = "__lg_ns"  # + label position
 INDEXED_FIELD = "__lg_indexed"
 CREATED_FIELD = "__lg_created_at"
 UPDATED_FIELD = "__lg_updated_at"
 PARTS_FIELD = "__lg_parts"
 OWNER_FIELD = "__lg_owner"
-RESERVED = (NS_FIELD, INDEXED_FIELD, CREATED_FIELD, UPDATED_FIELD, PARTS_FIELD, OWNER_FIELD)
 PART = "part"  # INDEXED_FIELD of an item's further vectors
 PART_SEP = "\x1f"
 MAX_KEY = 500
@@ -157,7 +159,7 @@ class ClagStore(BaseStore):
                     raise ValueError(f"key {op.key!r:.60} must be a non-empty string of at most {MAX_KEY} "
                                      "characters without \\x1f")
                 if op.value is not None:
-                    clash = [f for f in RESERVED if f in op.value]
+                    clash = [f for f in op.value if isinstance(f, str) and f.startswith(RESERVED_PREFIX)]
                     if clash:
                         raise ValueError(f"value for key {op.key!r} uses reserved field(s) {clash}")
                 puts[(op.namespace, op.key)] = op  # last put of a (namespace, key) wins
@@ -189,13 +191,8 @@ class ClagStore(BaseStore):
     def _search(self, op: SearchOp, qvec: Any) -> list[SearchItem]:
         if op.limit <= 0:
             return []
-        prefix = tuple(op.namespace_prefix)
-        names = [n for n in self._store.namespaces() if _ns_tuple(n)[: len(prefix)] == prefix]
-        if not names:
-            return []
         where = _pushdown(op.filter or {})
-        if prefix:
-            where.append({NS_FIELD: {"$in": names}} if len(names) > 1 else {NS_FIELD: names[0]})
+        where += [{f"{LEVEL_FIELD}{i}": label} for i, label in enumerate(op.namespace_prefix)]
         if qvec is None:
             items = where + [{INDEXED_FIELD: {"$in": [True, False]}}]  # items, not their further vectors
             return [_search_item(m) for m in self._list(items, op.filter, op.offset + op.limit)[op.offset:]]
@@ -287,7 +284,8 @@ class ClagStore(BaseStore):
                 continue
             item_texts = self._texts_of(op)
             base = dict(op.value)
-            base.update({NS_FIELD: name, CREATED_FIELD: now, UPDATED_FIELD: now})
+            base.update({f"{LEVEL_FIELD}{i}": label for i, label in enumerate(ns)})
+            base.update({CREATED_FIELD: now, UPDATED_FIELD: now})
             meta = dict(base, **{INDEXED_FIELD: bool(item_texts)})
             if len(item_texts) > 1:
                 meta[PARTS_FIELD] = len(item_texts) - 1
@@ -368,7 +366,7 @@ def _pushdown(filt: dict) -> list[dict]:
     equality with a string (Python == and the store agree on strings)."""
     out = []
     for field, cond in filt.items():
-        if field in RESERVED:
+        if field.startswith(RESERVED_PREFIX):
             continue
         if isinstance(cond, str):
             out.append({field: cond})
@@ -401,7 +399,7 @@ def _owner(m: Any) -> str:
 
 
 def _value(metadata: dict | None) -> dict:
-    return {k: v for k, v in (metadata or {}).items() if k not in RESERVED}
+    return {k: v for k, v in (metadata or {}).items() if not k.startswith(RESERVED_PREFIX)}
 
 
 def _times(metadata: dict) -> tuple[datetime, datetime]:
@@ -410,13 +408,13 @@ def _times(metadata: dict) -> tuple[datetime, datetime]:
 
 def _item(m: Any) -> Item:
     created, updated = _times(m.metadata)
-    return Item(value=_value(m.metadata), key=m.key, namespace=_ns_tuple(m.metadata[NS_FIELD]),
+    return Item(value=_value(m.metadata), key=m.key, namespace=_ns_tuple(m.namespace),
                 created_at=created, updated_at=updated)
 
 
 def _search_item(m: Any, score: float | None = None) -> SearchItem:
     created, updated = _times(m.metadata)
-    return SearchItem(namespace=_ns_tuple(m.metadata[NS_FIELD]), key=_owner(m), value=_value(m.metadata),
+    return SearchItem(namespace=_ns_tuple(m.namespace), key=_owner(m), value=_value(m.metadata),
                       created_at=created, updated_at=updated, score=score)
 
 

@@ -7,8 +7,9 @@
     nodes = index.as_retriever(similarity_top_k=3).retrieve("what does the user drink?")
 
 Each node is one memory: its key is the node id (adding a node id again replaces it), its
-text the node's text, its metadata the node's metadata plus LlamaIndex's bookkeeping fields
-(``_node_content``, ``ref_doc_id``, ...). Vectors are the nodes' own embeddings, any width.
+text the node's text, its metadata the node's metadata plus ``ref_doc_id`` / ``doc_id`` /
+``document_id`` (as LlamaIndex's other stores write them) and the rest of the node (``__li_*``
+fields; its relationships, templates, ...). Vectors are the nodes' own embeddings, any width.
 ``MetadataFilters`` run inside the store before top-k: ``==``, ``!=``, ``>``, ``>=``, ``<``,
 ``<=``, ``in``, ``nin`` under ``and``/``or``; other operators raise ValueError.
 """
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.bridge.pydantic import PrivateAttr
-from llama_index.core.schema import BaseNode
+from llama_index.core.schema import BaseNode, ImageNode, IndexNode, Node, TextNode
 from llama_index.core.vector_stores.types import (
     BasePydanticVectorStore,
     FilterCondition,
@@ -34,7 +35,6 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryMode,
     VectorStoreQueryResult,
 )
-from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
 from clag_fast.config import StoreConfig
 from clag_fast.integrations.storehandle import StoreHandle
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "llamaindex"
 NODE_ID_FIELD = "__li_node_id"
+NODE_FIELD = "__li_node"  # the node's other fields (a dict), read back without another JSON parse
+TYPE_FIELD = "__li_type"
+_NODE_TYPES = {cls.class_name(): cls for cls in (TextNode, IndexNode, ImageNode, Node)}
 PAGE = 1000
 _OPERATORS = {
     FilterOperator.EQ: "$eq", FilterOperator.NE: "$ne", FilterOperator.GT: "$gt", FilterOperator.GTE: "$gte",
@@ -62,7 +65,6 @@ class ClagVectorStore(BasePydanticVectorStore):
     """
 
     stores_text: bool = True
-    flat_metadata: bool = False
     namespace: str = DEFAULT_NAMESPACE
     search_mode: str = "two_stage"
     _handle: StoreHandle = PrivateAttr()
@@ -107,11 +109,7 @@ class ClagVectorStore(BasePydanticVectorStore):
         for i, t in enumerate(texts):
             if not t or not t.strip():
                 raise ValueError(f"node {i} ({nodes[i].node_id}) has no text: the store keeps a text per memory")
-        metadata = []
-        for node in nodes:
-            meta = node_to_metadata_dict(node, remove_text=True, flat_metadata=self.flat_metadata)
-            meta[NODE_ID_FIELD] = node.node_id
-            metadata.append(meta)
+        metadata = [_node_metadata(node) for node in nodes]
         keys = [node.node_id for node in nodes]
         store = self._handle.ensure(vecs.shape[1])
         store.add_many(texts, embeddings=vecs, namespaces=self.namespace, metadata=metadata, keys=keys)
@@ -261,10 +259,27 @@ def _and(*conds: dict | None) -> dict | None:
     return parts[0] if len(parts) == 1 else {"$and": parts}
 
 
+def _node_metadata(node: BaseNode) -> dict:
+    body = node.model_dump(mode="json")
+    body.pop("class_name", None)
+    body["embedding"] = None
+    if "text" in body:
+        body["text"] = ""  # the memory's text holds it
+    body.pop("text_resource", None)
+    meta = dict(node.metadata)
+    ref = node.ref_doc_id or "None"
+    meta.update({"ref_doc_id": ref, "doc_id": ref, "document_id": ref, NODE_ID_FIELD: node.node_id,
+                 NODE_FIELD: body, TYPE_FIELD: node.class_name()})
+    return meta
+
+
 def _node(m: Any) -> BaseNode:
-    meta = dict(m.metadata or {})
-    meta.pop(NODE_ID_FIELD, None)
-    return metadata_dict_to_node(meta, text=m.text)
+    meta = m.metadata or {}
+    # A node rebuilt from its fields (pydantic validation of a dict) costs about half of
+    # LlamaIndex's metadata_dict_to_node, which parses a JSON string inside the metadata.
+    node = _NODE_TYPES.get(meta.get(TYPE_FIELD), TextNode).model_validate(meta[NODE_FIELD])
+    node.set_content(m.text)
+    return node
 
 
 __all__ = ["ClagVectorStore", "MiniLMEmbedding", "filters_to_where"]

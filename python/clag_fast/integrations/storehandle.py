@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clag_fast.config import StoreConfig
+from clag_fast.errors import DimensionMismatchError
 from clag_fast.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,12 @@ class StoreHandle:
 
     def ensure(self, dim: int) -> MemoryStore:
         """The store, opened with ``dim`` if it is not open yet. A store of another width
-        raises ValueError naming both widths (nothing is written)."""
+        raises ``DimensionMismatchError`` (a ValueError) naming both widths; nothing is written."""
         if self._store is None:
             config = (self._config or StoreConfig()).replace(dim=int(dim))
             self._store = MemoryStore.open(self.path, config=config, embedder=self._encoder, llm=self._llm)
         elif self._store.config.dim != dim:
-            raise ValueError(f"vectors of width {dim} do not fit this store, which holds "
+            raise DimensionMismatchError(f"vectors of width {dim} do not fit this store, which holds "
                              f"{self._store.config.dim}-dimensional vectors (mixing embedding models?)")
         return self._store
 
