@@ -81,7 +81,13 @@ class Memory:
             run_id: str | None = None, metadata: dict[str, Any] | None = None, infer: bool = True,
             memory_type: str | None = None, prompt: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Store ``messages`` (a string, a message dict or a list of them) in the scope of
-        the ids given (at least one). See the class docstring for ``infer``."""
+        the ids given (at least one); system messages are skipped, as in mem0.
+
+        ``infer=True`` runs clag_fast's SLM organisation, NOT mem0's LLM fact extraction and
+        rewriting: each message is stored as it is (an exact repeat in the same scope is
+        skipped and reported with event "NONE"), then routed into clusters and profiled by the
+        store's SLM when it has one (``llm=``), by vectors otherwise. ``infer=False`` stores
+        every message as it is."""
         scope = _scope(user_id, agent_id, run_id)
         if not scope:
             raise ValueError("At least one of 'user_id', 'agent_id', or 'run_id' must be provided.")
