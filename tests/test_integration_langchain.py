@@ -170,3 +170,17 @@ def test_mixing_dimensions_is_refused_and_nothing_is_written(small):
 def test_empty_page_content_is_refused(small):
     with pytest.raises(ValueError, match="empty page_content"):
         small.add_documents([Document(page_content="  ")])
+
+
+def test_first_writes_from_several_threads_open_one_store(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = ClagVectorStore(DeterministicFakeEmbedding(size=8), path=tmp_path / "t")
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda i: store.add_texts([f"text {i}"], ids=[f"t{i}"]), range(8)))
+        assert sorted(d.id for d in store.get_by_ids([f"t{i}" for i in range(8)])) == [f"t{i}" for i in range(8)]
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="closed"):
+        store.add_texts(["after close"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ class StoreHandle:
             raise ValueError("pass either store= or path=, not both")
         self._owned = store is None
         self._store = store
+        self._closed = False
+        self._lock = threading.Lock()  # two first writes from two threads open the store once
         self._tmp: str | None = None
         self._config = config
         self._encoder = encoder
@@ -68,9 +71,13 @@ class StoreHandle:
         """The store, opened with ``dim`` if it is not open yet. A store of another width
         raises ``DimensionMismatchError`` (a ValueError) naming both widths; nothing is written."""
         if self._store is None:
-            config = (self._config or StoreConfig()).replace(dim=int(dim))
-            self._store = MemoryStore.open(self.path, config=config, embedder=self._encoder, llm=self._llm)
-        elif self._store.config.dim != dim:
+            with self._lock:
+                if self._closed:
+                    raise ValueError("this adapter's store is closed")
+                if self._store is None:
+                    config = (self._config or StoreConfig()).replace(dim=int(dim))
+                    self._store = MemoryStore.open(self.path, config=config, embedder=self._encoder, llm=self._llm)
+        if self._store.config.dim != dim:
             raise DimensionMismatchError(f"vectors of width {dim} do not fit this store, which holds "
                              f"{self._store.config.dim}-dimensional vectors (mixing embedding models?)")
         return self._store
@@ -86,6 +93,7 @@ class StoreHandle:
 
     def close(self) -> None:
         """Close a store this handle opened, and remove its temporary directory."""
+        self._closed = True
         if self._owned and self._store is not None:
             self._store.close()
         self._store = None if self._owned else self._store
