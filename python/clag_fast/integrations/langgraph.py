@@ -73,6 +73,10 @@ UPDATED_FIELD = "__lg_updated_at"
 PARTS_FIELD = "__lg_parts"
 OWNER_FIELD = "__lg_owner"
 PART = "part"  # INDEXED_FIELD of an item's further vectors
+# Store kinds: similarity search reads only KIND (items with vectors and their further
+# vectors), so it needs no metadata filter of its own; RAW_KIND rows hold a placeholder vector.
+KIND = "langgraph"
+RAW_KIND = "langgraph_raw"
 PART_SEP = "\x1f"
 MAX_KEY = 500
 OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
@@ -109,10 +113,28 @@ class ClagStore(BaseStore):
         dims = int(self.index_config["dims"]) if self.index_config else 1
         self._handle = StoreHandle(store, path=path, config=config, llm=llm)
         self._store = self._handle.open_now(dims)
-        # Items with no vector still need a row: a fixed unit vector, excluded from
-        # similarity search by INDEXED_FIELD.
+        # Items with no vector still need a row: a fixed unit vector, of RAW_KIND.
         self._placeholder = np.zeros(dims, np.float32)
         self._placeholder[0] = 1.0
+        # Namespaces that have deeper namespaces below them ("a" for "a.b"): a prefix that has
+        # none is one store namespace, searched with namespace= instead of per-label filters.
+        # This process is the store's only writer, so the set (only ever grown) is complete.
+        self._parents: set[str] = set()
+        for name in self._store.namespaces():
+            self._note_namespace(name)
+
+    def _note_namespace(self, name: str) -> None:
+        labels = name.split(".")
+        self._parents.update(".".join(labels[:i]) for i in range(1, len(labels)))
+
+    def _scope(self, prefix: tuple[str, ...]) -> tuple[str | None, list[dict]]:
+        """(store namespace, label filters) selecting the namespaces under ``prefix``."""
+        if not prefix:
+            return None, []
+        name = _ns_name(prefix)
+        if name not in self._parents:
+            return name, []
+        return None, [{f"{LEVEL_FIELD}{i}": label} for i, label in enumerate(prefix)]
 
     @property
     def store(self) -> MemoryStore:
@@ -191,38 +213,41 @@ class ClagStore(BaseStore):
     def _search(self, op: SearchOp, qvec: Any) -> list[SearchItem]:
         if op.limit <= 0:
             return []
-        where = _pushdown(op.filter or {})
-        where += [{f"{LEVEL_FIELD}{i}": label} for i, label in enumerate(op.namespace_prefix)]
+        namespace, where = self._scope(tuple(op.namespace_prefix))
+        where += _pushdown(op.filter or {})
         if qvec is None:
             items = where + [{INDEXED_FIELD: {"$in": [True, False]}}]  # items, not their further vectors
-            return [_search_item(m) for m in self._list(items, op.filter, op.offset + op.limit)[op.offset:]]
-        ranked = self._ranked(np.asarray(qvec, np.float32), where + [{INDEXED_FIELD: {"$in": [True, PART]}}],
-                              op.filter, op.offset + op.limit)[op.offset:]
+            found = self._list(namespace, None, items, op.filter, op.offset + op.limit)[op.offset:]
+            return [_search_item(m) for m in found]
+        ranked = self._ranked(np.asarray(qvec, np.float32), namespace, where, op.filter,
+                              op.offset + op.limit)[op.offset:]
         out = [_search_item(m, score) for m, score in ranked]
         if len(out) < op.limit:
             # As InMemoryStore: unembedded items fill the rest (offset does not apply to them).
-            rest = self._list(where + [{INDEXED_FIELD: False}], op.filter, op.limit - len(out))
-            out += [_search_item(m) for m in rest]
+            out += [_search_item(m) for m in self._list(namespace, RAW_KIND, where, op.filter, op.limit - len(out))]
         return out
 
-    def _list(self, where: list[dict], filt: dict | None, want: int) -> list[Any]:
+    def _list(self, namespace: str | None, kind: str | None, where: list[dict], filt: dict | None,
+              want: int) -> list[Any]:
         out: list[Any] = []
         cursor = None
         while len(out) < want:
-            page = self._store.memories(where=_and(where), limit=PAGE, cursor=cursor)
+            page = self._store.memories(namespace=namespace, kind=kind, where=_and(where), limit=PAGE, cursor=cursor)
             out += [m for m in page.items if not filt or matches(_value(m.metadata), filt)]
             cursor = page.next_cursor
             if cursor is None:
                 break
         return out[:want]
 
-    def _ranked(self, qvec: np.ndarray, where: list[dict], filt: dict | None, want: int) -> list[tuple[Any, float]]:
+    def _ranked(self, qvec: np.ndarray, namespace: str | None, where: list[dict], filt: dict | None,
+                want: int) -> list[tuple[Any, float]]:
         """The best ``want`` items, each at its best vector's score (max pooling). Several
         vectors of one item and a filter checked here both need over-fetching: k grows until
         enough items pass or every candidate was seen."""
         k = want if not filt else max(2 * want, 16)
         while True:
-            hits = self._store.search(qvec, k, where=_and(where), mode=self.search_mode)
+            hits = self._store.search(qvec, k, namespace=namespace, kind=KIND, where=_and(where),
+                                      mode=self.search_mode)
             seen: set[tuple[str, str]] = set()
             kept = []
             for h in hits:
@@ -274,7 +299,7 @@ class ClagStore(BaseStore):
         now = datetime.now(timezone.utc).isoformat()
         old_parts = self._old_parts(puts) if self.embeddings else {}
         vectors = iter(embedded)
-        texts, vecs, names, metas, keys = [], [], [], [], []
+        texts, vecs, names, metas, keys, kinds = [], [], [], [], [], []
         deletes: dict[str, list[str]] = {}
         for (ns, key), op in puts.items():
             name = _ns_name(ns)
@@ -294,18 +319,22 @@ class ClagStore(BaseStore):
             names.append(name)
             metas.append(meta)
             keys.append(key)
+            kinds.append(KIND if item_texts else RAW_KIND)
             for i, t in enumerate(item_texts[1:], 1):
                 texts.append(t)
                 vecs.append(next(vectors))
                 names.append(name)
                 metas.append(dict(base, **{INDEXED_FIELD: PART, OWNER_FIELD: key}))
                 keys.append(_part_key(key, i))
+                kinds.append(KIND)
             stale = [_part_key(key, i) for i in range(len(item_texts), old + 1)]
             if stale:
                 deletes.setdefault(name, []).extend(stale)
         if texts:
-            self._store.add_many(texts, embeddings=np.asarray(vecs, np.float32), namespaces=names,
+            self._store.add_many(texts, embeddings=np.asarray(vecs, np.float32), kinds=kinds, namespaces=names,
                                  metadata=metas, keys=keys)
+            for name in set(names):
+                self._note_namespace(name)
         for name, ks in deletes.items():
             self._store.delete_many(keys=ks, namespace=name)
 
