@@ -6,14 +6,15 @@
     items = store.search(("users",), query="what does the user drink?", filter={"kind": "pref"})
 
 Mapping: a namespace tuple is the store namespace ``".".join(labels)`` (LangGraph forbids "."
-in labels); the item key is the memory's key; the value is the memory's metadata, beside
-reserved fields (named ``__lg_*``; a value may not use that prefix): the namespace's labels
-one per field (``__lg_ns0``, ``__lg_ns1``, ...: a namespace-prefix search is an equality
-filter per label, applied in the store before top-k), times, and what is embedded; the memory's text and vector are the
-first text embedded (or the value as JSON and a placeholder vector when nothing was). Each
-further text embedded (several fields, list paths) is one more memory, keyed
-``key + PART_SEP + i``, carrying the value too, so a search max-pools over an item's texts as
-``InMemoryStore`` does. Behaviour follows ``InMemoryStore``:
+in labels) and the item key the memory's key. The value is the memory's metadata, beside
+reserved fields named ``__lg_*`` (a value may not use that prefix): the namespace's labels one
+per field (``__lg_ns0``, ``__lg_ns1``, ...; a search prefix with deeper namespaces below it
+filters on them in the store, before top-k), the times, and what was embedded. The memory's
+text and vector are the first text embedded; an item with nothing embedded keeps its value as
+JSON text, a placeholder vector and the store kind ``RAW_KIND`` (similarity search reads kind
+``KIND`` only). Each further text embedded (several fields, list paths) is one more memory,
+keyed ``key + PART_SEP + i`` and carrying the value too, so a search max-pools over an item's
+texts as ``InMemoryStore`` does. Behaviour follows ``InMemoryStore``:
 
 - a batch answers its gets, searches and listings from the state before its puts, and of
   several puts to one (namespace, key) the last wins;
@@ -23,12 +24,14 @@ further text embedded (several fields, list paths) is one more memory, keyed
 - a search with a query ranks embedded items by cosine similarity, then fills up to
   ``limit`` with items that have no vector (``index=False`` or no text at the fields).
 
-Differences (tested and documented in the notes): a search without a query lists items in insertion order across namespaces (``InMemoryStore``
-groups them by namespace), ``list_namespaces`` shows only namespaces that hold items (as the
-Postgres store does; ``InMemoryStore`` also lists namespaces that were only read or emptied),
-unknown filter operators raise even when nothing would be compared, texts that are empty or
-whitespace are not embedded, keys must be non-empty, at most 500 characters and free of
-``PART_SEP``, and TTL is not supported.
+Differences (tested, and listed in the README): a search without a query lists items in
+insertion order across namespaces (``InMemoryStore`` groups them by namespace);
+``list_namespaces`` shows only namespaces that hold items (as the Postgres store does;
+``InMemoryStore`` also lists namespaces that were only read or emptied); re-putting a key
+replaces all its vectors (``InMemoryStore`` keeps old ones when the new value is not embedded
+or has fewer fields); unknown filter operators raise even when nothing would be compared;
+texts that are empty or whitespace are not embedded; keys must be non-empty, at most 500
+characters and free of ``PART_SEP``; TTL is not supported.
 """
 
 from __future__ import annotations
