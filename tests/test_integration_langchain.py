@@ -184,3 +184,13 @@ def test_first_writes_from_several_threads_open_one_store(tmp_path):
         store.close()
     with pytest.raises(ValueError, match="closed"):
         store.add_texts(["after close"])
+
+
+def test_a_missing_framework_names_the_extra(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "langchain_core", None)
+    monkeypatch.delitem(sys.modules, "clag_fast.integrations.langchain")
+    with pytest.raises(ImportError, match=r"clag_fast\[langchain\]"):
+        importlib.import_module("clag_fast.integrations.langchain")

@@ -374,3 +374,13 @@ def test_mixing_dimensions_is_refused(tmp_path):
         assert again.get(("a",), "k").value == {"text": "tea"}
     finally:
         again.close()
+
+
+def test_a_missing_framework_names_the_extra(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "langgraph", None)
+    monkeypatch.delitem(sys.modules, "clag_fast.integrations.langgraph")
+    with pytest.raises(ImportError, match=r"clag_fast\[langgraph\]"):
+        importlib.import_module("clag_fast.integrations.langgraph")

@@ -180,3 +180,13 @@ def test_duplicate_node_ids_in_one_call_keep_the_last(tmp_path):
         assert [n.get_content() for n in store.get_nodes(node_ids=["x"])] == ["two"]
     finally:
         store.close()
+
+
+def test_a_missing_framework_names_the_extra(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_index.core", None)
+    monkeypatch.delitem(sys.modules, "clag_fast.integrations.llamaindex")
+    with pytest.raises(ImportError, match=r"clag_fast\[llamaindex\]"):
+        importlib.import_module("clag_fast.integrations.llamaindex")

@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+try:  # name the extra to install rather than the missing module
+    import langchain_core  # noqa: F401
+except ImportError as e:
+    raise ImportError(f"clag_fast.integrations.langchain needs langchain-core: pip install 'clag_fast[langchain]' ({e})") from e
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore

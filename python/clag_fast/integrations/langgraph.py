@@ -46,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+try:  # name the extra to install rather than the missing module
+    import langgraph  # noqa: F401
+except ImportError as e:
+    raise ImportError(f"clag_fast.integrations.langgraph needs langgraph: pip install 'clag_fast[langgraph]' ({e})") from e
 from langgraph.store.base import (
     BaseStore,
     GetOp,

@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+try:  # name the extra to install rather than the missing module
+    import llama_index.core  # noqa: F401
+except ImportError as e:
+    raise ImportError(f"clag_fast.integrations.llamaindex needs llama-index-core: pip install 'clag_fast[llamaindex]' ({e})") from e
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.schema import BaseNode, ImageNode, IndexNode, Node, TextNode
