@@ -33,7 +33,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from clag_fast.config import StoreConfig
-from clag_fast.integrations.storehandle import StoreHandle
+from clag_fast.integrations.storehandle import StoreHandle, query_vector
 from clag_fast.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -233,9 +233,7 @@ class ClagVectorStore(VectorStore):
         store = self._handle.store
         if store is None:
             return []
-        q = np.asarray(vector, dtype=np.float32)
-        if q.ndim != 1 or q.shape[0] != store.config.dim:
-            raise ValueError(f"query vector has shape {q.shape}, the store holds {store.config.dim}-dimensional vectors")
+        q = query_vector(vector, store.config.dim)
         if filter is None or isinstance(filter, dict):
             hits = store.search(q, k, namespace=self.collection_name, where=filter or None, mode=self.search_mode)
             return [(_document(h.key, h.text, h.metadata), float(h.score)) for h in hits]

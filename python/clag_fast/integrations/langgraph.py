@@ -67,7 +67,7 @@ from langgraph.store.base import (
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
 
 from clag_fast.config import StoreConfig
-from clag_fast.integrations.storehandle import StoreHandle
+from clag_fast.integrations.storehandle import StoreHandle, query_vector
 from clag_fast.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class ClagStore(BaseStore):
             items = where + [{INDEXED_FIELD: {"$in": [True, False]}}]  # items, not their further vectors
             found = self._list(namespace, None, items, op.filter, op.offset + op.limit)[op.offset:]
             return [_search_item(m) for m in found]
-        ranked = self._ranked(np.asarray(qvec, np.float32), namespace, where, op.filter,
+        ranked = self._ranked(query_vector(qvec, self._store.config.dim), namespace, where, op.filter,
                               op.offset + op.limit)[op.offset:]
         out = [_search_item(m, score) for m, score in ranked]
         if len(out) < op.limit:

@@ -41,7 +41,7 @@ from llama_index.core.vector_stores.types import (
 )
 
 from clag_fast.config import StoreConfig
-from clag_fast.integrations.storehandle import StoreHandle
+from clag_fast.integrations.storehandle import StoreHandle, query_vector
 from clag_fast.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class ClagVectorStore(BasePydanticVectorStore):
         # SimpleVectorStore.
         where = _and(filters_to_where(query.filters), _ids_where(query.node_ids or None),
                      {"ref_doc_id": {"$in": list(query.doc_ids)}} if query.doc_ids else None)
-        hits = store.search(np.asarray(query.query_embedding, np.float32), query.similarity_top_k,
+        hits = store.search(query_vector(query.query_embedding, store.config.dim), query.similarity_top_k,
                             namespace=self.namespace, where=where, mode=self.search_mode)
         nodes = [_node(h) for h in hits]
         return VectorStoreQueryResult(nodes=nodes, similarities=[float(h.score) for h in hits],

@@ -17,11 +17,27 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from clag_fast.config import StoreConfig
 from clag_fast.errors import DimensionMismatchError
 from clag_fast.store import MemoryStore
 
 log = logging.getLogger(__name__)
+
+
+def query_vector(vector: Any, dim: int) -> np.ndarray:
+    """A query as a unit float32 vector of ``dim`` (ValueError naming the problem otherwise).
+
+    Normalised here because the store's exact search over a small filtered subset
+    (``store.search``, since the keys branch's gathered-vector path) scores the query as
+    given, while its native search normalises it: scores must not depend on the path."""
+    q = np.asarray(vector, dtype=np.float32)
+    if q.ndim != 1 or q.shape[0] != dim:
+        raise ValueError(f"query vector has shape {q.shape}, the store holds {dim}-dimensional vectors")
+    norm = float(np.linalg.norm(q))
+    if not np.isfinite(norm) or norm == 0.0:
+        raise ValueError("query vector is zero or not finite")
+    return q / norm
 
 
 class StoreHandle:
