@@ -34,7 +34,7 @@ def query_vector(vector: Any, dim: int) -> np.ndarray:
     q = np.asarray(vector, dtype=np.float32)
     if q.ndim != 1 or q.shape[0] != dim:
         raise ValueError(f"query vector has shape {q.shape}, the store holds {dim}-dimensional vectors")
-    norm = float(np.linalg.norm(q))
+    norm = float(np.sqrt(q @ q))
     if not np.isfinite(norm) or norm == 0.0:
         raise ValueError("query vector is zero or not finite")
     return q / norm
