@@ -293,6 +293,14 @@ async def namespaces(svc: StoreService = Svc, who: Principal = Who) -> dict[str,
     return {"namespaces": [n for n in names if who.can_read(n)]}
 
 
+@router.delete("/namespaces/{namespace}", response_model=DeleteResult, summary="Delete every memory of a namespace")
+async def delete_namespace(namespace: str, svc: StoreService = Svc, who: Principal = Who) -> DeleteResult:
+    _write_ns(who, namespace)
+    n = await svc.call(svc.store.delete_namespace, namespace)
+    svc.wrote()
+    return DeleteResult(deleted=n)
+
+
 def _search_options(body: Any, who: Principal, lim: Limits) -> dict[str, Any]:
     _check_k(body.k, lim)
     return {"k": body.k, "namespace": _read_ns(who, body.namespace), "kind": body.kind, "since": body.since,
