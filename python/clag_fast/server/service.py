@@ -24,6 +24,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from clag_fast.config import StoreConfig
+from clag_fast.server import tenancy
 from clag_fast.server.auth import Principal
 from clag_fast.server.batching import Coalescer
 from clag_fast.server.settings import ServeConfig
@@ -194,48 +195,26 @@ class StoreService:
 
     # -- tenancy -------------------------------------------------------------------------
     def cluster_namespaces(self) -> dict[int, frozenset[str]]:
-        """cluster id -> the namespaces of every memory assigned to it (any rank). Recomputed
-        after writes and re-organisations; runs in a worker thread."""
+        """``tenancy.cluster_namespaces``, recomputed only after writes, re-organisations and
+        SLM routes (the generation below); runs in a worker thread."""
         stats = self.store.stats()
-        generation = (self._writes, stats["organizations"], stats["memories"], json.dumps(stats["routing"], sort_keys=True))
+        generation = (self._writes, stats["organizations"], stats["memories"],
+                      json.dumps(stats["routing"], sort_keys=True))
         with self._purity_lock:
-            if self._purity is not None and self._purity[0] == generation:
-                return self._purity[1]
-            seen: dict[int, set[str]] = {}
-            cursor = None
-            while True:
-                page = self.store.memories(limit=1000, cursor=cursor)
-                for m in page.items:
-                    for cid, _ in m.clusters:
-                        seen.setdefault(cid, set()).add(m.namespace)
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
-            table = {c: frozenset(ns) for c, ns in seen.items()}
-            self._purity = (generation, table)
-            return table
+            if self._purity is None or self._purity[0] != generation:
+                self._purity = (generation, tenancy.cluster_namespaces(self.store))
+            return self._purity[1]
 
     def visible_clusters(self, principal: Principal) -> Callable[[int | None], bool]:
         """A predicate: may ``principal`` see this cluster's label (summary, tags, id)?"""
         if principal.unrestricted:
             return lambda cid: True
-        table = self.cluster_namespaces()
-        return lambda cid: cid is not None and cid in table and all(principal.can_read(ns) for ns in table[cid])
+        pure = tenancy.pure_clusters(self.cluster_namespaces(), principal.can_read)
+        return lambda cid: cid in pure
 
     def namespace_counts(self, principal: Principal) -> dict[str, int]:
         """Live memories per namespace the principal may read."""
-        out = {}
-        for ns in self.store.namespaces():
-            if principal.can_read(ns):
-                n, cursor = 0, None
-                while True:
-                    page = self.store.memories(namespace=ns, limit=1000, cursor=cursor)
-                    n += len(page.items)
-                    cursor = page.next_cursor
-                    if cursor is None:
-                        break
-                out[ns] = n
-        return out
+        return tenancy.namespace_counts(self.store, principal.can_read)
 
 
 def _stored_dim(path: Any) -> int | None:
