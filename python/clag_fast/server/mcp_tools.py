@@ -10,8 +10,9 @@ or streamable HTTP on a loopback port (``--http``).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from clag_fast.server import tenancy
 
@@ -21,6 +22,18 @@ INSTRUCTIONS = (
     "Long-term memory. Call search_memory before answering questions about the user or earlier "
     "work; call add_memories to store durable facts, preferences and decisions (one short "
     "statement each). list_topics shows how the memories are grouped.")
+
+
+@contextmanager
+def _told_to_agent() -> Iterator[None]:
+    """Bad arguments become ToolError, whose message the SDK passes to the agent (it hides the
+    message of any other exception)."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    try:
+        yield
+    except (ValueError, TypeError, KeyError) as e:
+        raise ToolError(str(e)) from None
 
 
 def build_mcp(store: Any, namespace: str) -> Any:
@@ -40,43 +53,48 @@ def build_mcp(store: Any, namespace: str) -> Any:
     @server.tool(name="add_memories")
     def add_memories(memories: list[str], kind: str = "fact") -> dict[str, list[int]]:
         """Store memories (each a short self-contained statement); returns their ids."""
-        if not memories:
-            raise ValueError("memories is empty: give one or more statements")
-        return {"ids": store.add_many(memories, kinds=kind, namespaces=namespace)}
+        with _told_to_agent():
+            if not memories:
+                raise ValueError("memories is empty: give one or more statements")
+            return {"ids": store.add_many(memories, kinds=kind, namespaces=namespace)}
 
     @server.tool(name="search_memory")
     def search_memory(query: str, k: int = 5) -> dict[str, Any]:
         """The k stored memories most relevant to the query, best first, with their topic."""
-        if not 1 <= k <= 100:
-            raise ValueError(f"k must be between 1 and 100, got {k}")
-        hits = store.search(query, k=k, namespace=namespace)
-        pure = tenancy.pure_clusters(tenancy.cluster_namespaces(store), lambda ns: ns == namespace)
-        return {"results": [{"id": h.memory_id, "memory": h.text, "score": round(float(h.score), 4),
-                             "topic": h.cluster_summary if h.cluster_id in pure else ""} for h in hits]}
+        with _told_to_agent():
+            if not 1 <= k <= 100:
+                raise ValueError(f"k must be between 1 and 100, got {k}")
+            hits = store.search(query, k=k, namespace=namespace)
+            pure = tenancy.pure_clusters(tenancy.cluster_namespaces(store), lambda ns: ns == namespace)
+            return {"results": [{"id": h.memory_id, "memory": h.text, "score": round(float(h.score), 4),
+                                 "topic": h.cluster_summary if h.cluster_id in pure else ""} for h in hits]}
 
     @server.tool(name="list_memories")
     def list_memories(limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
         """Stored memories, oldest first, a page at a time (pass next_cursor back)."""
-        if not 1 <= limit <= 1000:
-            raise ValueError(f"limit must be between 1 and 1000, got {limit}")
-        page = store.memories(namespace=namespace, limit=limit, cursor=cursor)
-        return {"memories": [{"id": m.memory_id, "memory": m.text, "kind": m.kind} for m in page.items],
-                "next_cursor": page.next_cursor}
+        with _told_to_agent():
+            if not 1 <= limit <= 1000:
+                raise ValueError(f"limit must be between 1 and 1000, got {limit}")
+            page = store.memories(namespace=namespace, limit=limit, cursor=cursor)
+            return {"memories": [{"id": m.memory_id, "memory": m.text, "kind": m.kind} for m in page.items],
+                    "next_cursor": page.next_cursor}
 
     @server.tool(name="delete_memories")
     def delete_memories(ids: list[int]) -> dict[str, int]:
         """Delete memories by id; returns how many were deleted (unknown ids are ignored)."""
-        mine = [i for i in ids if own(i)]
-        for i in mine:
-            store.delete(i)
-        return {"deleted": len(mine)}
+        with _told_to_agent():
+            mine = [i for i in ids if own(i)]
+            for i in mine:
+                store.delete(i)
+            return {"deleted": len(mine)}
 
     @server.tool(name="list_topics")
     def list_topics() -> dict[str, Any]:
         """The topics (cluster labels) the memories are grouped into, largest first."""
-        pure = tenancy.pure_clusters(tenancy.cluster_namespaces(store), lambda ns: ns == namespace)
-        return {"topics": [{"id": c.id, "summary": c.summary, "tags": c.tags, "size": c.size}
-                           for c in store.clusters() if c.id in pure]}
+        with _told_to_agent():
+            pure = tenancy.pure_clusters(tenancy.cluster_namespaces(store), lambda ns: ns == namespace)
+            return {"topics": [{"id": c.id, "summary": c.summary, "tags": c.tags, "size": c.size}
+                               for c in store.clusters() if c.id in pure]}
 
     return server
 
