@@ -10,9 +10,10 @@ the shape that fits: several worker processes could not share the store (one wri
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 
@@ -26,9 +27,13 @@ from clag_fast.server.settings import ServeConfig
 log = logging.getLogger(__name__)
 
 
-def create_app(config: ServeConfig, service: StoreService | None = None) -> Any:
+def create_app(config: ServeConfig, service: StoreService | None = None,
+               listening: Callable[[], bool] | None = None) -> Any:
     """The service as an ASGI app (the body-size guard wrapped around FastAPI). The store is
-    opened here, so a locked or foreign directory fails before anything listens."""
+    opened here, so a locked or foreign directory fails before anything listens.
+
+    listening: tells when the server accepts connections; the embedding model starts loading
+    then, so loading it does not slow the start (None: at once)."""
     keyring = KeyRing.load(config.keys) if config.keys is not None else None
     if service is None:
         service = StoreService(config)
@@ -37,9 +42,11 @@ def create_app(config: ServeConfig, service: StoreService | None = None) -> Any:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        warm = asyncio.create_task(_warm_when(listening, service))
         try:
             yield
         finally:
+            warm.cancel()
             await service.close()
 
     app = FastAPI(title="clag_fast memory service", version=__version__, lifespan=lifespan,
@@ -64,14 +71,22 @@ def create_app(config: ServeConfig, service: StoreService | None = None) -> Any:
     return wrapped
 
 
+async def _warm_when(listening: Callable[[], bool] | None, service: StoreService) -> None:
+    while listening is not None and not listening():
+        await asyncio.sleep(0.01)
+    service.warm_up()
+
+
 def serve(config: ServeConfig) -> None:
     """Run the service until interrupted (SIGINT/SIGTERM close the store cleanly)."""
     import uvicorn
 
-    app = create_app(config)
+    server: uvicorn.Server | None = None
+    app = create_app(config, listening=lambda: server is not None and server.started)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=10))
     if config.keys is None:
         log.warning("no keys file: serving without authentication on %s (loopback only)", config.host)
         print(f"clag-fast serve: no --keys file, so no authentication: listening on {config.host} only",
               flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=10)
+    server.run()

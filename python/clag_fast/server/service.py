@@ -81,10 +81,15 @@ class StoreService:
         return self.store
 
     async def start(self) -> None:
-        """Start the batch workers and load the embedding model in the background."""
+        """Start the batch workers."""
         self.adds.start()
         self.searches.start()
-        if self.config.embedder:
+
+    def warm_up(self) -> None:
+        """Load the embedding model in a background thread (/healthz tells when it is ready;
+        a text request before then waits for it)."""
+        if self.config.embedder and self.embedder_state == "not loaded":
+            self.embedder_state = "loading"
             threading.Thread(target=self._warm_up, name="clag-serve-warmup", daemon=True).start()
 
     async def close(self) -> None:
@@ -97,7 +102,6 @@ class StoreService:
             self.store = None
 
     def _warm_up(self) -> None:
-        self.embedder_state = "loading"
         t0 = time.perf_counter()
         try:
             self.store.search_many(["warm up"], k=1, namespace=_WARMUP_NAMESPACE)
