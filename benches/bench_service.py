@@ -137,6 +137,7 @@ def run_service(path: Path, ops: list[tuple[str, str]], clients: int) -> dict:
     for op in ops:
         work.put(op)
     lat: list[float] = []
+    by_op: dict[str, list[float]] = {"add": [], "search": []}
     errors: list[str] = []
     lock = threading.Lock()
 
@@ -159,6 +160,7 @@ def run_service(path: Path, ops: list[tuple[str, str]], clients: int) -> dict:
                     ok, detail = False, repr(e)
                 with lock:
                     lat.append(time.perf_counter() - t)
+                    by_op[op].append(lat[-1])
                     if not ok:
                         errors.append(detail)
 
@@ -176,7 +178,8 @@ def run_service(path: Path, ops: list[tuple[str, str]], clients: int) -> dict:
     start = {"start_s": again.start_s, "models_loaded_s": again.models_s, "healthz_at_start": again.health_at_start}
     again.stop()
     return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
-            "errors": len(errors), "error_examples": errors[:3], "batches": stats, **start}
+            "errors": len(errors), "error_examples": errors[:3], "batches": stats,
+            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}, **start}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratio service/loop: {served['ops_s'] / local['ops_s']:.2f}x   p99/p50: "
               f"{served['p99_ms'] / served['p50_ms']:.1f}")
         print(f"batches: {served['batches']}")
+        print("service p50/p99 by operation (ms): " + ", ".join(
+            f"{op} {a:.1f}/{b:.1f}" for op, (a, b) in served["by_op"].items()))
         print(f"start on the existing store: /healthz after {served['start_s']:.2f} s "
               f"(embedder {served['healthz_at_start']['embedder']!r}), model loaded after "
               f"{served['models_loaded_s']:.2f} s")

@@ -219,13 +219,21 @@ class Client(_Requests):
         """Store memories and return their ids; answered once they are durable."""
         return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
 
-    def search(self, query: str | np.ndarray, k: int = 5, **options: Any) -> Hits:
+    def search(self, query: str | np.ndarray, k: int = 5, *,
+               namespace: str | None = None, kind: str | None = None, since: float | None = None,
+               until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
+               lexical_weight: float | None = None, where: dict | None = None) -> Hits:
         """The ``k`` memories most similar to ``query`` (options as ``MemoryStore.search``)."""
-        return self._do(self._req_search(query, k, options))
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        return self._do(self._req_search(query, k, opts))
 
-    def search_many(self, queries: Sequence[str] | np.ndarray, k: int = 5, **options: Any) -> list[Hits]:
+    def search_many(self, queries: Sequence[str] | np.ndarray, k: int = 5, *,
+                    namespace: str | None = None, kind: str | None = None, since: float | None = None,
+                    until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
+                    lexical_weight: float | None = None, where: dict | None = None) -> list[Hits]:
         """``search`` for a batch of queries with the same options."""
-        return self._do(self._req_search_many(queries, k, options), [])
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        return self._do(self._req_search_many(queries, k, opts), [])
 
     def get(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> Memory:
         """The memory with this id (or key in ``namespace``); KeyError if there is none."""
@@ -336,13 +344,21 @@ class AsyncClient(_Requests):
         """See ``Client.add_many``."""
         return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
 
-    async def search(self, query: str | np.ndarray, k: int = 5, **options: Any) -> Hits:
+    async def search(self, query: str | np.ndarray, k: int = 5, *,
+                     namespace: str | None = None, kind: str | None = None, since: float | None = None,
+                     until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
+                     lexical_weight: float | None = None, where: dict | None = None) -> Hits:
         """See ``Client.search``."""
-        return await self._do(self._req_search(query, k, options))
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        return await self._do(self._req_search(query, k, opts))
 
-    async def search_many(self, queries: Sequence[str] | np.ndarray, k: int = 5, **options: Any) -> list[Hits]:
+    async def search_many(self, queries: Sequence[str] | np.ndarray, k: int = 5, *,
+                          namespace: str | None = None, kind: str | None = None, since: float | None = None,
+                          until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
+                          lexical_weight: float | None = None, where: dict | None = None) -> list[Hits]:
         """See ``Client.search_many``."""
-        return await self._do(self._req_search_many(queries, k, options), [])
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        return await self._do(self._req_search_many(queries, k, opts), [])
 
     async def get(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> Memory:
         """See ``Client.get``."""
@@ -463,14 +479,16 @@ def _answer(r: httpx.Response) -> Any:
     raise ServiceError(s, code, message)
 
 
+def _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where) -> dict[str, Any]:
+    return {"namespace": namespace, "kind": kind, "since": since, "until": until, "mode": mode,
+            "n_probe": n_probe, "lexical_weight": lexical_weight, "where": where}
+
+
 def _search_body(k: Any, options: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"namespace", "kind", "since", "until", "mode", "n_probe", "lexical_weight", "where"}
-    unknown = set(options) - allowed
-    if unknown:
-        raise TypeError(f"search() got unexpected keyword argument(s) {sorted(unknown)}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ValueError(f"k must be a positive integer, got {k!r}")
-    body = {name: value for name, value in options.items() if value is not None}
+    body = {name: value for name, value in options.items() if value is not None and
+            not (name == "mode" and value == "two_stage")}
     body["k"] = int(k)
     return body
 
