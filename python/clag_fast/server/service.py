@@ -104,7 +104,11 @@ class StoreService:
     def _warm_up(self) -> None:
         t0 = time.perf_counter()
         try:
-            self.store.search_many(["warm up"], k=1, namespace=_WARMUP_NAMESPACE)
+            # Batches of several sizes and lengths, as coalesced requests bring them: ONNX
+            # Runtime grows its buffers on the first runs of each shape.
+            for n in (1, 8, 32):
+                texts = [" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)]
+                self.store.search_many(texts, k=1, namespace=_WARMUP_NAMESPACE)
         except Exception as e:  # a missing model is reported by /healthz and by the first text request
             self.embedder_state = f"failed: {e}"
             log.warning("the embedding model did not load: %s", e)
