@@ -61,3 +61,49 @@ def test_mcp_tools_over_stdio_stay_in_their_namespace(tmp_path):
         assert store.get(added[0]).namespace == "agent"
         with pytest.raises(KeyError):
             store.get(added[2])
+
+
+def test_mcp_over_streamable_http(tmp_path):
+    import subprocess
+    import time
+
+    import httpx
+
+    from service_helpers import free_port
+
+    port = free_port()
+    log = open(tmp_path / "mcp.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "clag_fast.cli", "mcp", "--store", str(tmp_path / "store"),
+                             "--namespace", "agent", "--http", "--port", str(port)],
+                            cwd=str(ROOT), env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, (tmp_path / "mcp.log").read_text()
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+
+        async def session():
+            async with Client(f"http://127.0.0.1:{port}/mcp", read_timeout_seconds=120) as client:
+                ids = _data(await client.call_tool("add_memories", {"memories": ["The user's dog is called Miso."]}))["ids"]
+                found = _data(await client.call_tool("search_memory", {"query": "what is the dog's name?", "k": 1}))
+                return ids, found
+
+        ids, found = anyio.run(session)
+        assert found["results"][0]["id"] == ids[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def test_mcp_http_refuses_a_public_address(tmp_path):
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "clag_fast.cli", "mcp", "--store", str(tmp_path / "s"), "--http",
+                        "--host", "0.0.0.0"], cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "loopback only" in r.stderr
