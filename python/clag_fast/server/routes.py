@@ -113,8 +113,14 @@ def _check_count(n: int, lim: Limits, what: str) -> None:
 
 def _check_dim(vector: list[float] | None, svc: StoreService, what: str) -> None:
     dim = svc.store.config.dim
-    if vector is not None and len(vector) != dim:
+    if vector is None:
+        return
+    if len(vector) != dim:
         raise problem(400, "wrong_dimension", f"{what} has {len(vector)} dimensions; the store holds {dim}-dimensional vectors")
+    with np.errstate(over="ignore"):
+        finite = np.isfinite(np.asarray(vector, np.float32)).all()
+    if not finite:
+        raise problem(400, "invalid", f"{what} has values beyond float32's range")
 
 
 def _check_k(k: int, lim: Limits) -> None:
