@@ -18,6 +18,8 @@ from clag_fast._clag_fast import __version__
 from clag_fast.config import SLMConfig, StoreConfig
 from clag_fast.decay import ForgettingPolicy
 from clag_fast.errors import (
+    DimensionMismatchError,
+    FilterError,
     LLMError,
     LLMHTTPError,
     LLMInvalidOutput,
@@ -34,7 +36,7 @@ from clag_fast.errors import (
     StoreLockedError,
 )
 from clag_fast.index import VectorIndex
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory
+from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
 from clag_fast.store import MemoryStore
 
 if TYPE_CHECKING:
@@ -73,7 +75,9 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ClusterInfo",
+    "DimensionMismatchError",
     "Embedder",
+    "FilterError",
     "ForgettingPolicy",
     "Hit",
     "Hits",
@@ -85,6 +89,7 @@ __all__ = [
     "LLMUnreachable",
     "ManagedServer",
     "Memory",
+    "MemoryPage",
     "MemoryStore",
     "ModelFilesError",
     "Organizer",

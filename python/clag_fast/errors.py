@@ -9,6 +9,8 @@ shapes, dtypes and NaN; KeyError for unknown ids; OSError for I/O and corrupt fi
 from __future__ import annotations
 
 __all__ = [
+    "DimensionMismatchError",
+    "FilterError",
     "LLMError",
     "LLMHTTPError",
     "LLMInvalidOutput",
@@ -34,6 +36,16 @@ class StoreFormatError(ValueError):
 
 class StoreLockedError(RuntimeError):
     """Another process has the store open for writing."""
+
+
+class DimensionMismatchError(ValueError):
+    """Vectors of the wrong width for a store, or a store reopened with another dimension or
+    another embedder than it was created with; the message names both."""
+
+
+class FilterError(ValueError):
+    """A ``where=`` metadata filter is malformed: an unknown operator, a value of an
+    unsupported type, an empty ``$and``/``$or``. The message names the offending part."""
 
 
 # -- model files -------------------------------------------------------------------------

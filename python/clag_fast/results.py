@@ -20,6 +20,7 @@ class Hit:
     namespace: str
     created_at: float
     metadata: dict[str, Any] | None
+    key: str | None = None  # the user's key (``add(key=...)``), None when added without one
 
 
 class Hits(list):
@@ -68,10 +69,20 @@ class Memory:
     strength: float
     archived: bool
     clusters: list[tuple[int, float]] = field(default_factory=list)  # (cluster id, affinity), best first
+    key: str | None = None  # the user's key (``add(key=...)``), None when added without one
 
     @property
     def cluster_id(self) -> int | None:
         return self.clusters[0][0] if self.clusters else None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPage:
+    """One page of ``MemoryStore.memories``: memories by id ascending, and the cursor that
+    fetches the next page (None when this is the last)."""
+
+    items: list[Memory]
+    next_cursor: str | None
 
 
 @dataclass(frozen=True, slots=True)

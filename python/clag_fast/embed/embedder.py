@@ -258,6 +258,11 @@ class Embedder:
         self._narrow = None  # the 1-thread session, made on first use
 
     @property
+    def name(self) -> str:
+        """The model's name, as a store records it (``MemoryStore`` refuses another embedder)."""
+        return self.model
+
+    @property
     def dim(self) -> int:
         """Embedding width (384)."""
         return self._dim

@@ -19,7 +19,7 @@ import numpy as np
 from clag_fast.errors import StoreFormatError
 
 APP_ID = "clag_fast"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Memory states. Archived memories are kept but never searched; deleted ones keep their row
 # only so that their vector row is never reused.
@@ -80,8 +80,15 @@ INSERT INTO meta (key, value) VALUES ('app', 'clag_fast');
 # never reused), and recovery renumbers clusters in one scan.
 _V2 = "DROP INDEX IF EXISTS assignments_cluster;"
 
+# v3: an optional user-chosen key per memory, unique within its namespace (upserts and
+# lookups by key). A partial index: memories added without a key cost no index write.
+_V3 = """
+ALTER TABLE memories ADD COLUMN key TEXT;
+CREATE UNIQUE INDEX memories_key ON memories (namespace, key) WHERE key IS NOT NULL;
+"""
+
 # MIGRATIONS[v] upgrades a database at version v to v + 1. Version 0 is an empty file.
-MIGRATIONS: dict[int, str] = {0: _V1, 1: _V2}
+MIGRATIONS: dict[int, str] = {0: _V1, 1: _V2, 2: _V3}
 
 
 def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
@@ -233,13 +240,46 @@ class Catalog:
 
     def insert_memories(self, ids: Sequence[int], texts: Sequence[str], kinds: Sequence[str],
                         namespaces: Sequence[str], metadata: Sequence[str | None], now: float,
-                        rows: Sequence[int]) -> None:
+                        rows: Sequence[int], keys: Sequence[str | None] | None = None) -> None:
         self.forget_cached(ids)  # ids of deleted memories can come back (MAX(id) + 1)
         self.db.executemany(
-            "INSERT INTO memories (id, text, kind, namespace, metadata, created_at, vector_row) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            zip(ids, texts, kinds, namespaces, metadata, [now] * len(ids), rows),
+            "INSERT INTO memories (id, text, kind, namespace, metadata, created_at, vector_row, key) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            zip(ids, texts, kinds, namespaces, metadata, [now] * len(ids), rows,
+                keys if keys is not None else [None] * len(ids)),
         )
+
+    def replace_memories(self, ids: Sequence[int], texts: Sequence[str], kinds: Sequence[str],
+                         metadata: Sequence[str | None], rows: Sequence[int]) -> None:
+        """Upserts by key: new text, kind, metadata and vector row for existing memories, which
+        become live again if they were archived (id, key, created_at and access counts stay)."""
+        self.forget_cached(ids)
+        self.db.executemany(
+            "UPDATE memories SET text=?, kind=?, metadata=?, vector_row=?, state=? WHERE id=?",
+            zip(texts, kinds, metadata, rows, [LIVE] * len(ids), ids),
+        )
+
+    def ids_of_keys(self, namespace: str, keys: Sequence[str]) -> dict[str, tuple[int, int, int]]:
+        """key -> (memory id, vector row, state) for the keys of ``namespace`` that exist."""
+        out: dict[str, tuple[int, int, int]] = {}
+        keys = list(keys)
+        for i in range(0, len(keys), _IN_CHUNK):
+            chunk = keys[i:i + _IN_CHUNK]
+            for key, mid, row, st in self.db.execute(
+                    f"SELECT key, id, vector_row, state FROM memories WHERE namespace=? AND key IN ({_ids(len(chunk))})",
+                    [namespace, *chunk]):
+                out[key] = (int(mid), int(row), int(st))
+        return out
+
+    def metadata_rows(self) -> list[tuple[int, str]]:
+        """(vector row, metadata JSON) of every live memory that has metadata: what the
+        in-memory metadata columns (``store.fields``) are built from."""
+        return self.db.execute("SELECT vector_row, metadata FROM memories WHERE state=? AND metadata IS NOT NULL",
+                               (LIVE,)).fetchall()
+
+    def metadata_of(self, memory_id: int) -> str | None:
+        row = self.db.execute("SELECT metadata FROM memories WHERE id=?", (memory_id,)).fetchone()
+        return None if row is None else row[0]
 
     def set_metadata(self, memory_id: int, metadata_json: str | None) -> None:
         self.forget_cached((memory_id,))
@@ -262,21 +302,38 @@ class Catalog:
 
     def memory(self, memory_id: int) -> tuple | None:
         """(id, text, kind, namespace, metadata, created_at, last_accessed, access_count,
-        strength, state, [(cluster id, affinity)...]) or None."""
-        r = self.db.execute(
-            "SELECT id, text, kind, namespace, metadata, created_at, last_accessed, access_count, "
-            "strength, state FROM memories WHERE id=?", (memory_id,)).fetchone()
-        if r is None:
-            return None
-        # Rows of dropped clusters may linger (drop_clusters leaves them): only listed clusters.
-        clusters = self.db.execute(
-            "SELECT cluster_id, affinity FROM assignments WHERE memory_id=? "
-            "AND cluster_id IN (SELECT id FROM clusters) ORDER BY rank", (memory_id,)).fetchall()
-        return (*r[:4], _loads(r[4]), *r[5:], [(c, a) for c, a in clusters])
+        strength, state, [(cluster id, affinity)...], key) or None."""
+        found = self.memories([memory_id])
+        return found[0] if found else None
 
-    def details(self, memory_ids: Sequence[int]) -> dict[int, tuple[str, str, str, float, Any]]:
-        """memory id -> (text, kind, namespace, created_at, metadata): cached ones from memory,
-        the rest in one statement per 10,000 ids."""
+    def memories(self, memory_ids: Sequence[int]) -> list[tuple]:
+        """``memory`` for many ids in two statements per 10,000: the ones that exist, in the
+        order asked."""
+        rows: dict[int, tuple] = {}
+        clusters: dict[int, list[tuple[int, float]]] = {}
+        ids = list(dict.fromkeys(memory_ids))
+        for i in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[i:i + _IN_CHUNK]
+            marks = _ids(len(chunk))
+            for r in self.db.execute(
+                    "SELECT id, text, kind, namespace, metadata, created_at, last_accessed, access_count, "
+                    f"strength, state, key FROM memories WHERE id IN ({marks})", chunk):
+                rows[r[0]] = r
+            # Rows of dropped clusters may linger (drop_clusters leaves them): only listed clusters.
+            for m, c, a in self.db.execute(
+                    f"SELECT memory_id, cluster_id, affinity FROM assignments WHERE memory_id IN ({marks}) "
+                    "AND cluster_id IN (SELECT id FROM clusters) ORDER BY memory_id, rank", chunk):
+                clusters.setdefault(m, []).append((c, a))
+        return [(*r[:4], _loads(r[4]), *r[5:10], clusters.get(m, []), r[10])
+                for m in memory_ids if (r := rows.get(m)) is not None]
+
+    def id_of_key(self, namespace: str, key: str) -> int | None:
+        r = self.db.execute("SELECT id FROM memories WHERE namespace=? AND key=?", (namespace, key)).fetchone()
+        return None if r is None else int(r[0])
+
+    def details(self, memory_ids: Sequence[int]) -> dict[int, tuple[str, str, str, float, Any, str | None]]:
+        """memory id -> (text, kind, namespace, created_at, metadata, key): cached ones from
+        memory, the rest in one statement per 10,000 ids."""
         out: dict[int, tuple] = {}
         cache = self._details
         missing = []
@@ -288,16 +345,15 @@ class Catalog:
                 out[m] = d
         for i in range(0, len(missing), _IN_CHUNK):
             chunk = missing[i:i + _IN_CHUNK]
-            fetched = {mid: (text, kind, ns, created, meta) for mid, text, kind, ns, created, meta in self.db.execute(
-                f"SELECT id, text, kind, namespace, created_at, metadata FROM memories WHERE id IN ({_ids(len(chunk))})",
-                chunk,
-            )}
+            fetched = {r[0]: r[1:] for r in self.db.execute(
+                "SELECT id, text, kind, namespace, created_at, metadata, key FROM memories "
+                f"WHERE id IN ({_ids(len(chunk))})", chunk)}
             out.update(fetched)
             with self._details_lock:
                 if len(cache) + len(fetched) > _DETAILS_CACHE:
                     cache.clear()  # bounded; a full clear is cheaper than LRU bookkeeping per hit
                 cache.update(fetched)
-        return {m: (d[0], d[1], d[2], d[3], _loads(d[4])) for m, d in out.items()}
+        return {m: (d[0], d[1], d[2], d[3], _loads(d[4]), d[5]) for m, d in out.items()}
 
     def texts(self, memory_ids: Sequence[int]) -> dict[int, str]:
         return {m: d[0] for m, d in self.details(memory_ids).items()}
@@ -328,14 +384,15 @@ class Catalog:
                 [(t, n, m) for m, (t, n) in accesses.items()])
             self.db.executemany("UPDATE clusters SET last_hit_at=? WHERE id=?", [(t, c) for c, t in cluster_hits.items()])
 
-    def tag_memory(self, memory_id: int, links: Sequence[int], tags: Sequence[str], now: float) -> None:
+    def tag_memory(self, memory_id: int, links: Sequence[int], tags: Sequence[str], now: float) -> str | None:
         """Localized evolution: ``related`` links both ways and the memory's tags (in its
-        metadata under ``tags``), in one transaction; memories deleted meanwhile are skipped."""
+        metadata under ``tags``), in one transaction; memories deleted meanwhile are skipped.
+        Returns the new metadata JSON when the tags changed it, else None."""
         self.forget_cached((memory_id,))
         with self.transaction():
             row = self.db.execute("SELECT metadata FROM memories WHERE id=?", (memory_id,)).fetchone()
             if row is None:
-                return
+                return None
             live = self.existing_ids(list(links))
             self.db.executemany(
                 "INSERT OR IGNORE INTO links (src, dst, relation, created_at) VALUES (?, ?, 'related', ?)",
@@ -345,8 +402,10 @@ class Catalog:
                 if not isinstance(meta, dict):
                     meta = {"value": meta}
                 meta["tags"] = list(tags)
-                self.db.execute("UPDATE memories SET metadata=? WHERE id=?",
-                                (json.dumps(meta, ensure_ascii=False), memory_id))
+                text = json.dumps(meta, ensure_ascii=False)
+                self.db.execute("UPDATE memories SET metadata=? WHERE id=?", (text, memory_id))
+                return text
+        return None
 
     def links(self, memory_id: int) -> list[tuple[int, str]]:
         return [(d, r) for d, r in self.db.execute(

@@ -23,11 +23,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from clag_fast.config import StoreConfig
-from clag_fast.errors import StoreFormatError
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory
+from clag_fast.errors import DimensionMismatchError, StoreFormatError
+from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
 from clag_fast.slm.scheduler import SLMScheduler
 from clag_fast.store import catalog as catalog_mod
-from clag_fast.store import forgetting, organize, placement, recovery
+from clag_fast.store import filters, forgetting, organize, placement, recovery
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.rowtable import RowTable
@@ -37,6 +37,9 @@ from clag_fast.store.recovery import DB_NAME, INDEX_DIR
 from clag_fast.store.state import StoreState
 
 log = logging.getLogger(__name__)
+
+#: Longest key ``add(key=...)`` accepts, in characters.
+MAX_KEY_CHARS = 512
 
 
 class MemoryStore:
@@ -93,7 +96,8 @@ class MemoryStore:
                 recovery.refuse_blank_database(path, True)
             self._catalog = Catalog(db_file, read_only=read_only)
             recovery.refuse_blank_database(path, self._catalog.meta("dim") is None)
-            self.config = self._settle_config(config)
+            self.config = self._settle_config(config, embedder)
+            self._settle_embedder_name(embedder)
             index = recovery.open_index(path, self.config.dim, read_only,
                                         rows_needed=self._catalog.max_vector_row() + 1)
             self._state = StoreState(path, self.config, read_only, self._catalog, index)
@@ -112,19 +116,49 @@ class MemoryStore:
             self._release()
             raise
 
-    def _settle_config(self, config: StoreConfig | None) -> StoreConfig:
+    def _settle_config(self, config: StoreConfig | None, embedder: Any) -> StoreConfig:
+        """The store's config; its ``dim`` is recorded at creation and must match after.
+        An injected embedder with an integer ``dim`` attribute must agree with it (and gives
+        a new store its dim when no config is passed)."""
+        width = getattr(embedder, "dim", None) if embedder not in (None, False) else None
+        width = width if isinstance(width, (int, np.integer)) and not isinstance(width, bool) else None
         stored = self._catalog.meta("dim")
         if stored is None:
-            config = config or StoreConfig()
-            if not self.read_only:
-                self._catalog.set_meta("dim", str(config.dim))
-            return config
-        dim = int(stored)
-        if config is None:
-            return StoreConfig(dim=dim)
-        if config.dim != dim:
-            raise ValueError(f"store {self.path} holds {dim}-dimensional vectors, config says dim={config.dim}")
+            config = config or (StoreConfig() if width is None else StoreConfig(dim=int(width)))
+        else:
+            dim = int(stored)
+            if config is None:
+                config = StoreConfig(dim=dim)
+            elif config.dim != dim:
+                raise DimensionMismatchError(
+                    f"store {self.path} holds {dim}-dimensional vectors, config says dim={config.dim}")
+        if width is not None and int(width) != config.dim:
+            raise DimensionMismatchError(
+                f"the embedder {_embedder_name(embedder)!r} makes {int(width)}-dimensional vectors, "
+                f"the store {self.path} holds {config.dim}-dimensional ones")
+        if stored is None and not self.read_only:
+            self._catalog.set_meta("dim", str(config.dim))
         return config
+
+    def _settle_embedder_name(self, embedder: Any) -> None:
+        """Record the embedder's name at creation; refuse another embedder after.
+
+        ``embedder=False`` (vectors brought by the caller) opens any store, and a store created
+        with it ("none") accepts any embedder: the store cannot know where brought vectors came
+        from. Stores created before names were recorded record the first one that opens them
+        while empty, and check nothing otherwise."""
+        name = _embedder_name(embedder)
+        stored = self._catalog.meta("embedder")
+        if stored is None:
+            if not self.read_only and self._catalog.max_vector_row() < 0:
+                self._catalog.set_meta("embedder", name)
+            return
+        if embedder is False or stored == "none" or stored == name:
+            return
+        raise DimensionMismatchError(
+            f"store {self.path} was created with the embedder {stored!r}, opened with {name!r}: "
+            "their vectors are not comparable (pass the same embedder, or embedder=False with "
+            "your own vectors)")
 
     def _build_lexical(self) -> LexicalIndex:
         """The BM25 index: ``index/lexical.bin`` brought up to date from the database, or
@@ -231,15 +265,17 @@ class MemoryStore:
         self,
         text: str,
         *,
+        key: str | None = None,
         kind: str = "user_input",
         namespace: str = "default",
         metadata: dict[str, Any] | None = None,
         embedding: np.ndarray | None = None,
     ) -> int:
-        """Store one memory and return its id. See ``add_many``."""
+        """Store one memory and return its id. With a ``key`` already in ``namespace``, replace
+        that memory instead (same id). See ``add_many``."""
         emb = None if embedding is None else np.asarray(embedding)[None, ...]
         return self.add_many([text], embeddings=emb, kinds=[kind], namespaces=[namespace],
-                             metadata=[metadata])[0]
+                             metadata=[metadata], keys=[key])[0]
 
     def add_many(
         self,
@@ -248,8 +284,19 @@ class MemoryStore:
         kinds: Sequence[str] | str | None = None,
         namespaces: Sequence[str] | str | None = None,
         metadata: Sequence[dict[str, Any] | None] | None = None,
+        *,
+        keys: Sequence[str | None] | None = None,
     ) -> list[int]:
         """Store memories (embedding them unless ``embeddings`` is given) and return their ids.
+
+        ``keys``: an optional user-chosen key per memory (None = no key), unique within its
+        namespace. A key already present in the namespace is an upsert: that memory's text,
+        kind, metadata and vector are replaced, it is re-routed (and made live again if it was
+        archived), and it keeps its id, which is the id returned. When a key appears several
+        times in one batch, the last occurrence wins and every occurrence returns the same id.
+        Keys are non-empty strings of at most ``MAX_KEY_CHARS`` characters without NUL;
+        anything else is a ValueError naming its position, and nothing is written. The
+        batch is atomic: a refused batch writes nothing.
 
         Each memory is routed to its clusters by vectors before this returns; SLM decisions
         (ambiguous routes, profiles, re-organisation) are applied when they arrive, from a
@@ -263,6 +310,7 @@ class MemoryStore:
         kinds_l = _per_item(kinds, n, "user_input", "kinds")
         namespaces_l = _per_item(namespaces, n, "default", "namespaces")
         meta_json = _metadata_json(metadata, n)
+        keys_l = _check_keys(keys, n)
         vectors = self._vectors(texts, embeddings)
         if n == 0:
             return []
@@ -270,35 +318,93 @@ class MemoryStore:
             self.set_label_vectors(self._label_vectors())
         state = self._state
         with state.lock.write():
-            ids = self._insert(texts, vectors, kinds_l, namespaces_l, meta_json)
+            if keys_l is None:
+                ids = self._insert(texts, vectors, kinds_l, namespaces_l, meta_json)
+            else:
+                ids = self._upsert(texts, vectors, kinds_l, namespaces_l, meta_json, keys_l)
             state.count("adds", n)
             state.count("add_s", time.perf_counter() - t0)
         self._slm.after_add()
         return ids
 
-    def _insert(self, texts, vectors, kinds, namespaces, meta_json) -> list[int]:
+    def _upsert(self, texts, vectors, kinds, namespaces, meta_json, keys) -> list[int]:
+        """``_insert`` for a batch with keys: the last occurrence of each (namespace, key) is
+        written, as a new memory or over the memory holding that key."""
+        last = {(ns, k): i for i, (ns, k) in enumerate(zip(namespaces, keys)) if k is not None}
+        write = [i for i, (ns, k) in enumerate(zip(namespaces, keys)) if k is None or last[(ns, k)] == i]
+        by_ns: dict[str, list[str]] = {}
+        for ns, k in last:
+            by_ns.setdefault(ns, []).append(k)
+        existing = {(ns, k): found for ns, ks in by_ns.items()
+                    for k, found in self._catalog.ids_of_keys(ns, ks).items()}
+        if len(write) < len(texts):
+            vectors = vectors[write]
+        pick = lambda xs: [xs[i] for i in write]  # noqa: E731
+        ids = self._insert(pick(texts), vectors, pick(kinds), pick(namespaces), pick(meta_json), pick(keys),
+                           [existing.get((namespaces[i], keys[i])) if keys[i] is not None else None for i in write])
+        id_of = dict(zip(write, ids))
+        return [id_of[i] if k is None else id_of[last[(ns, k)]] for i, (ns, k) in enumerate(zip(namespaces, keys))]
+
+    def _insert(self, texts, vectors, kinds, namespaces, meta_json, keys=None, replaces=None) -> list[int]:
+        """Write a batch: vectors first (durable), then one SQLite transaction, then the
+        in-memory state. ``replaces[i]``: (memory id, old vector row, state) of the memory
+        that item ``i`` replaces (an upsert by key), or None for a new memory."""
         state = self._state
         now = time.time()
         rows = state.index.append(vectors)  # validated + durable before SQLite references it
         placed = placement.route_new_rows(state, rows, state.index.vectors()[rows])
+        fresh = [i for i in range(len(texts)) if not replaces or replaces[i] is None]
         first = self._catalog.next_memory_id()
-        ids = list(range(first, first + len(texts)))
+        ids = [0] * len(texts)
+        for j, i in enumerate(fresh):
+            ids[i] = first + j
+        old = [i for i in range(len(texts)) if replaces and replaces[i] is not None]
+        for i in old:
+            ids[i] = replaces[i][0]
         with self._catalog.transaction():
-            self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows.tolist())
+            if len(fresh) == len(texts):
+                self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows.tolist(), keys)
+            else:
+                pick = lambda xs: [xs[i] for i in fresh]  # noqa: E731
+                self._catalog.insert_memories(pick(ids), pick(texts), pick(kinds), pick(namespaces),
+                                              pick(meta_json), now, rows[fresh].tolist(), pick(keys))
+                pick = lambda xs: [xs[i] for i in old]  # noqa: E731
+                self._catalog.replace_memories(pick(ids), pick(texts), pick(kinds), pick(meta_json),
+                                               rows[old].tolist())
             placement.record_placement(state, ids, texts, placed, now)
         self._searcher.lexical.add(rows, texts, namespaces)  # after the commit; replayed from SQLite on open
-        before = state.rows.version
-        state.rows.set_rows(rows, np.asarray(ids, np.int64), namespaces, kinds, np.full(len(ids), now))
-        self._searcher.lexical.mark_synced(before, state.rows.version)  # only rows added, all counted
+        r = state.rows
+        before = r.version
+        created = np.full(len(ids), now)
+        counts = np.zeros(len(ids))
+        last_accessed = np.full(len(ids), np.nan)
+        old_rows = np.asarray([replaces[i][1] for i in old], np.int64)
+        if len(old):
+            # A replaced memory keeps its age and its use; its old row dies.
+            created[old] = r.created_at[old_rows]
+            counts[old] = r.access_count[old_rows]
+            last_accessed[old] = r.last_accessed[old_rows]
+        r.set_rows(rows, np.asarray(ids, np.int64), namespaces, kinds, created,
+                   last_accessed=last_accessed, access_count=counts)
+        state.fields.set(rows, meta_json)
+        if len(old):
+            state.index.unassign(old_rows[r.live[old_rows]])
+            r.kill(old_rows)
+            r.memory_id[old_rows] = -1
+            self._lexical_gc()
+        else:
+            self._searcher.lexical.mark_synced(before, r.version)  # only rows added, all counted
         state.cache.clear()
         self._slm.note_routes(ids, rows, texts, placed)
         if self.config.fsync:
             state.index.flush()
         return ids
 
-    def update(self, memory_id: int, *, text: str | None = None, metadata: dict[str, Any] | None = None,
+    def update(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default",
+               text: str | None = None, metadata: dict[str, Any] | None = None,
                embedding: np.ndarray | None = None) -> None:
-        """Change a memory's text (re-embedded and re-routed) and/or metadata."""
+        """Change a memory's text (re-embedded and re-routed) and/or metadata. The memory is
+        named by its id or by its ``key`` in ``namespace`` (KeyError when there is none)."""
         self._check_open(write=True)
         if text is None and metadata is None:
             raise ValueError("update needs text= and/or metadata=")
@@ -309,6 +415,7 @@ class MemoryStore:
         meta = None if metadata is None else _metadata_json([metadata], 1)[0]
         state = self._state
         with state.lock.write():
+            memory_id = self._resolve(memory_id, key, namespace)
             old_row = self._row_of(memory_id)
             with self._catalog.transaction():
                 if meta is not None:
@@ -327,15 +434,42 @@ class MemoryStore:
                 r.kill(np.asarray([old_row]))
                 r.memory_id[old_row] = -1
                 self._lexical_gc()
+            if state.fields.built:
+                row = int(new_row[0]) if vectors is not None else old_row
+                state.fields.set([row], [meta if meta is not None else self._catalog.metadata_of(memory_id)])
             state.cache.clear()
 
-    def delete(self, memory_id: int) -> None:
-        """Remove a memory (its text, metadata, assignments and links)."""
+    def delete(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> None:
+        """Remove a memory (its text, metadata, assignments and links), named by its id or by
+        its ``key`` in ``namespace``; KeyError when there is none."""
         self._check_open(write=True)
         with self._state.lock.write():
+            memory_id = self._resolve(memory_id, key, namespace)
             row = self._row_of(memory_id, include_archived=True)
             self._state.delete_rows([memory_id], np.asarray([row]))
             self._lexical_gc()
+
+    def delete_many(self, memory_ids: Sequence[int] | None = None, *, keys: Sequence[str] | None = None,
+                    namespace: str = "default") -> int:
+        """Remove the memories with these ids, or with these ``keys`` in ``namespace``, in one
+        atomic step; unknown ones are ignored. Returns how many were removed."""
+        self._check_open(write=True)
+        if (memory_ids is None) == (keys is None):
+            raise ValueError("delete_many needs memory_ids or keys (exactly one)")
+        with self._state.lock.write():
+            if keys is not None:
+                found = self._catalog.ids_of_keys(namespace, _check_keys(keys, len(list(keys)), allow_none=False))
+                pairs = sorted({(mid, row) for mid, row, _ in found.values()})
+            else:
+                pairs = []
+                for m in dict.fromkeys(_check_id(m) for m in memory_ids):
+                    at = self._catalog.row_of(m)
+                    if at is not None:
+                        pairs.append((m, at[0]))
+            if pairs:
+                self._state.delete_rows([m for m, _ in pairs], np.asarray([r for _, r in pairs], np.int64))
+                self._lexical_gc()
+            return len(pairs)
 
     def delete_namespace(self, namespace: str) -> int:
         """Remove every memory of ``namespace``; other namespaces are untouched. Returns the count."""
@@ -417,13 +551,17 @@ class MemoryStore:
         mode: str = "two_stage",
         n_probe: int | None = None,
         lexical_weight: float | None = None,
+        where: dict[str, Any] | None = None,
     ) -> Hits:
         """The ``k`` memories most similar to ``query`` (a text, or a vector of ``dim``).
 
         two_stage: the clusters nearest the query (``n_probe`` of them; None = the store's
         automatic rule), then an exact scan of their members only (flat while the store is
         not clustered yet); flat: exact scan of every eligible memory. Filters: namespace,
-        kind, created_at in [since, until).
+        kind, created_at in [since, until), and ``where``, a metadata filter
+        (``{"field": value}``, ``$eq $ne $gt $gte $lt $lte $in $nin $and $or``; grammar and
+        semantics in ``clag_fast.store.filters``). Filters apply before the top k: when k
+        eligible memories exist, k come back (a selective filter is searched exactly).
 
         A text query is hybrid: vector similarity fused with BM25 over the memories' words
         (term statistics from ``namespace`` alone), weighted by ``lexical_weight`` (None = the
@@ -435,11 +573,12 @@ class MemoryStore:
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
         lw = self._lexical_weight(lexical_weight)
+        cond = filters.parse(where)
         qkey = query if isinstance(query, str) else None
         if qkey is not None and not query.strip():
             raise ValueError("query text is empty")
         state = self._state
-        key = (qkey, k, namespace, kind, since, until, mode, n_probe, lw)
+        key = (qkey, k, namespace, kind, since, until, mode, n_probe, lw, cond)
         if qkey is not None and self.config.cache_size:
             cached = state.cache.get(key)
             if cached is not None:
@@ -452,7 +591,7 @@ class MemoryStore:
         if qkey is not None and mode == "two_stage" and self.config.slm.select_clusters:
             selected = self._slm.select_clusters(query, qvec, n_probe or self.config.n_probe or self._searcher.auto_probe())
         with state.lock.read():
-            hits = self._searcher.search(qvec[None, :], k, (namespace, kind, since, until), mode, n_probe,
+            hits = self._searcher.search(qvec[None, :], k, (namespace, kind, since, until, cond), mode, n_probe,
                                          selected, None if qkey is None else [qkey], lw)[0]
         hits.latency_s = time.perf_counter() - t0
         state.count("searches")
@@ -474,20 +613,23 @@ class MemoryStore:
         mode: str = "two_stage",
         n_probe: int | None = None,
         lexical_weight: float | None = None,
+        where: dict[str, Any] | None = None,
     ) -> list[Hits]:
         """``search`` for a batch of queries (texts, embedded in one call, or a (q, dim)
-        array) with the same filters: one native call that spreads the queries over the
+        array) with the same filters (``where`` included): one native call that spreads the queries over the
         cores. Returns one ``Hits`` per query, in order. Text queries are hybrid as in
         ``search`` (``lexical_weight``)."""
         self._check_open()
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
         lw = self._lexical_weight(lexical_weight)
+        cond = filters.parse(where)
         texts = None
         if isinstance(queries, np.ndarray):
             q = np.asarray(queries)
             if q.ndim != 2 or q.shape[1] != self.config.dim:
-                raise ValueError(f"queries must have shape (q, {self.config.dim}), got {q.shape}")
+                error = DimensionMismatchError if q.ndim == 2 else ValueError
+                raise error(f"queries must have shape (q, {self.config.dim}), got {q.shape}")
             qvecs = self._vectors([""] * len(q), q)
         else:
             texts = list(queries)
@@ -501,7 +643,7 @@ class MemoryStore:
             return []
         state = self._state
         with state.lock.read():
-            out = self._searcher.search(qvecs, k, (namespace, kind, since, until), mode, n_probe,
+            out = self._searcher.search(qvecs, k, (namespace, kind, since, until, cond), mode, n_probe,
                                         texts=texts, lexical_weight=lw)
         latency = time.perf_counter() - t0
         for hits in out:
@@ -511,13 +653,72 @@ class MemoryStore:
         state.count("search_s", latency)
         return out
 
-    def get(self, memory_id: int) -> Memory:
-        """The memory with this id (KeyError if there is none)."""
+    def get(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> Memory:
+        """The memory with this id, or with this ``key`` in ``namespace`` (exactly one of the
+        two); KeyError naming it when there is none. Archived memories are returned too."""
         self._check_open()
-        r = self._catalog.memory(_check_id(memory_id))
+        r = self._catalog.memory(self._resolve(memory_id, key, namespace))
         if r is None:
             raise KeyError(f"no memory with id {memory_id}")
-        return Memory(*r[:9], r[9] != catalog_mod.LIVE, r[10])
+        return _memory(r)
+
+    def get_many(self, memory_ids: Sequence[int] | None = None, *, keys: Sequence[str] | None = None,
+                 namespace: str = "default") -> list[Memory]:
+        """The memories with these ids, or with these ``keys`` in ``namespace``, in the order
+        asked; missing ones are skipped."""
+        self._check_open()
+        if (memory_ids is None) == (keys is None):
+            raise ValueError("get_many needs memory_ids or keys (exactly one)")
+        if keys is not None:
+            keys = _check_keys(keys, len(list(keys)), allow_none=False)
+            found = self._catalog.ids_of_keys(namespace, keys)
+            ids = [found[k][0] for k in keys if k in found]
+        else:
+            ids = [_check_id(m) for m in memory_ids]
+        return [_memory(r) for r in self._catalog.memories(ids)]
+
+    def memories(self, namespace: str | None = None, cluster: int | None = None,
+                 where: dict[str, Any] | None = None, kind: str | None = None, limit: int = 100,
+                 cursor: str | None = None) -> MemoryPage:
+        """List live memories by id ascending, ``limit`` per page: those of ``namespace``,
+        ``kind``, whose primary cluster is ``cluster`` and whose metadata matches ``where``
+        (as in ``search``); None = any. Pass the page's ``next_cursor`` back to get the next
+        page (None on the last). Archived memories are not listed."""
+        self._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        after = _parse_cursor(cursor)
+        cond = filters.parse(where)
+        state = self._state
+        with state.lock.read():
+            mask, count = self._searcher.eligible((namespace, kind, None, None, cond))
+            if count == 0:
+                return MemoryPage([], None)
+            rows = state.rows
+            mids = rows.memory_id[: rows.n][rows.live[: rows.n] if mask is None else mask]
+            if cluster is not None:
+                cid = _check_id(cluster)
+                known = cid in set(state.index.cluster_ids().tolist())
+                members = state.index.members(cid) if known else np.empty(0, np.int64)
+                mids = np.intersect1d(mids, rows.memory_id[members])
+            mids = mids[mids > after]
+            if len(mids) > limit:
+                mids = np.partition(mids, limit)[: limit + 1]
+            mids = np.sort(mids)
+            page = mids[:limit].tolist()
+            items = [_memory(r) for r in self._catalog.memories(page)]
+        more = len(mids) > limit
+        return MemoryPage(items, _make_cursor(page[-1]) if more and page else None)
+
+    def namespaces(self) -> list[str]:
+        """The namespaces holding at least one live memory, sorted."""
+        self._check_open()
+        state = self._state
+        with state.lock.read():
+            rows = state.rows
+            codes = np.unique(rows.namespace[: rows.n][rows.live[: rows.n]])
+            names = rows.names("namespace")
+        return sorted(names[c] for c in codes.tolist())
 
     def links(self, memory_id: int) -> list[tuple[int, str]]:
         """(other memory id, relation) pairs linked from this memory (localized evolution)."""
@@ -586,14 +787,13 @@ class MemoryStore:
             self._state.count("embed_s", time.perf_counter() - t0)
             vecs = np.ascontiguousarray(vecs, dtype=np.float32)
             if vecs.shape != (len(texts), self.config.dim):
-                raise ValueError(f"the embedder returned shape {vecs.shape}, the store holds "
-                                 f"{self.config.dim}-dimensional vectors")
+                raise DimensionMismatchError(f"the embedder returned shape {vecs.shape}, the store holds "
+                                             f"{self.config.dim}-dimensional vectors")
             return vecs
         vecs = np.asarray(embeddings)
         if vecs.ndim != 2 or vecs.shape != (len(texts), self.config.dim):
-            raise ValueError(
-                f"embeddings must have shape ({len(texts)}, {self.config.dim}), got {vecs.shape}"
-            )
+            error = DimensionMismatchError if vecs.ndim == 2 and len(vecs) == len(texts) else ValueError
+            raise error(f"embeddings must have shape ({len(texts)}, {self.config.dim}), got {vecs.shape}")
         if not np.issubdtype(vecs.dtype, np.floating):
             raise ValueError(f"embeddings must be floating point, got {vecs.dtype}")
         return np.ascontiguousarray(vecs, dtype=np.float32)
@@ -603,7 +803,8 @@ class MemoryStore:
             return self._vectors([query], None)[0]
         q = np.asarray(query)
         if q.ndim != 1 or q.shape[0] != self.config.dim:
-            raise ValueError(f"query vector must have shape ({self.config.dim},), got {q.shape}")
+            error = DimensionMismatchError if q.ndim == 1 else ValueError
+            raise error(f"query vector must have shape ({self.config.dim},), got {q.shape}")
         if not np.isfinite(q).all():
             raise ValueError("query vector holds NaN or infinity")
         return self._vectors([""], q[None, :])[0]
@@ -623,6 +824,17 @@ class MemoryStore:
 
             self._embedder = Embedder(precision=self._embed_precision or "auto")
         return self._embedder
+
+    def _resolve(self, memory_id: int | None, key: str | None, namespace: str) -> int:
+        """The memory id named by an id or by a key in a namespace (exactly one given)."""
+        if (memory_id is None) == (key is None):
+            raise ValueError("name the memory by its id or by key= (exactly one)")
+        if memory_id is not None:
+            return _check_id(memory_id)
+        mid = self._catalog.id_of_key(namespace, _check_keys([key], 1, allow_none=False)[0])
+        if mid is None:
+            raise KeyError(f"no memory with key {key!r} in namespace {namespace!r}")
+        return mid
 
     def _row_of(self, memory_id: int, include_archived: bool = False) -> int:
         r = self._catalog.row_of(_check_id(memory_id))
@@ -706,6 +918,64 @@ def _metadata_json(metadata: Sequence[dict[str, Any] | None] | None, n: int) -> 
         except (TypeError, ValueError) as e:
             raise ValueError(f"metadata[{i}] is not JSON-serialisable: {e}") from None
     return out
+
+
+def _check_keys(keys: Sequence[str | None] | None, n: int, allow_none: bool = True) -> list[str | None] | None:
+    """The keys of a batch, checked (None when no item has one)."""
+    if keys is None:
+        return None
+    if isinstance(keys, str):
+        raise TypeError("keys must be a list of keys, not one string")
+    out = list(keys)
+    if len(out) != n:
+        raise ValueError(f"keys has {len(out)} items for {n} texts")
+    for i, k in enumerate(out):
+        if k is None and allow_none:
+            continue
+        if not isinstance(k, str):
+            raise ValueError(f"keys[{i}] must be a string{' or None' if allow_none else ''}, got {type(k).__name__}")
+        if not k:
+            raise ValueError(f"keys[{i}] is empty")
+        if len(k) > MAX_KEY_CHARS:
+            raise ValueError(f"keys[{i}] has {len(k)} characters, more than {MAX_KEY_CHARS}")
+        if "\x00" in k:
+            raise ValueError(f"keys[{i}] contains a NUL character")
+        try:
+            k.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"keys[{i}] is not valid unicode ({e.reason})") from None
+    return out if any(k is not None for k in out) else None
+
+
+def _memory(r: tuple) -> Memory:
+    """A ``Memory`` from ``Catalog.memories``' tuple."""
+    return Memory(*r[:9], r[9] != catalog_mod.LIVE, r[10], r[11])
+
+
+def _make_cursor(memory_id: int) -> str:
+    return f"m{memory_id}"
+
+
+def _parse_cursor(cursor: str | None) -> int:
+    """The memory id a page ended at (0 before the first page)."""
+    if cursor is None:
+        return 0
+    if not isinstance(cursor, str) or not cursor.startswith("m") or not cursor[1:].isdigit():
+        raise ValueError(f"cursor {cursor!r} is not one that memories() returned")
+    return int(cursor[1:])
+
+
+def _embedder_name(embedder: Any) -> str:
+    """How a store records its embedder: "none" for brought vectors, the default model's name
+    for the built-in embedder, else the object's ``name`` attribute or its class name."""
+    if embedder is False:
+        return "none"
+    if embedder is None:
+        from clag_fast.embed.modelfiles import DEFAULT_MODEL
+
+        return DEFAULT_MODEL
+    name = getattr(embedder, "name", None)
+    return name if isinstance(name, str) and name else type(embedder).__name__
 
 
 def _check_id(memory_id: Any) -> int:

@@ -203,7 +203,11 @@ def cluster_neighbours(state: StoreState, row: int, n: int) -> list[tuple[int, s
 
 
 def apply_evolution(state: StoreState, memory_id: int, links: list[int], tags: list[str]) -> None:
-    state.catalog.tag_memory(memory_id, links, tags, time.time())
+    meta = state.catalog.tag_memory(memory_id, links, tags, time.time())
+    if meta is not None:
+        at = state.catalog.row_of(memory_id)
+        if at is not None:
+            state.fields.set([at[0]], [meta])  # the tags are a metadata field filters see
     state.cache.clear()
 
 

@@ -78,6 +78,10 @@ class RowTable:
                 codes[v] = len(codes)
         return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
 
+    def names(self, column: str) -> dict[int, str]:
+        """code -> string of every namespace or kind seen."""
+        return {v: k for k, v in self._codes[column].items()}
+
     def name(self, column: str, row: int) -> str:
         """The namespace or kind string of ``row``."""
         code = int(getattr(self, column)[row])

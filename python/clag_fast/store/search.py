@@ -23,6 +23,7 @@ import numpy as np
 
 from clag_fast.index import SearchResult
 from clag_fast.results import Hit, Hits
+from clag_fast.store import filters as filters_mod
 from clag_fast.store.lexical import LexicalIndex, fuse
 from clag_fast.store.state import StoreState
 
@@ -43,23 +44,30 @@ class Searcher:
         self.lexical = lexical if lexical is not None else LexicalIndex()
         self._weights: tuple[int, float, np.ndarray] | None = None
         self._filters: dict[tuple, tuple[np.ndarray | None, int]] = {}
-        self._filters_version = -1
+        self._filters_version: tuple[int, int] = (-1, -1)
 
     def eligible(self, filters: tuple) -> tuple[np.ndarray | None, int]:
-        """(row mask or None, eligible count) for (namespace, kind, since, until), cached until
-        the next write: counting a mask is O(rows), which at 1M rows would cost more than the
-        search. None when every row is eligible, so the native scan skips the mask."""
+        """(row mask or None, eligible count) for (namespace, kind, since, until, where), the
+        last a parsed ``where=`` filter (``store.filters.parse``) or None; cached until the next
+        write: counting a mask is O(rows), which at 1M rows would cost more than the search.
+        None when every row is eligible, so the native scan skips the mask."""
         rows = self.state.rows
-        if self._filters_version != rows.version:
+        version = (rows.version, self.state.fields.version)
+        if self._filters_version != version:
             self._filters.clear()
-            self._filters_version = rows.version
+            self._filters_version = version
         hit = self._filters.get(filters)
         if hit is None:
-            mask = rows.mask(*filters)
+            mask = rows.mask(*filters[:4])
+            if filters[4] is not None:
+                mask &= filters_mod.mask(filters[4], self.state.field_table(), rows.n)
             count = int(np.count_nonzero(mask))
             hit = (None if count == len(mask) else mask, count)
             if len(self._filters) > 64:  # many distinct filters: keep memory bounded
                 self._filters.clear()
+            # Building the metadata columns (first where=) bumps their version: key the
+            # cache by the version after it.
+            self._filters_version = (rows.version, self.state.fields.version)
             self._filters[filters] = hit
         return hit
 
@@ -106,6 +114,10 @@ class Searcher:
             return [self._search_selected(qvecs, k, mask, candidates, selected, weights)]
         idx = state.index
         eff_mode = mode if idx.n_clusters() else "flat"
+        if eff_mode == "two_stage" and mask is not None and candidates <= idx.n_clusters():
+            # A selective filter leaves fewer eligible rows than stage 1 has centres to score:
+            # scoring them all is cheaper than probing, and exact (nothing can starve).
+            eff_mode = "flat"
         hybrid = texts is not None and lexical_weight > 0
         probe, adaptive = self.probe_plan(n_probe, hybrid)
         if hybrid:
@@ -160,7 +172,7 @@ class Searcher:
         lexical.sync(rows.live[: rows.n], rows.version)  # a no-op unless rows died since the last sync
         # Term statistics are the namespace's (kept per namespace in the core: no mask, no
         # counting); the row mask is passed only when kind/time filters narrow the rows further.
-        m = lexical.score(text, filters[0], None if filters[1:] == (None, None, None) else mask, pool, v_rows)
+        m = lexical.score(text, filters[0], None if all(f is None for f in filters[1:]) else mask, pool, v_rows)
         if m.terms == 0 or len(m.rows) == 0:
             return None
         scanned = int(res.scanned[0])
@@ -241,10 +253,10 @@ class Searcher:
         profiles = state.profiles
         hits = []
         for mid, score, cid in zip(mids, res.scores[q, :count].tolist(), clusters):
-            text, kind_, ns, created, meta = details[mid]
+            text, kind_, ns, created, meta, key = details[mid]
             summary, tags = profiles.get(cid, ("", [])) if cid >= 0 else ("", [])
             hits.append(Hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
-                            created, meta))
+                            created, meta, key))
         now = time.time()
         rows.last_accessed[hit_rows] = now
         rows.access_count[hit_rows] += 1

@@ -18,6 +18,7 @@ import numpy as np
 from clag_fast.config import StoreConfig
 from clag_fast.index import VectorIndex
 from clag_fast.store.catalog import Catalog
+from clag_fast.store.fields import FieldTable
 from clag_fast.store.locks import RWLock
 from clag_fast.store.rowtable import RowTable
 
@@ -84,6 +85,7 @@ class StoreState:
 
     Invariants every module keeps: a vector row is appended (durable) before the SQLite row
     that references it commits; ``rows`` mirrors the database's per-memory columns;
+    ``fields`` mirrors the live memories' metadata once built;
     ``profiles`` mirrors the clusters table's summaries and tags; ``cache`` is cleared by any
     write that can change a search result. Mutations happen under ``lock.write()``.
     """
@@ -94,6 +96,7 @@ class StoreState:
     catalog: Catalog
     index: VectorIndex
     rows: RowTable = field(default_factory=RowTable)
+    fields: FieldTable = field(default_factory=FieldTable)
     profiles: dict[int, tuple[str, list[str]]] = field(default_factory=dict)
     lock: RWLock = field(default_factory=RWLock)
     access: AccessLog = field(default_factory=AccessLog)
@@ -112,6 +115,12 @@ class StoreState:
 
     def details(self, memory_ids: list[int]) -> dict[int, tuple]:
         return self.catalog.details(memory_ids) if memory_ids else {}
+
+    def field_table(self) -> FieldTable:
+        """The metadata columns, built from the database on first use (under the read or the
+        write lock: no write runs meanwhile)."""
+        self.fields.ensure_built(self.rows.n, self.catalog.metadata_rows)
+        return self.fields
 
     def delete_rows(self, memory_ids: list[int], rows: np.ndarray) -> None:
         """Remove memories everywhere: database first (atomic), then the index and row table."""
