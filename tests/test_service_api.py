@@ -162,3 +162,78 @@ def test_stats_and_clusters_after_organize(backend, ns):
     assert [c.size for c in clusters] == sorted((c.size for c in clusters), reverse=True)
     hits = backend.search(v[0], k=5, namespace=ns)
     assert hits.mode == "two_stage" and hits[0].cluster_id is not None
+
+
+def test_keys_upsert_get_update_delete(backend, ns):
+    v = vecs(3, seed=9)
+    first = backend.add("v1 of the note", key="note", namespace=ns, embedding=v[0])
+    again = backend.add("v2 of the note", key="note", namespace=ns, embedding=v[0])
+    assert again == first
+    m = backend.get(key="note", namespace=ns)
+    assert (m.memory_id, m.text, m.key) == (first, "v2 of the note", "note")
+    backend.update(key="note", namespace=ns, metadata={"v": 2})
+    assert backend.get(first).metadata == {"v": 2}
+    ids = backend.add_many(["a", "b"], embeddings=v[1:], namespaces=ns, keys=["ka", "kb"])
+    assert [m.memory_id for m in backend.get_many(keys=["kb", "missing", "ka"], namespace=ns)] == [ids[1], ids[0]]
+    assert backend.search(v[1], k=1, namespace=ns)[0].key == "ka"
+    backend.delete(key="ka", namespace=ns)
+    with pytest.raises(KeyError):
+        backend.get(key="ka", namespace=ns)
+    assert backend.delete_many(keys=["kb", "nope"], namespace=ns) == 1
+    assert backend.delete_many([first, 10**9]) == 1
+    with pytest.raises(ValueError):
+        backend.add("bad key", key="", namespace=ns, embedding=v[0])
+
+
+def test_where_filters_in_search_and_listing(backend, ns):
+    v = vecs(6, seed=10)
+    ids = backend.add_many([f"w{i}" for i in range(6)], embeddings=v, namespaces=ns,
+                           metadata=[{"n": i, "tag": "even" if i % 2 == 0 else "odd"} for i in range(6)])
+    hits = backend.search(v[1], k=6, namespace=ns, where={"tag": "even"})
+    assert {h.memory_id for h in hits} == {ids[0], ids[2], ids[4]}
+    hits = backend.search_many(v[:1], k=6, namespace=ns, where={"n": {"$gte": 4}})[0]
+    assert {h.memory_id for h in hits} == {ids[4], ids[5]}
+    page = backend.memories(namespace=ns, where={"$or": [{"n": 1}, {"n": {"$in": [3, 5]}}]})
+    assert [m.memory_id for m in page.items] == [ids[1], ids[3], ids[5]]
+    with pytest.raises(ValueError, match=r"\$near"):
+        backend.search(v[0], k=3, namespace=ns, where={"n": {"$near": 3}})
+
+
+def test_listing_pages_through_a_namespace(backend, ns):
+    v = vecs(25, seed=11)
+    ids = backend.add_many([f"p{i}" for i in range(25)], embeddings=v, namespaces=ns)
+    seen, cursor = [], None
+    while True:
+        page = backend.memories(namespace=ns, limit=10, cursor=cursor)
+        assert len(page.items) <= 10
+        seen += [m.memory_id for m in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == ids
+    assert ns in backend.namespaces()
+    with pytest.raises(ValueError):
+        backend.memories(namespace=ns, cursor="not-a-cursor")
+
+
+@pytest.mark.parametrize("name", ["add", "add_many", "search", "search_many", "get", "get_many", "update",
+                                  "delete", "delete_many", "delete_namespace", "memories", "namespaces",
+                                  "clusters", "forget", "stats", "flush", "close"])
+def test_the_client_has_memory_stores_signatures(name):
+    import inspect
+
+    store_params = inspect.signature(getattr(MemoryStore, name)).parameters
+    client_params = inspect.signature(getattr(clag_fast.Client, name)).parameters
+    async_params = inspect.signature(getattr(clag_fast.AsyncClient, "aclose" if name == "close" else name)).parameters
+    assert list(client_params) == list(store_params)
+    assert list(async_params) == list(store_params)
+    for p in store_params.values():
+        assert client_params[p.name].kind == p.kind and client_params[p.name].default == p.default
+
+
+def test_namespaces_with_slashes(backend, ns):
+    v = vecs(2, seed=12)
+    backend.add_many(["s0", "s1"], embeddings=v, namespaces=f"{ns}/sub dir")
+    assert f"{ns}/sub dir" in backend.namespaces()
+    assert backend.delete_namespace(f"{ns}/sub dir") == 2
+    assert f"{ns}/sub dir" not in backend.namespaces()

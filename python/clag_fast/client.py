@@ -22,19 +22,9 @@ import httpx
 import numpy as np
 
 from clag_fast.errors import ServiceBusy, ServiceError, ServiceForbidden, ServiceUnauthorized
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory
+from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
 
-__all__ = ["AsyncClient", "Client", "MemoryPage", "connect", "connect_async"]
-
-try:  # the store's page type once the listing API is present; same shape either way
-    from clag_fast.results import MemoryPage
-except ImportError:  # pragma: no cover
-    @dataclass(frozen=True)
-    class MemoryPage:  # type: ignore[no-redef]
-        """One page of ``memories()``: the items and the cursor of the next page (None at the end)."""
-
-        items: list[Memory]
-        next_cursor: str | None
+__all__ = ["AsyncClient", "Client", "connect", "connect_async"]
 
 _HIT_FIELDS = {f.name for f in fields(Hit)}
 _MEMORY_FIELDS = {f.name for f in fields(Memory)}

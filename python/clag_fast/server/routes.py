@@ -187,6 +187,38 @@ async def add_memories(body: NewMemory | NewMemories = Body(...), svc: StoreServ
     return AddResult(ids=await svc.add(payload))
 
 
+# The by-key routes come before the /memories/{memory_id} ones, which would match "by-key" too.
+@router.get("/memories/by-key", response_model=MemoryOut, summary="A memory by its key")
+async def get_by_key(key: str = Query(min_length=1, max_length=512), namespace: str = Query("default", min_length=1),
+                     svc: StoreService = Svc, who: Principal = Who) -> MemoryOut:
+    _read_ns(who, namespace)
+    return _memory_out(await svc.call(svc.store.get, key=key, namespace=namespace))
+
+
+@router.patch("/memories/by-key", response_model=MemoryOut, summary="Change a memory found by its key")
+async def update_by_key(body: MemoryPatch, key: str = Query(min_length=1, max_length=512),
+                        namespace: str = Query("default", min_length=1), svc: StoreService = Svc,
+                        who: Principal = Who, lim: Limits = Depends(limits)) -> MemoryOut:
+    _write_ns(who, namespace)
+    if body.text is not None:
+        _check_text(body.text, lim, "text")
+    _check_metadata(body.metadata, lim, "metadata")
+    _check_dim(body.vector, svc, "vector")
+    emb = None if body.vector is None else np.asarray(body.vector, np.float32)
+    await svc.call(svc.store.update, key=key, namespace=namespace, text=body.text, metadata=body.metadata, embedding=emb)
+    svc.wrote()
+    return _memory_out(await svc.call(svc.store.get, key=key, namespace=namespace))
+
+
+@router.delete("/memories/by-key", response_model=DeleteResult, summary="Delete a memory found by its key")
+async def delete_by_key(key: str = Query(min_length=1, max_length=512), namespace: str = Query("default", min_length=1),
+                        svc: StoreService = Svc, who: Principal = Who) -> DeleteResult:
+    _write_ns(who, namespace)
+    await svc.call(svc.store.delete, key=key, namespace=namespace)
+    svc.wrote()
+    return DeleteResult(deleted=1)
+
+
 @router.patch("/memories/{memory_id}", response_model=MemoryOut, summary="Change a memory's text and/or metadata")
 async def update_memory(memory_id: int, body: MemoryPatch, svc: StoreService = Svc, who: Principal = Who,
                         lim: Limits = Depends(limits)) -> MemoryOut:
@@ -227,37 +259,6 @@ async def delete_many(body: IdsRequest, svc: StoreService = Svc, who: Principal 
 
 
 # -- reading -------------------------------------------------------------------------------
-@router.get("/memories/by-key", response_model=MemoryOut, summary="A memory by its key")
-async def get_by_key(key: str = Query(min_length=1, max_length=512), namespace: str = Query("default", min_length=1),
-                     svc: StoreService = Svc, who: Principal = Who) -> MemoryOut:
-    _read_ns(who, namespace)
-    return _memory_out(await svc.call(svc.store.get, key=key, namespace=namespace))
-
-
-@router.patch("/memories/by-key", response_model=MemoryOut, summary="Change a memory found by its key")
-async def update_by_key(body: MemoryPatch, key: str = Query(min_length=1, max_length=512),
-                        namespace: str = Query("default", min_length=1), svc: StoreService = Svc,
-                        who: Principal = Who, lim: Limits = Depends(limits)) -> MemoryOut:
-    _write_ns(who, namespace)
-    if body.text is not None:
-        _check_text(body.text, lim, "text")
-    _check_metadata(body.metadata, lim, "metadata")
-    _check_dim(body.vector, svc, "vector")
-    emb = None if body.vector is None else np.asarray(body.vector, np.float32)
-    await svc.call(svc.store.update, key=key, namespace=namespace, text=body.text, metadata=body.metadata, embedding=emb)
-    svc.wrote()
-    return _memory_out(await svc.call(svc.store.get, key=key, namespace=namespace))
-
-
-@router.delete("/memories/by-key", response_model=DeleteResult, summary="Delete a memory found by its key")
-async def delete_by_key(key: str = Query(min_length=1, max_length=512), namespace: str = Query("default", min_length=1),
-                        svc: StoreService = Svc, who: Principal = Who) -> DeleteResult:
-    _write_ns(who, namespace)
-    await svc.call(svc.store.delete, key=key, namespace=namespace)
-    svc.wrote()
-    return DeleteResult(deleted=1)
-
-
 @router.get("/memories/{memory_id}", response_model=MemoryOut, summary="A memory by id")
 async def get_memory(memory_id: int, svc: StoreService = Svc, who: Principal = Who) -> MemoryOut:
     return _memory_out(await _owned(svc, who, memory_id, write=False))
@@ -304,7 +305,7 @@ async def namespaces(svc: StoreService = Svc, who: Principal = Who) -> dict[str,
     return {"namespaces": [n for n in names if who.can_read(n)]}
 
 
-@router.delete("/namespaces/{namespace}", response_model=DeleteResult, summary="Delete every memory of a namespace")
+@router.delete("/namespaces/{namespace:path}", response_model=DeleteResult, summary="Delete every memory of a namespace")
 async def delete_namespace(namespace: str, svc: StoreService = Svc, who: Principal = Who) -> DeleteResult:
     _write_ns(who, namespace)
     n = await svc.call(svc.store.delete_namespace, namespace)
