@@ -180,3 +180,15 @@ def test_nothing_of_b_appears_in_any_answer_to_a(world):
     text = "\n".join(bodies)
     assert "secret-b" not in text and '"b"' not in text and "b/sub" not in text
 
+
+
+def test_a_cluster_stops_showing_its_label_once_b_joins_it(world):
+    """Runs last: B writes into A's own topic; without any re-organisation the cluster is no
+    longer A's alone, so A stops seeing its label at once."""
+    a, b, own = world["a"], world["b"], world["own"]
+    before = a.search(own[0], k=1)[0].cluster_id
+    assert before is not None and before in {c.id for c in a.clusters()}
+    b.add_many([f"secret-b joins {i}" for i in range(10)], embeddings=own[:10], namespaces="b")
+    assert before not in {c.id for c in a.clusters()}
+    hit = a.search(own[0], k=1)[0]
+    assert hit.cluster_id is None and hit.cluster_summary == "" and hit.cluster_tags == []

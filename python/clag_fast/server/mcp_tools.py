@@ -36,13 +36,18 @@ def _told_to_agent() -> Iterator[None]:
         raise ToolError(str(e)) from None
 
 
-def build_mcp(store: Any, namespace: str) -> Any:
-    """An ``MCPServer`` whose tools use ``store`` (a MemoryStore) within ``namespace``."""
+def build_mcp(service: Any, namespace: str) -> Any:
+    """An ``MCPServer`` whose tools use the open store of ``service`` (a ``StoreService``,
+    for its cluster table) within ``namespace``."""
     from mcp.server.mcpserver import MCPServer
 
     from clag_fast._clag_fast import __version__
 
     server = MCPServer(name="clag-fast memory", instructions=INSTRUCTIONS, version=__version__)
+    store = service.store
+
+    def topics_shown() -> set[int]:
+        return tenancy.pure_clusters(service.cluster_namespaces(), lambda ns: ns == namespace)
 
     def own(memory_id: int) -> bool:
         try:
@@ -56,7 +61,9 @@ def build_mcp(store: Any, namespace: str) -> Any:
         with _told_to_agent():
             if not memories:
                 raise ValueError("memories is empty: give one or more statements")
-            return {"ids": store.add_many(memories, kinds=kind, namespaces=namespace)}
+            ids = store.add_many(memories, kinds=kind, namespaces=namespace)
+            service.rerouted(ids)
+            return {"ids": ids}
 
     @server.tool(name="search_memory")
     def search_memory(query: str, k: int = 5) -> dict[str, Any]:
@@ -65,7 +72,7 @@ def build_mcp(store: Any, namespace: str) -> Any:
             if not 1 <= k <= 100:
                 raise ValueError(f"k must be between 1 and 100, got {k}")
             hits = store.search(query, k=k, namespace=namespace)
-            pure = tenancy.pure_clusters(tenancy.cluster_namespaces(store), lambda ns: ns == namespace)
+            pure = topics_shown()
             return {"results": [{"id": h.memory_id, "memory": h.text, "score": round(float(h.score), 4),
                                  "topic": h.cluster_summary if h.cluster_id in pure else ""} for h in hits]}
 
@@ -92,7 +99,7 @@ def build_mcp(store: Any, namespace: str) -> Any:
     def list_topics() -> dict[str, Any]:
         """The topics (cluster labels) the memories are grouped into, largest first."""
         with _told_to_agent():
-            pure = tenancy.pure_clusters(tenancy.cluster_namespaces(store), lambda ns: ns == namespace)
+            pure = topics_shown()
             return {"topics": [{"id": c.id, "summary": c.summary, "tags": c.tags, "size": c.size}
                                for c in store.clusters() if c.id in pure]}
 
@@ -110,7 +117,7 @@ def run_mcp(path: Path, namespace: str, *, http: bool = False, host: str = "127.
     service = StoreService(ServeConfig(store=path, llm=llm, embedder=embedder, dim=dim))
     store = service.open()
     try:
-        server = build_mcp(store, namespace)
+        server = build_mcp(service, namespace)
         if http:
             server.run("streamable-http", host=host, port=port)
         else:

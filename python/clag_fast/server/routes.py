@@ -206,8 +206,10 @@ async def update_by_key(body: MemoryPatch, key: str = Query(min_length=1, max_le
     _check_dim(body.vector, svc, "vector")
     emb = None if body.vector is None else np.asarray(body.vector, np.float32)
     await svc.call(svc.store.update, key=key, namespace=namespace, text=body.text, metadata=body.metadata, embedding=emb)
-    svc.wrote()
-    return _memory_out(await svc.call(svc.store.get, key=key, namespace=namespace))
+    m = await svc.call(svc.store.get, key=key, namespace=namespace)
+    if body.text is not None:
+        await svc.call(svc.rerouted, [m.memory_id])
+    return _memory_out(m)
 
 
 @router.delete("/memories/by-key", response_model=DeleteResult, summary="Delete a memory found by its key")
@@ -215,7 +217,6 @@ async def delete_by_key(key: str = Query(min_length=1, max_length=512), namespac
                         svc: StoreService = Svc, who: Principal = Who) -> DeleteResult:
     _write_ns(who, namespace)
     await svc.call(svc.store.delete, key=key, namespace=namespace)
-    svc.wrote()
     return DeleteResult(deleted=1)
 
 
@@ -229,7 +230,8 @@ async def update_memory(memory_id: int, body: MemoryPatch, svc: StoreService = S
     await _owned(svc, who, memory_id, write=True)
     emb = None if body.vector is None else np.asarray(body.vector, np.float32)
     await svc.call(svc.store.update, memory_id, text=body.text, metadata=body.metadata, embedding=emb)
-    svc.wrote()
+    if body.text is not None:
+        await svc.call(svc.rerouted, [memory_id])
     return _memory_out(await svc.call(svc.store.get, memory_id))
 
 
@@ -237,7 +239,6 @@ async def update_memory(memory_id: int, body: MemoryPatch, svc: StoreService = S
 async def delete_memory(memory_id: int, svc: StoreService = Svc, who: Principal = Who) -> DeleteResult:
     await _owned(svc, who, memory_id, write=True)
     await svc.call(svc.store.delete, memory_id)
-    svc.wrote()
     return DeleteResult(deleted=1)
 
 
@@ -254,7 +255,6 @@ async def delete_many(body: IdsRequest, svc: StoreService = Svc, who: Principal 
         mine = [m.memory_id for m in found if who.can_write(m.namespace)]  # others' ids count as unknown
         if mine:
             n += await svc.call(svc.store.delete_many, mine)
-    svc.wrote()
     return DeleteResult(deleted=n)
 
 
@@ -309,7 +309,6 @@ async def namespaces(svc: StoreService = Svc, who: Principal = Who) -> dict[str,
 async def delete_namespace(namespace: str, svc: StoreService = Svc, who: Principal = Who) -> DeleteResult:
     _write_ns(who, namespace)
     n = await svc.call(svc.store.delete_namespace, namespace)
-    svc.wrote()
     return DeleteResult(deleted=n)
 
 
@@ -375,7 +374,7 @@ async def clusters(svc: StoreService = Svc, who: Principal = Who) -> ClustersOut
 async def organize(body: OrganizeRequest | None = None, svc: StoreService = Svc, who: Principal = Who) -> dict[str, Any]:
     _admin(who, "organize")
     report = await svc.call(svc.store.organize, body.task_context if body else None)
-    svc.wrote()
+    await svc.call(svc.rerouted, None)
     return _jsonable(report)
 
 
@@ -383,7 +382,7 @@ async def organize(body: OrganizeRequest | None = None, svc: StoreService = Svc,
 async def forget(body: ForgetRequest | None = None, svc: StoreService = Svc, who: Principal = Who) -> dict[str, Any]:
     _admin(who, "forget")
     report = await svc.call(svc.store.forget, body.now if body else None)
-    svc.wrote()
+    await svc.call(svc.rerouted, None)
     return _jsonable(report)
 
 

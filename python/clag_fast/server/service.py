@@ -61,9 +61,11 @@ class StoreService:
                               max_pending=limits.max_pending)
         self.searches = Coalescer("search", self._search_batch, self._executor, max_items=256,
                                   max_pending=limits.max_pending, workers=config.search_workers)
-        self._writes = 0  # bumped by every write this service makes (tenancy cache key)
-        self._purity: tuple[Any, dict[int, frozenset[str]]] | None = None
-        self._purity_lock = threading.Lock()
+        # cluster id -> namespaces of its members, for keys that read only some namespaces:
+        # built on first need, then kept up to date by the writes (see ``rerouted``).
+        self._table: dict[int, set[str]] | None = None
+        self._table_generation: tuple | None = None
+        self._table_lock = threading.Lock()
 
     # -- life ----------------------------------------------------------------------------
     def open(self) -> MemoryStore:
@@ -122,9 +124,6 @@ class StoreService:
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
-    def wrote(self) -> None:
-        self._writes += 1
-
     # -- adds ----------------------------------------------------------------------------
     async def add(self, payload: AddPayload) -> list[int]:
         """Add one request's memories as part of the next batch; returns once committed."""
@@ -163,7 +162,7 @@ class StoreService:
         ids = self.store.add_many(texts, embeddings=vectors, kinds=[k for p in payloads for k in p.kinds],
                                   namespaces=[n for p in payloads for n in p.namespaces],
                                   metadata=[m for p in payloads for m in p.metadata], **extra)
-        self.wrote()
+        self.rerouted(ids)
         return ids
 
     # -- searches ------------------------------------------------------------------------
@@ -202,16 +201,39 @@ class StoreService:
             return out
 
     # -- tenancy -------------------------------------------------------------------------
-    def cluster_namespaces(self) -> dict[int, frozenset[str]]:
-        """``tenancy.cluster_namespaces``, recomputed only after writes, re-organisations and
-        SLM routes (the generation below); runs in a worker thread."""
+    def _generation(self) -> tuple:
+        """Changes when memories may have moved between clusters outside the service's own
+        writes: organisations (explicit, periodic inside an add, or in the SLM worker) and
+        SLM routes."""
         stats = self.store.stats()
-        generation = (self._writes, stats["organizations"], stats["memories"],
-                      json.dumps(stats["routing"], sort_keys=True))
-        with self._purity_lock:
-            if self._purity is None or self._purity[0] != generation:
-                self._purity = (generation, tenancy.cluster_namespaces(self.store))
-            return self._purity[1]
+        routing = stats["routing"]
+        return stats["organizations"], routing.get("slm", 0), routing.get("fallback", 0)
+
+    def rerouted(self, ids: list[int] | None) -> None:
+        """After a write placed ``ids`` (None: anything may have moved): keep the cluster
+        table exact by adding their namespaces, or drop it for a rebuild. Deletes need no call:
+        a removed memory can only make a cluster purer, and the table stays on the safe side
+        until the next rebuild. Runs in a worker thread."""
+        with self._table_lock:
+            if self._table is None:
+                return
+            if ids is None or self._generation() != self._table_generation:
+                self._table = None
+                return
+            for m in self.store.get_many(ids):
+                for cid, _ in m.clusters:
+                    self._table.setdefault(cid, set()).add(m.namespace)
+
+    def cluster_namespaces(self) -> dict[int, set[str]]:
+        """cluster id -> the namespaces of its members (``tenancy.cluster_namespaces``): one
+        scan of the store on first need, then updated by ``rerouted``; rebuilt when the store
+        re-organised. Runs in a worker thread."""
+        with self._table_lock:
+            generation = self._generation()
+            if self._table is None or generation != self._table_generation:
+                self._table = {c: set(ns) for c, ns in tenancy.cluster_namespaces(self.store).items()}
+                self._table_generation = generation
+            return {c: set(ns) for c, ns in self._table.items()}
 
     def visible_clusters(self, principal: Principal) -> Callable[[int | None], bool]:
         """A predicate: may ``principal`` see this cluster's label (summary, tags, id)?"""
