@@ -122,3 +122,19 @@ def test_non_loopback_without_keys_is_refused(tmp_path):
     assert r.returncode == 2
     assert "without a keys file" in r.stderr
     assert not (tmp_path / "s").exists()  # refused before the store was created
+
+
+def test_a_store_locked_by_another_writer_is_a_clear_start_error(tmp_path):
+    import subprocess
+    import sys
+
+    from clag_fast.config import StoreConfig
+    from clag_fast.store import MemoryStore
+    from service_helpers import ROOT, _env
+
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False):
+        r = subprocess.run([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(tmp_path / "s"),
+                            "--no-embedder", "--port", "1"], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                           timeout=120)
+    assert r.returncode == 2
+    assert "clag-fast serve: error:" in r.stderr and "read_only=True" in r.stderr

@@ -62,7 +62,9 @@ def create_app(config: ServeConfig, service: StoreService | None = None,
         svc: StoreService = request.app.state.service
         store = svc.store
         slm = (await svc.call(store.stats))["slm"] if store is not None else "closed"
-        return Health(status="ok" if store is not None else "starting", store=str(config.store),
+        # Unauthenticated: with keys, the store's path is nobody's business.
+        return Health(status="ok" if store is not None else "starting",
+                      store=str(config.store) if keyring is None else "",
                       embedder=svc.embedder_state, slm=slm,
                       auth="api keys" if keyring is not None else "none (loopback only)")
 
