@@ -249,15 +249,23 @@ class StoreService:
 
 def _stored_dim(path: Any) -> int | None:
     """The dim of an existing store (so --dim may be omitted when reopening), read from its
-    catalog without opening the whole store."""
+    catalog without opening the whole store. A store written by an older clag_fast needs a
+    schema migration first, which only a writable open does: it is opened once for that."""
     from pathlib import Path
 
+    from clag_fast.errors import StoreFormatError
     from clag_fast.store.catalog import Catalog
 
     db = Path(path) / "memories.db"
     if not db.exists() or db.stat().st_size == 0:
         return None
-    catalog = Catalog(db, read_only=True)
+    try:
+        catalog = Catalog(db, read_only=True)
+    except StoreFormatError as e:
+        if "migration" not in str(e):
+            raise
+        with MemoryStore.open(path, embedder=False, llm=False) as store:
+            return store.config.dim
     try:
         value = catalog.meta("dim")
     finally:
