@@ -64,7 +64,8 @@ class ServiceProcess:
         raise RuntimeError(f"the service did not answer /healthz within {timeout_s} s: {self.output()}")
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log.read_text(errors="replace")[-4000:]
 
     def stop(self) -> int:

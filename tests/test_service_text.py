@@ -39,6 +39,8 @@ def test_text_adds_are_batched_and_searchable(tmp_path):
                 return ids, hits, many, stats, got
 
         ids, hits, many, stats, got = asyncio.run(run())
+    # SIGTERM: uvicorn finishes the requests, the store is closed, then the signal ends the process
+    assert "store" in service.output() and "closed" in service.output(), service.output()
     assert len(set(ids)) == len(FACTS)
     assert got.text == FACTS[0]
     assert hits[0].text == "The user is allergic to seafood."

@@ -48,6 +48,7 @@ def create_app(config: ServeConfig, service: StoreService | None = None,
         finally:
             warm.cancel()
             await service.close()
+            log.info("stopped: queued requests answered, store %s closed", config.store)
 
     app = FastAPI(title="clag_fast memory service", version=__version__, lifespan=lifespan,
                   description="A clustered memory store for agents: add, search (hits with cluster labels), "
@@ -88,7 +89,9 @@ def serve(config: ServeConfig) -> None:
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=10))
     if config.keys is None:
-        log.warning("no keys file: serving without authentication on %s (loopback only)", config.host)
-        print(f"clag-fast serve: no --keys file, so no authentication: listening on {config.host} only",
-              flush=True)
+        print(f"clag-fast serve: no --keys file, so no authentication: listening on {config.host} only "
+              f"(a non-loopback --host needs --keys)", flush=True)
+    if not logging.getLogger().handlers:  # the process is ours: say what the service does
+        logging.basicConfig(level=logging.WARNING, format="clag-fast serve: %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("clag_fast.server").setLevel(logging.INFO)
     server.run()

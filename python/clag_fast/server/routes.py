@@ -36,7 +36,7 @@ from clag_fast.server.models import (
 from clag_fast.server.service import StoreService, as_payload
 from clag_fast.server.settings import Limits
 
-_ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 403, 404, 409, 413, 503)}
+_ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 403, 404, 413, 503)}
 router = APIRouter(prefix="/v1", responses=_ERRORS)
 
 
