@@ -59,7 +59,7 @@ class StoreService:
         self._executor = ThreadPoolExecutor(max_workers=4 + config.search_workers, thread_name_prefix="clag-serve")
         self.adds = Coalescer("add", self._add_batch, self._executor, max_items=limits.max_batch,
                               max_pending=limits.max_pending)
-        self.searches = Coalescer("search", self._search_batch, self._executor, max_items=256,
+        self.searches = Coalescer("search", self._search_batch, self._executor, max_items=config.search_batch,
                                   max_pending=limits.max_pending, workers=config.search_workers)
         # cluster id -> namespaces of its members, for keys that read only some namespaces:
         # built on first need, then kept up to date by the writes (see ``rerouted``).

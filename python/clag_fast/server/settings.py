@@ -44,6 +44,7 @@ class ServeConfig:
     fsync: sync vectors and the database on every write batch (power-loss safety; a process
       kill loses nothing answered either way).
     search_workers: search batches run at once (each spreads its queries over the cores).
+    search_batch: most queries coalesced into one ``search_many`` (adds: ``limits.max_batch``).
     """
 
     store: Path
@@ -55,6 +56,7 @@ class ServeConfig:
     dim: int | None = None
     fsync: bool = False
     search_workers: int = 2
+    search_batch: int = 256
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
