@@ -242,3 +242,17 @@ def test_malformed_filters_are_refused(filled, where, match):
         s.memories(where=where)
     with pytest.raises(ValueError, match=match):
         s.search_many(np.stack([q]), k=3, where=where)
+
+
+def test_a_read_only_reader_sees_new_metadata_after_refresh(tmp_path):
+    vecs, _ = topic_vectors(6, 2, seed=2)
+    path = tmp_path / "r"
+    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as w:
+        ids = w.add_many([f"t{i}" for i in range(6)], embeddings=vecs, metadata=[{"g": i % 2} for i in range(6)])
+        w.flush()
+        with MemoryStore.open(path, config=CFG, embedder=False, llm=False, read_only=True) as r:
+            assert [m.memory_id for m in r.memories(where={"g": 1}).items] == ids[1::2]
+            w.update(ids[0], metadata={"g": 1})
+            w.flush()
+            r.refresh()
+            assert [m.memory_id for m in r.memories(where={"g": 1}).items] == [ids[0], *ids[1::2]]

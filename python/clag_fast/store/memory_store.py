@@ -29,6 +29,7 @@ from clag_fast.slm.scheduler import SLMScheduler
 from clag_fast.store import catalog as catalog_mod
 from clag_fast.store import filters, forgetting, organize, placement, recovery
 from clag_fast.store.catalog import Catalog
+from clag_fast.store.fields import FieldTable
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.rowtable import RowTable
 from clag_fast.store.search import Searcher
@@ -339,9 +340,9 @@ class MemoryStore:
                     for k, found in self._catalog.ids_of_keys(ns, ks).items()}
         if len(write) < len(texts):
             vectors = vectors[write]
-        pick = lambda xs: [xs[i] for i in write]  # noqa: E731
-        ids = self._insert(pick(texts), vectors, pick(kinds), pick(namespaces), pick(meta_json), pick(keys),
-                           [existing.get((namespaces[i], keys[i])) if keys[i] is not None else None for i in write])
+        replaces = [existing.get((namespaces[i], keys[i])) if keys[i] is not None else None for i in write]
+        ids = self._insert(_take(texts, write), vectors, _take(kinds, write), _take(namespaces, write),
+                           _take(meta_json, write), _take(keys, write), replaces)
         id_of = dict(zip(write, ids))
         return [id_of[i] if k is None else id_of[last[(ns, k)]] for i, (ns, k) in enumerate(zip(namespaces, keys))]
 
@@ -365,12 +366,11 @@ class MemoryStore:
             if len(fresh) == len(texts):
                 self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows.tolist(), keys)
             else:
-                pick = lambda xs: [xs[i] for i in fresh]  # noqa: E731
-                self._catalog.insert_memories(pick(ids), pick(texts), pick(kinds), pick(namespaces),
-                                              pick(meta_json), now, rows[fresh].tolist(), pick(keys))
-                pick = lambda xs: [xs[i] for i in old]  # noqa: E731
-                self._catalog.replace_memories(pick(ids), pick(texts), pick(kinds), pick(meta_json),
-                                               rows[old].tolist())
+                self._catalog.insert_memories(_take(ids, fresh), _take(texts, fresh), _take(kinds, fresh),
+                                              _take(namespaces, fresh), _take(meta_json, fresh), now,
+                                              rows[fresh].tolist(), _take(keys, fresh))
+                self._catalog.replace_memories(_take(ids, old), _take(texts, old), _take(kinds, old),
+                                               _take(meta_json, old), rows[old].tolist())
             placement.record_placement(state, ids, texts, placed, now)
         self._searcher.lexical.add(rows, texts, namespaces)  # after the commit; replayed from SQLite on open
         r = state.rows
@@ -774,6 +774,7 @@ class MemoryStore:
             state.index = recovery.open_index(self.path, self.config.dim, True,
                                               rows_needed=self._catalog.max_vector_row() + 1)
             state.rows = RowTable()
+            state.fields = FieldTable()
             state.cache.clear()
             self._catalog.forget_cached()
             self._load_rows()
@@ -945,6 +946,10 @@ def _check_keys(keys: Sequence[str | None] | None, n: int, allow_none: bool = Tr
         except UnicodeEncodeError as e:
             raise ValueError(f"keys[{i}] is not valid unicode ({e.reason})") from None
     return out if any(k is not None for k in out) else None
+
+
+def _take(items: Sequence[Any], at: Sequence[int]) -> list[Any]:
+    return [items[i] for i in at]
 
 
 def _memory(r: tuple) -> Memory:
