@@ -32,10 +32,6 @@ from clag_fast.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
-#: A namespace no memory uses: the warm-up query searches it so it touches no data.
-_WARMUP_NAMESPACE = "\x00clag-fast-warmup"
-
-
 class AddPayload:
     """One request's memories, checked and ready for ``add_many``."""
 
@@ -104,13 +100,19 @@ class StoreService:
             self.store = None
 
     def _warm_up(self) -> None:
+        """Load the ONNX sessions the store's embedder will use. They are process-wide (keyed
+        by model, precision, device, threads), so an Embedder made here with the store's
+        recorded precision loads them for the store's own, without a search that would count
+        in the store's statistics and triggers."""
+        from clag_fast.embed.embedder import Embedder
+
         t0 = time.perf_counter()
         try:
+            embedder = Embedder(precision=_stored_meta(self.config.store, "embed_precision") or "auto")
             # Batches of several sizes and lengths, as coalesced requests bring them: ONNX
             # Runtime grows its buffers on the first runs of each shape.
             for n in (1, 8, 32):
-                texts = [" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)]
-                self.store.search_many(texts, k=1, namespace=_WARMUP_NAMESPACE)
+                embedder.encode([" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)])
         except Exception as e:  # a missing model is reported by /healthz and by the first text request
             self.embedder_state = f"failed: {e}"
             log.warning("the embedding model did not load: %s", e)
@@ -247,29 +249,35 @@ class StoreService:
         return tenancy.namespace_counts(self.store, principal.can_read)
 
 
-def _stored_dim(path: Any) -> int | None:
-    """The dim of an existing store (so --dim may be omitted when reopening), read from its
-    catalog without opening the whole store. A store written by an older clag_fast needs a
-    schema migration first, which only a writable open does: it is opened once for that."""
+def _stored_meta(path: Any, key: str) -> str | None:
+    """One value of a store's meta table, read through a read-only catalog connection."""
     from pathlib import Path
 
-    from clag_fast.errors import StoreFormatError
     from clag_fast.store.catalog import Catalog
 
     db = Path(path) / "memories.db"
     if not db.exists() or db.stat().st_size == 0:
         return None
+    catalog = Catalog(db, read_only=True)
     try:
-        catalog = Catalog(db, read_only=True)
+        return catalog.meta(key)
+    finally:
+        catalog.close()
+
+
+def _stored_dim(path: Any) -> int | None:
+    """The dim of an existing store (so --dim may be omitted when reopening), read without
+    opening the whole store. A store written by an older clag_fast needs a schema migration
+    first, which only a writable open does: it is opened once for that."""
+    from clag_fast.errors import StoreFormatError
+
+    try:
+        value = _stored_meta(path, "dim")
     except StoreFormatError as e:
         if "migration" not in str(e):
             raise
         with MemoryStore.open(path, embedder=False, llm=False) as store:
             return store.config.dim
-    try:
-        value = catalog.meta("dim")
-    finally:
-        catalog.close()
     return int(value) if value is not None else None
 
 
