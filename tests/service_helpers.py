@@ -22,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     return env
@@ -46,7 +46,7 @@ class ServiceProcess:
             cmd += ["--keys", str(keys)]
         self.log = store.parent / f"serve-{self.port}.log"
         self._log = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
         self.started_s = self._wait(timeout_s)
 
     def _wait(self, timeout_s: float) -> float:

@@ -1,6 +1,7 @@
-"""One suite, two backends: every test runs against an in-process ``MemoryStore`` and against
-``clag_fast.connect`` to a ``clag-fast serve`` child process, with the same calls and the same
-expected results and exceptions (the client's promise: change one line)."""
+"""One suite, three backends: every test runs against an in-process ``MemoryStore``, against
+``clag_fast.connect`` and against ``clag_fast.connect_async`` to a ``clag-fast serve`` child
+process, with the same calls and the same expected results and exceptions (the client's
+promise: change one line)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,34 @@ from store_helpers import DIM, topic_vectors
 _counter = itertools.count()
 
 
-@pytest.fixture(scope="module", params=["memory_store", "service"])
+class _Blocking:
+    """The async client driven from a test: each coroutine method runs to completion on an
+    event loop in another thread, so the same test body runs against it."""
+
+    def __init__(self, url: str) -> None:
+        import asyncio
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.client = clag_fast.connect_async(url)
+
+    def __getattr__(self, name):
+        import asyncio
+
+        method = getattr(self.client, name)
+        return lambda *a, **kw: asyncio.run_coroutine_threadsafe(method(*a, **kw), self._loop).result()
+
+    def close(self) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.client.aclose(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+
+@pytest.fixture(scope="module", params=["memory_store", "client", "async_client"])
 def backend(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / "store"
     if request.param == "memory_store":
@@ -28,7 +56,7 @@ def backend(request, tmp_path_factory):
         store.close()
     else:
         with ServiceProcess(path) as service:
-            client = clag_fast.connect(service.url)
+            client = clag_fast.connect(service.url) if request.param == "client" else _Blocking(service.url)
             yield client
             client.close()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import numpy as np
 import pytest
 
 from service_helpers import ServiceProcess
@@ -114,10 +113,10 @@ def test_non_loopback_without_keys_is_refused(tmp_path):
     import subprocess
     import sys
 
-    from service_helpers import ROOT, _env
+    from service_helpers import ROOT, child_env
 
     r = subprocess.run([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(tmp_path / "s"),
-                        "--host", "0.0.0.0", "--port", "1"], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                        "--host", "0.0.0.0", "--port", "1"], capture_output=True, text=True, env=child_env(), cwd=ROOT,
                        timeout=120)
     assert r.returncode == 2
     assert "without a keys file" in r.stderr
@@ -130,11 +129,11 @@ def test_a_store_locked_by_another_writer_is_a_clear_start_error(tmp_path):
 
     from clag_fast.config import StoreConfig
     from clag_fast.store import MemoryStore
-    from service_helpers import ROOT, _env
+    from service_helpers import ROOT, child_env
 
     with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False):
         r = subprocess.run([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(tmp_path / "s"),
-                            "--no-embedder", "--port", "1"], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                            "--no-embedder", "--port", "1"], capture_output=True, text=True, env=child_env(), cwd=ROOT,
                            timeout=120)
     assert r.returncode == 2
     assert "clag-fast serve: error:" in r.stderr and "read_only=True" in r.stderr

@@ -7,7 +7,6 @@ import threading
 from collections import Counter
 
 import httpx
-import numpy as np
 import pytest
 
 import clag_fast

@@ -7,14 +7,13 @@ import json
 import sys
 
 import anyio
-import numpy as np
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from clag_fast.store import MemoryStore
 from clag_fast.config import StoreConfig
-from service_helpers import ROOT, _env
+from service_helpers import ROOT, child_env
 from store_helpers import topic_vectors
 
 
@@ -30,7 +29,7 @@ def test_mcp_tools_over_stdio_stay_in_their_namespace(tmp_path):
     with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as store:
         other_ids = store.add_many(["other tenant secret"] * 3, embeddings=topic_vectors(3, 1, seed=5)[0],
                                    namespaces="other")
-    params = StdioServerParameters(command=sys.executable, cwd=str(ROOT), env=_env(),
+    params = StdioServerParameters(command=sys.executable, cwd=str(ROOT), env=child_env(),
                                    args=["-m", "clag_fast.cli", "mcp", "--store", str(path), "--namespace", "agent"])
 
     async def session():
@@ -75,7 +74,7 @@ def test_mcp_over_streamable_http(tmp_path):
     log = open(tmp_path / "mcp.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "clag_fast.cli", "mcp", "--store", str(tmp_path / "store"),
                              "--namespace", "agent", "--http", "--port", str(port)],
-                            cwd=str(ROOT), env=_env(), stdout=log, stderr=subprocess.STDOUT)
+                            cwd=str(ROOT), env=child_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -105,5 +104,5 @@ def test_mcp_http_refuses_a_public_address(tmp_path):
     import subprocess
 
     r = subprocess.run([sys.executable, "-m", "clag_fast.cli", "mcp", "--store", str(tmp_path / "s"), "--http",
-                        "--host", "0.0.0.0"], cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=120)
+                        "--host", "0.0.0.0"], cwd=str(ROOT), env=child_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "loopback only" in r.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 
 import httpx
-import numpy as np
 import pytest
 
 import clag_fast
