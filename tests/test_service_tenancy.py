@@ -191,3 +191,9 @@ def test_a_cluster_stops_showing_its_label_once_b_joins_it(world):
     assert before not in {c.id for c in a.clusters()}
     hit = a.search(own[0], k=1)[0]
     assert hit.cluster_id is None and hit.cluster_summary == "" and hit.cluster_tags == []
+    # a re-organisation moves memories between clusters: the table is rebuilt, A still sees
+    # only clusters of its own
+    world["admin"].organize()
+    for c in a.clusters():
+        page = world["admin"].memories(cluster=c.id, limit=1000)
+        assert all(m.namespace == "a" for m in page.items)

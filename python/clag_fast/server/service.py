@@ -62,6 +62,10 @@ class StoreService:
         self._table: dict[int, set[str]] | None = None
         self._table_generation: tuple | None = None
         self._table_lock = threading.Lock()
+        # Without an SLM, memories move between clusters only inside the service's own calls
+        # (adds, which may re-organise inline, updates, organize, forget), each followed by
+        # ``rerouted``; with one, its worker moves them in the background too.
+        self._moves_in_background = config.llm != "off"
 
     # -- life ----------------------------------------------------------------------------
     def open(self) -> MemoryStore:
@@ -231,10 +235,11 @@ class StoreService:
         scan of the store on first need, then updated by ``rerouted``; rebuilt when the store
         re-organised. Runs in a worker thread."""
         with self._table_lock:
-            generation = self._generation()
-            if self._table is None or generation != self._table_generation:
+            stale = self._table is None or (self._moves_in_background
+                                            and self._generation() != self._table_generation)
+            if stale:
+                self._table_generation = self._generation()
                 self._table = {c: set(ns) for c, ns in tenancy.cluster_namespaces(self.store).items()}
-                self._table_generation = generation
             return {c: set(ns) for c, ns in self._table.items()}
 
     def visible_clusters(self, principal: Principal) -> Callable[[int | None], bool]:
