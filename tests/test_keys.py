@@ -120,6 +120,12 @@ def test_bad_keys_write_nothing(store, bad, match):
         store.add_many(["x", "y", "z"], embeddings=vecs, keys=["a", "b"])
     with pytest.raises(TypeError):
         store.add_many(["x"], embeddings=vecs[:1], keys="a")
+    with pytest.raises(ValueError, match=match.replace(r"keys\[1\]", "key")):
+        store.add("x", key=bad, embedding=vecs[0])
+    if isinstance(bad, str):
+        with pytest.raises(ValueError, match=match.replace(r"keys\[1\]", "key")):
+            store.get(key=bad)
+    assert len(store) == 1 and store.stats()["vector_rows"] == rows
 
 
 def test_get_update_delete_by_key(store):

@@ -1,14 +1,16 @@
 """Metadata fields as in-memory columns over vector rows: what ``where=`` filters run on.
 
 SQLite keeps each memory's metadata as JSON text; parsing it per search would cost
-milliseconds per thousand memories. Here every top-level metadata field is a column over the
+milliseconds per thousand memories. Here a top-level metadata field is a column over the
 vector rows: a type code per row (missing, null, bool, number, string, other), a float64
 value for numbers and bools, and an int32 code into the field's string dictionary for
 strings. A filter is then a few numpy comparisons per field (``store.filters``).
 
-The table is built from the database on the first filtered query, so a store that is never
-filtered pays nothing at open; from then on the store's writes keep it in step (``set``).
-``version`` changes with every write, so masks derived from it can be cached.
+A field's column is built from the database the first time a filter names it, so a store
+that is never filtered pays nothing, and memory grows with the fields filtered on (13 bytes
+per row each), not with every key any metadata ever held. From then on the store's writes
+keep the built columns in step (``set``). ``version`` changes with every change, so masks
+derived from the columns can be cached.
 """
 
 from __future__ import annotations
@@ -90,31 +92,32 @@ class Column:
 
 class FieldTable:
     """The metadata columns of one store (``state.fields``). Writes call ``set`` under the
-    store's write lock; readers call ``ensure_built`` under its read lock."""
+    store's write lock; readers call ``ensure`` under its read lock."""
 
     def __init__(self) -> None:
-        self.built = False
         self.columns: dict[str, Column] = {}
         self.version = 0
         self._cap = 0
         self._n = 0
         self._build_lock = threading.Lock()
 
-    def ensure_built(self, n_rows: int, load: Callable[[], Iterable[tuple[int, str]]]) -> None:
-        """Build the columns from ``load()`` ((vector row, metadata JSON) of the live memories)
-        unless built already."""
-        if self.built:
+    def ensure(self, names: Iterable[str], n_rows: int, load: Callable[[], list[tuple[int, str]]]) -> None:
+        """Build the columns of ``names`` not built yet, in one pass over ``load()``
+        ((vector row, metadata JSON) of the live memories)."""
+        if all(name in self.columns for name in names):
             return
-        with self._build_lock:
-            if self.built:
+        with self._build_lock:  # readers build concurrently: one builds, the others wait
+            todo = [name for name in dict.fromkeys(names) if name not in self.columns]
+            if not todo:
                 return
-            self._ensure(n_rows)
+            self._ensure(max(n_rows, self._n))
             data = load()
-            if data:
-                rows = np.fromiter((r for r, _ in data), np.int64, len(data))
-                self._assign(rows, [json.loads(m) for _, m in data])
+            rows = np.fromiter((r for r, _ in data), np.int64, len(data))
+            metas = [json.loads(m) for _, m in data]
+            fresh = {name: Column(self._cap) for name in todo}
+            self._assign(rows, metas, fresh)
+            self.columns.update(fresh)  # published whole: readers never see a half-built column
             self.version += 1
-            self.built = True
 
     def _ensure(self, n_rows: int) -> None:
         if n_rows > self._cap:
@@ -124,10 +127,15 @@ class FieldTable:
             self._cap = cap
         self._n = max(self._n, n_rows)
 
+    @property
+    def active(self) -> bool:
+        """Whether any column is built (writes must then keep the table in step)."""
+        return bool(self.columns)
+
     def set(self, rows: np.ndarray | list[int], metadata: list[Any]) -> None:
         """Rows now hold these metadata values (dicts, JSON texts or None), replacing whatever
-        fields they held. A no-op until the table is built (the build reads the database)."""
-        if not self.built:
+        they held in the built columns. A no-op while no column is built."""
+        if not self.columns:
             return
         rows = np.asarray(rows, np.int64)
         if len(rows) == 0:
@@ -135,22 +143,24 @@ class FieldTable:
         self._ensure(int(rows.max()) + 1)
         for col in self.columns.values():
             col.clear(rows)
-        self._assign(rows, [json.loads(m) if isinstance(m, str) else m for m in metadata])
+        self._assign(rows, [json.loads(m) if isinstance(m, str) else m for m in metadata], self.columns)
         self.version += 1
 
-    def _assign(self, rows: np.ndarray, metas: list[Any]) -> None:
-        by_field: dict[str, tuple[list[int], list[Any]]] = {}
+    @staticmethod
+    def _assign(rows: np.ndarray, metas: list[Any], columns: dict[str, Column]) -> None:
+        """Write the values of ``columns``' fields found in ``metas`` at ``rows``."""
+        by_field: dict[str, tuple[list[int], list[Any]]] = {name: ([], []) for name in columns}
         for row, meta in zip(rows.tolist(), metas):
             if not isinstance(meta, dict):
                 continue
-            for name, value in meta.items():
-                at, values = by_field.setdefault(name, ([], []))
-                at.append(row)
-                values.append(value)
+            for name, (at, values) in by_field.items():
+                if name in meta:
+                    at.append(row)
+                    values.append(meta[name])
         for name, (at, values) in by_field.items():
-            col = self.columns.get(name)
-            if col is None:
-                col = self.columns[name] = Column(self._cap)
+            if not at:
+                continue
+            col = columns[name]
             at_a = np.asarray(at, np.int64)
             types = np.fromiter(map(value_class, values), np.int8, len(values))
             col.type[at_a] = types

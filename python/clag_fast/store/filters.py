@@ -105,6 +105,15 @@ def _scalar(v: Any, field: str, path: str, op: str) -> tuple[int, Any]:
                       f"got {type(v).__name__} {v!r}")
 
 
+def fields_of(node: Node) -> list[str]:
+    """The metadata fields a parsed filter reads."""
+    if node[0] == "cmp":
+        return [node[1]]
+    if node[0] in ("and", "or"):
+        return [f for sub in node[1] for f in fields_of(sub)]
+    return []
+
+
 # -- compiling to a mask -------------------------------------------------------------------
 def mask(node: Node, fields: FieldTable, n: int) -> np.ndarray:
     """Boolean mask over rows [0, n): the rows whose metadata satisfies ``node`` (liveness is

@@ -274,6 +274,7 @@ class MemoryStore:
     ) -> int:
         """Store one memory and return its id. With a ``key`` already in ``namespace``, replace
         that memory instead (same id). See ``add_many``."""
+        _check_keys([key], 1, single=True)
         emb = None if embedding is None else np.asarray(embedding)[None, ...]
         return self.add_many([text], embeddings=emb, kinds=[kind], namespaces=[namespace],
                              metadata=[metadata], keys=[key])[0]
@@ -434,7 +435,7 @@ class MemoryStore:
                 r.kill(np.asarray([old_row]))
                 r.memory_id[old_row] = -1
                 self._lexical_gc()
-            if state.fields.built:
+            if state.fields.active:
                 row = int(new_row[0]) if vectors is not None else old_row
                 state.fields.set([row], [meta if meta is not None else self._catalog.metadata_of(memory_id)])
             state.cache.clear()
@@ -832,7 +833,7 @@ class MemoryStore:
             raise ValueError("name the memory by its id or by key= (exactly one)")
         if memory_id is not None:
             return _check_id(memory_id)
-        mid = self._catalog.id_of_key(namespace, _check_keys([key], 1, allow_none=False)[0])
+        mid = self._catalog.id_of_key(namespace, _check_keys([key], 1, allow_none=False, single=True)[0])
         if mid is None:
             raise KeyError(f"no memory with key {key!r} in namespace {namespace!r}")
         return mid
@@ -921,8 +922,10 @@ def _metadata_json(metadata: Sequence[dict[str, Any] | None] | None, n: int) -> 
     return out
 
 
-def _check_keys(keys: Sequence[str | None] | None, n: int, allow_none: bool = True) -> list[str | None] | None:
-    """The keys of a batch, checked (None when no item has one)."""
+def _check_keys(keys: Sequence[str | None] | None, n: int, allow_none: bool = True,
+                single: bool = False) -> list[str | None] | None:
+    """The keys of a batch, checked (None when no item has one). ``single``: errors name
+    "key" (one key passed as ``key=``) instead of its position in ``keys``."""
     if keys is None:
         return None
     if isinstance(keys, str):
@@ -933,18 +936,19 @@ def _check_keys(keys: Sequence[str | None] | None, n: int, allow_none: bool = Tr
     for i, k in enumerate(out):
         if k is None and allow_none:
             continue
+        name = "key" if single else f"keys[{i}]"
         if not isinstance(k, str):
-            raise ValueError(f"keys[{i}] must be a string{' or None' if allow_none else ''}, got {type(k).__name__}")
+            raise ValueError(f"{name} must be a string{' or None' if allow_none else ''}, got {type(k).__name__}")
         if not k:
-            raise ValueError(f"keys[{i}] is empty")
+            raise ValueError(f"{name} is empty")
         if len(k) > MAX_KEY_CHARS:
-            raise ValueError(f"keys[{i}] has {len(k)} characters, more than {MAX_KEY_CHARS}")
+            raise ValueError(f"{name} has {len(k)} characters, more than {MAX_KEY_CHARS}")
         if "\x00" in k:
-            raise ValueError(f"keys[{i}] contains a NUL character")
+            raise ValueError(f"{name} contains a NUL character")
         try:
             k.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"keys[{i}] is not valid unicode ({e.reason})") from None
+            raise ValueError(f"{name} is not valid unicode ({e.reason})") from None
     return out if any(k is not None for k in out) else None
 
 

@@ -71,13 +71,14 @@ class Searcher:
         if hit is None:
             mask = rows.mask(*filters[:4])
             if filters[4] is not None:
-                mask &= filters_mod.mask(filters[4], self.state.field_table(), rows.n)
+                table = self.state.field_table(filters_mod.fields_of(filters[4]))
+                mask &= filters_mod.mask(filters[4], table, rows.n)
             count = int(np.count_nonzero(mask))
             hit = (None if count == len(mask) else mask, count)
             if len(self._filters) > 64:  # many distinct filters: keep memory bounded
                 self._filters.clear()
-            # Building the metadata columns (first where=) bumps their version: key the
-            # cache by the version after it.
+            # Building a metadata column (a field's first where=) bumps their version: key
+            # the cache by the version after it.
             self._filters_version = (rows.version, self.state.fields.version)
             self._filters[filters] = hit
         return hit

@@ -85,7 +85,7 @@ class StoreState:
 
     Invariants every module keeps: a vector row is appended (durable) before the SQLite row
     that references it commits; ``rows`` mirrors the database's per-memory columns;
-    ``fields`` mirrors the live memories' metadata once built;
+    ``fields`` mirrors the live memories' metadata in the columns it has built;
     ``profiles`` mirrors the clusters table's summaries and tags; ``cache`` is cleared by any
     write that can change a search result. Mutations happen under ``lock.write()``.
     """
@@ -116,10 +116,10 @@ class StoreState:
     def details(self, memory_ids: list[int]) -> dict[int, tuple]:
         return self.catalog.details(memory_ids) if memory_ids else {}
 
-    def field_table(self) -> FieldTable:
-        """The metadata columns, built from the database on first use (under the read or the
-        write lock: no write runs meanwhile)."""
-        self.fields.ensure_built(self.rows.n, self.catalog.metadata_rows)
+    def field_table(self, names: list[str]) -> FieldTable:
+        """The metadata columns, with those of ``names`` built from the database if they were
+        not yet (under the read or the write lock: no write runs meanwhile)."""
+        self.fields.ensure(names, self.rows.n, self.catalog.metadata_rows)
         return self.fields
 
     def delete_rows(self, memory_ids: list[int], rows: np.ndarray) -> None:
