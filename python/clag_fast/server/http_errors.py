@@ -1,7 +1,7 @@
 """Every error answer of the service: ``{"error": {"code", "message"}}`` with a status.
 
 One table maps the store's exceptions onto statuses (ValueError/TypeError 400, KeyError 404,
-PermissionError 403, a busy queue 503); anything unexpected is logged with its traceback and
+PermissionError 403, a busy queue or a missing embedding model 503); anything unexpected is logged with its traceback and
 answered 500 "internal" without it. The client (``clag_fast.client``) maps the codes back.
 """
 
@@ -15,6 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from clag_fast.errors import ModelFilesError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ def store_error(e: BaseException) -> tuple[int, str, str]:
     """(status, code, message) for an exception raised by the store."""
     if isinstance(e, _Problem):
         return e.status, e.code, e.message
+    if isinstance(e, ModelFilesError):  # the embedding model is missing: texts cannot be served
+        return 503, "model_unavailable", str(e)
     if isinstance(e, KeyError):
         return 404, "not_found", str(e.args[0]) if e.args else "not found"
     if isinstance(e, PermissionError):
@@ -92,7 +96,7 @@ def install(app: FastAPI) -> None:
 
     # The built-ins the store raises are answered by Starlette's exception middleware (which
     # does not re-raise); ``Exception`` goes to the outermost handler, which logs and answers 500.
-    for cls in (KeyError, PermissionError, TypeError, ValueError, Exception):
+    for cls in (KeyError, PermissionError, TypeError, ValueError, ModelFilesError, Exception):
         app.add_exception_handler(cls, _on_store_error)
 
 
