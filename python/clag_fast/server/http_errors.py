@@ -85,7 +85,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        codes = {400: "malformed_json", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
         return error_response(e.status_code, codes.get(e.status_code, "http_error"), str(e.detail))
 
     async def _on_store_error(request: Request, e: Exception) -> JSONResponse:
