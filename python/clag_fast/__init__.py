@@ -28,6 +28,10 @@ from clag_fast.errors import (
     ModelFilesError,
     SchemaError,
     ServerUnavailable,
+    ServiceBusy,
+    ServiceError,
+    ServiceForbidden,
+    ServiceUnauthorized,
     StoreFormatError,
     StoreLockedError,
 )
@@ -36,6 +40,7 @@ from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
 from clag_fast.store import MemoryStore
 
 if TYPE_CHECKING:
+    from clag_fast.client import AsyncClient, Client, connect, connect_async
     from clag_fast.embed import Embedder
     from clag_fast.slm.client import LLMClient
     from clag_fast.slm.organizer import Organizer, OrganizerConfig
@@ -49,6 +54,11 @@ _LAZY = {
     "ManagedServer": "clag_fast.slm.server",
     "Organizer": "clag_fast.slm.organizer",
     "OrganizerConfig": "clag_fast.slm.organizer",
+    # httpx loads only for users of the service client.
+    "AsyncClient": "clag_fast.client",
+    "Client": "clag_fast.client",
+    "connect": "clag_fast.client",
+    "connect_async": "clag_fast.client",
 }
 
 
@@ -62,6 +72,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AsyncClient",
+    "Client",
     "ClusterInfo",
     "DimensionMismatchError",
     "Embedder",
@@ -85,9 +97,15 @@ __all__ = [
     "SLMConfig",
     "SchemaError",
     "ServerUnavailable",
+    "ServiceBusy",
+    "ServiceError",
+    "ServiceForbidden",
+    "ServiceUnauthorized",
     "StoreConfig",
     "StoreFormatError",
     "StoreLockedError",
     "VectorIndex",
     "__version__",
+    "connect",
+    "connect_async",
 ]

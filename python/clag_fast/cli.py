@@ -1,4 +1,4 @@
-"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, eval."""
+"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, serve, mcp, eval."""
 
 from __future__ import annotations
 
@@ -71,6 +71,23 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stats", help="print store statistics")
     store_opts(st)
     st.set_defaults(func=cmd_stats)
+
+    sv = sub.add_parser("serve", help="run the store as an HTTP service (JSON API under /v1)")
+    sv.add_argument("--store", required=True, help="store directory (created when missing)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (non-loopback needs --keys)")
+    sv.add_argument("--port", type=int, default=8420)
+    sv.add_argument("--keys", default=None, help="keys file (TOML): API keys and the namespaces each may use")
+    _service_store_opts(sv)
+    sv.set_defaults(func=cmd_serve)
+
+    m = sub.add_parser("mcp", help="serve one namespace of the store as MCP tools (stdio, or --http)")
+    m.add_argument("--store", required=True, help="store directory (created when missing)")
+    m.add_argument("--namespace", default="default", help="the one namespace the tools read and write")
+    m.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
+    m.add_argument("--host", default="127.0.0.1", help="with --http: address (loopback only)")
+    m.add_argument("--port", type=int, default=8421, help="with --http: port")
+    _service_store_opts(m)
+    m.set_defaults(func=cmd_mcp)
 
     try:
         from clag_fast.eval.runner import add_eval_parser
@@ -149,6 +166,32 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     with _open(Path(args.store), "off") as store:
         print(json.dumps(store.stats(), indent=2, default=str))
+    return 0
+
+
+def _service_store_opts(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--llm", default="off",
+                    help="SLM organiser: 'off' (default: vector-only), 'managed' (SmolLM2 when installed) or a URL")
+    sp.add_argument("--no-embedder", action="store_true",
+                    help="bring-your-own-vector store: text adds and text queries are refused")
+    sp.add_argument("--dim", type=int, default=None, help="vector width of a new store (default 384)")
+    sp.add_argument("--fsync", action="store_true", help="sync to disk on every write batch (power-loss safety)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from clag_fast.server import ServeConfig, serve
+
+    serve(ServeConfig(store=Path(args.store), host=args.host, port=args.port,
+                      keys=Path(args.keys) if args.keys else None, llm=args.llm,
+                      embedder=not args.no_embedder, dim=args.dim, fsync=args.fsync))
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from clag_fast.server.mcp_tools import run_mcp
+
+    run_mcp(Path(args.store), args.namespace, http=args.http, host=args.host, port=args.port, llm=args.llm,
+            embedder=not args.no_embedder, dim=args.dim)
     return 0
 
 

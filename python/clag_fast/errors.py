@@ -19,6 +19,10 @@ __all__ = [
     "ModelFilesError",
     "SchemaError",
     "ServerUnavailable",
+    "ServiceBusy",
+    "ServiceError",
+    "ServiceForbidden",
+    "ServiceUnauthorized",
     "StoreFormatError",
     "StoreLockedError",
 ]
@@ -85,3 +89,27 @@ class SchemaError(ValueError):
 
 class ServerUnavailable(RuntimeError):
     """llama-cpp-python or the SmolLM2 model package is missing, or the server did not start."""
+
+
+# -- the service (``clag-fast serve`` and its client) ---------------------------------------
+class ServiceError(RuntimeError):
+    """The memory service answered with an error that maps to no built-in exception (or the
+    answer was not the service's JSON). ``status`` is the HTTP status, ``code`` the service's
+    stable error code (``"internal"``, ``"conflict"``, ...)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        self.status = status
+        self.code = code
+        super().__init__(f"{code} (HTTP {status}): {message}")
+
+
+class ServiceBusy(ServiceError):
+    """HTTP 503: the service's queues are full or it is shutting down; retry later."""
+
+
+class ServiceUnauthorized(PermissionError):
+    """HTTP 401: the API key is missing, unknown or expired."""
+
+
+class ServiceForbidden(PermissionError):
+    """HTTP 403: the API key may not read or write that namespace (or run that operation)."""

@@ -1,0 +1,182 @@
+"""Request and response bodies of the JSON API (pydantic models: they validate requests and
+write the OpenAPI document). Field names follow ``MemoryStore``'s arguments."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# NaN and infinity are refused here (Python's json module reads the non-standard literals).
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Vector = Annotated[list[Finite], Field(min_length=1, description="the memory's embedding (the store's dim)")]
+Namespace = Annotated[str, Field(min_length=1, max_length=256)]
+Key = Annotated[str, Field(min_length=1, max_length=512, description="user-chosen id, unique in its namespace")]
+Filter = Annotated[dict[str, Any], Field(description="metadata filter (Mongo-like: $eq $ne $gt $gte $lt $lte $in $nin $and $or)")]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not ignored
+
+
+# -- writing ---------------------------------------------------------------------------------
+class NewMemory(_Body):
+    """One memory to add: its text, and optionally its vector (else the service embeds it)."""
+
+    text: str = Field(min_length=1)
+    vector: Vector | None = None
+    namespace: Namespace = "default"
+    kind: Annotated[str, Field(min_length=1, max_length=64)] = "user_input"
+    metadata: dict[str, Any] | None = None
+    key: Key | None = None
+
+
+class NewMemories(_Body):
+    """A batch of memories, added atomically (all or none)."""
+
+    items: list[NewMemory] = Field(min_length=1)
+
+
+class AddResult(BaseModel):
+    ids: list[int]
+
+
+class MemoryPatch(_Body):
+    """A change to one memory: new text (re-embedded and re-routed, or with its vector), new metadata."""
+
+    text: str | None = Field(default=None, min_length=1)
+    metadata: dict[str, Any] | None = None
+    vector: Vector | None = None
+
+
+class IdsRequest(_Body):
+    """Memories by id, or by key within one namespace."""
+
+    ids: list[int] | None = None
+    keys: list[Key] | None = None
+    namespace: Namespace = "default"
+
+
+class DeleteResult(BaseModel):
+    deleted: int
+
+
+# -- searching -------------------------------------------------------------------------------
+class _SearchOptions(_Body):
+    k: int = Field(default=5, ge=1)
+    namespace: Namespace | None = None
+    kind: str | None = None
+    since: Finite | None = None
+    until: Finite | None = None
+    mode: Literal["two_stage", "flat"] = "two_stage"
+    n_probe: int | None = Field(default=None, ge=1, le=100_000)
+    lexical_weight: float | None = Field(default=None, ge=0, le=1)
+    where: Filter | None = None
+
+
+class SearchRequest(_SearchOptions):
+    """One query: a text (hybrid: vectors + BM25) or a vector."""
+
+    query: str | None = Field(default=None, min_length=1)
+    vector: Vector | None = None
+
+
+class SearchBatchRequest(_SearchOptions):
+    """Several queries with the same options: texts or vectors."""
+
+    queries: list[Annotated[str, Field(min_length=1)]] | None = None
+    vectors: list[Vector] | None = None
+
+
+class HitOut(BaseModel):
+    memory_id: int
+    text: str
+    score: float
+    cluster_id: int | None
+    cluster_summary: str
+    cluster_tags: list[str]
+    kind: str
+    namespace: str
+    created_at: float
+    metadata: dict[str, Any] | None
+    key: str | None = None
+
+
+class HitsOut(BaseModel):
+    hits: list[HitOut]
+    scanned: int
+    candidates: int
+    clusters_probed: list[int]
+    mode: str
+    latency_s: float
+    cached: bool
+
+
+class SearchBatchResult(BaseModel):
+    results: list[HitsOut]
+
+
+# -- reading ---------------------------------------------------------------------------------
+class MemoryOut(BaseModel):
+    memory_id: int
+    text: str
+    kind: str
+    namespace: str
+    metadata: dict[str, Any] | None
+    created_at: float
+    last_accessed: float | None
+    access_count: int
+    strength: float
+    archived: bool
+    clusters: list[tuple[int, float]]
+    key: str | None = None
+
+
+class MemoriesOut(BaseModel):
+    items: list[MemoryOut]
+
+
+class MemoryPageOut(BaseModel):
+    items: list[MemoryOut]
+    next_cursor: str | None
+
+
+class ClusterOut(BaseModel):
+    id: int
+    summary: str
+    tags: list[str]
+    size: int
+    source: str
+    created_at: float
+    updated_at: float
+
+
+class ClustersOut(BaseModel):
+    clusters: list[ClusterOut]
+
+
+class OrganizeRequest(_Body):
+    task_context: str | None = Field(default=None, max_length=4096)
+
+
+class ForgetRequest(_Body):
+    now: Finite | None = None
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: a stable code and a message for people."""
+
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok", "starting"]
+    store: str
+    embedder: str
+    slm: str
+    auth: str
