@@ -56,7 +56,7 @@ def test_bad_model_file_reports_the_server_log(tmp_path):
 def test_real_server_answers_and_stops(managed_server):
     srv = managed_server
     assert srv.running and srv.url.startswith("http://127.0.0.1:")
-    assert 0 < srv.start_time_s < 120 and 0 < srv.warmup_s < srv.start_time_s
+    assert 0 < srv.warmup_s < srv.start_time_s  # measured, and the warm-up is part of the start
     with urllib.request.urlopen(srv.url + "/v1/models", timeout=10) as r:
         assert json.loads(r.read())["data"]
     # A second, short-lived server on its own port: close() must stop it and free the port.
