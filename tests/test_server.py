@@ -42,6 +42,7 @@ def test_missing_model_file(tmp_path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_bad_model_file_reports_the_server_log(tmp_path):
     require_slm()
     bad = tmp_path / "bad.gguf"
@@ -53,6 +54,7 @@ def test_bad_model_file_reports_the_server_log(tmp_path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_real_server_answers_and_stops(managed_server):
     srv = managed_server
     assert srv.running and srv.url.startswith("http://127.0.0.1:")
@@ -128,6 +130,7 @@ def test_failed_conversion_serves_the_source(tmp_path, monkeypatch, caplog):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_served_model_is_converted_once(tmp_path, monkeypatch):
     require_slm()
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
@@ -154,6 +157,7 @@ def _gguf_magic(path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_unloadable_cached_copy_falls_back_to_the_shipped_file(tmp_path, monkeypatch, caplog):
     require_slm()
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
@@ -180,6 +184,7 @@ def test_only_a_model_load_failure_counts_as_one():
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_other_start_up_failures_keep_the_cached_copy(tmp_path, monkeypatch):
     require_slm()
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))

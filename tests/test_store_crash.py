@@ -53,6 +53,7 @@ def _run_and_kill(path: Path, after_s: float) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after_s", [0.0, 0.4, 1.5])
 def test_sigkill_loses_no_returned_add(tmp_path, after_s):
     path = tmp_path / "s"

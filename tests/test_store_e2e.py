@@ -80,6 +80,7 @@ def test_dead_slm_server_degrades_to_vectors(tmp_path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, demo_turns):  # noqa: F811
     turns = demo_turns[:120]
     config = StoreConfig(min_memories_to_cluster=60, organize_every=0)
