@@ -110,7 +110,7 @@ def test_demo_end_to_end_with_the_managed_slm(capsys):
     from llm_fixtures import require_slm
 
     require_slm()
-    assert main(["demo"]) == 0  # the default: --llm managed
+    assert main(["demo", "--llm", "managed"]) == 0  # what no --llm means too (see test_store_managed_slm)
     out = capsys.readouterr().out
     _check_demo_output(out, "not started yet")  # printed before the first add starts it
     calls = re.search(r"^LLM calls (\d+)", out, re.M)
