@@ -242,6 +242,22 @@ def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
     assert "| slm/two_stage@auto | 9 | 0.778 | 0.778 | 1.000 (1) |" in md
 
 
+def test_adversarial_scoring_by_hand():
+    """Category 5: 1 for any abstention LoCoMo accepts, whatever the wording, 0 otherwise;
+    other categories keep token F1 / BLEU-1 (an abstention there scores 0)."""
+    from clag_fast.eval.answer import score_answer
+    from clag_fast.eval.data import UNANSWERABLE
+
+    for reply in ("No information available.", "It is not mentioned.", "(a) Not mentioned in the conversation"):
+        assert score_answer(reply, UNANSWERABLE, "5") == (1.0, 1.0), reply
+    for reply in ("cello", "(b) cello", "", "It was mentioned: cello"):
+        assert score_answer(reply, UNANSWERABLE, "5") == (0.0, 0.0), reply
+    assert score_answer("No information available", UNANSWERABLE, "none", adversarial=True) == (1.0, 1.0)
+    assert score_answer("Not mentioned", "Paris", "1") == (0.0, 0.0)
+    assert score_answer("Paris", "Paris", "4") == (1.0, 1.0)
+    assert score_answer("red car", "blue car", "2") == (0.5, 0.5)  # 1 of 2 tokens each way
+
+
 def test_adversarial_questions_follow_the_locomo_protocol(fake_slm):
     """Category 5 is a two-way choice scored by abstention, and it stays out of the headline:
     a model that always abstains scores 0 on the answerable questions, one that takes the

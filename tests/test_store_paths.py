@@ -415,3 +415,40 @@ def test_a_damaged_cluster_file_is_repaired_and_the_memories_kept(tmp_path, good
     assert any(p.name.startswith("clusters.bin.corrupt") for p in (path / "index").iterdir())
     with open_store(path) as s:
         assert sorted(s.get(m).text for m in range(1, 81)) == texts
+
+
+# -- deletes reach the lexical index ----------------------------------------------------------
+def test_deleted_memories_leave_the_lexical_statistics(tmp_path):
+    """After delete(), BM25 scores are those of a store that never held the memory: its
+    words no longer count in the term statistics (checked on the store's LexicalIndex right
+    after the delete, and through search)."""
+    from clag_fast.eval.runner import HashingEmbedder
+
+    common = [f"note {i} about gardening tomatoes" for i in range(20)] + ["rare quokka sighting",
+                                                                         "another quokka note"]
+    doomed = "quokka quokka zoo quokka"
+    cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", cache_size=0,
+                      lexical_fusion="bound")
+
+    def lexical_scores(store, word):
+        lex = store._searcher.lexical
+        m = lex.score(word, None, None, 10, np.empty(0, np.int64))
+        rows = store._state.rows
+        return {store.get(int(rows.memory_id[r])).text: round(float(s), 5)
+                for r, s in zip(m.rows.tolist(), m.scores.tolist()) if r >= 0}
+
+    def search_scores(store, word):
+        return {h.text: round(h.score, 5) for h in store.search(word, k=5, mode="flat", lexical_weight=1.0)
+                if word in h.text}
+
+    with MemoryStore.open(tmp_path / "a", config=cfg, embedder=HashingEmbedder(), llm=False) as a, \
+            MemoryStore.open(tmp_path / "b", config=cfg, embedder=HashingEmbedder(), llm=False) as b:
+        ids = a.add_many(common[:10] + [doomed] + common[10:])
+        b.add_many(common)
+        before = lexical_scores(a, "quokka")
+        a.delete(ids[10])
+        after = lexical_scores(a, "quokka")
+        assert doomed in before and doomed not in after
+        assert after == lexical_scores(b, "quokka") and len(after) == 2
+        assert after != {t: s for t, s in before.items() if t != doomed}, "the statistics changed"
+        assert search_scores(a, "quokka") == search_scores(b, "quokka")
