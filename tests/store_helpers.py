@@ -33,7 +33,8 @@ def run_until_killed(code: str, min_lines: int, after_s: float = 0.0, timeout_s:
     """Run ``code`` in a child Python, collect its stdout lines, and SIGKILL it ``after_s``
     seconds after it printed ``min_lines`` lines (or exited, or ``timeout_s`` passed). The
     writers in the crash tests print a line only after a call returned, so the lines are
-    what the child was promised."""
+    what the child was promised; a last line the kill cut mid-write (no newline) was not
+    promised and is dropped."""
     import signal
     import subprocess
     import sys
@@ -52,7 +53,7 @@ def run_until_killed(code: str, min_lines: int, after_s: float = 0.0, timeout_s:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     reader.join(timeout=10)
-    return lines
+    return [ln for ln in lines if ln.endswith("\n")]
 
 
 def files_snapshot(path) -> dict[str, bytes]:
