@@ -98,8 +98,12 @@ def test_concurrent_writers_and_readers(tmp_path):
         def reader() -> None:
             try:
                 for j in range(60):
-                    s.search(vecs[j], k=5)
-                    s.search(vecs[j], k=5, mode="flat")
+                    for hits in (s.search(vecs[j], k=5), s.search(vecs[j], k=5, mode="flat")):
+                        # whatever the writers are doing, a search sees a consistent store
+                        scores = [h.score for h in hits]
+                        assert scores == sorted(scores, reverse=True) and len(hits) <= 5
+                        assert len({h.memory_id for h in hits}) == len(hits)
+                        assert all(h.text.startswith("w") for h in hits)
             except BaseException as e:
                 errors.append(e)
 
