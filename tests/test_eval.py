@@ -331,6 +331,8 @@ def _ranked_fixture(tmp_path):
         ("where second?", ["0:5", "0:7"], [1, 5, 2, 3, 4, 6, 8, 7]),
         # evidence 0:9 at rank 11 -> R@5 = R@10 = 0, P@5 = 0
         ("where third?", ["0:9"], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 9]),
+        # evidence at ranks 5 and 6, either side of the cut -> R@5 = 1/2, R@10 = 1, P@5 = 1/5
+        ("where fifth?", ["0:11", "0:12"], [1, 2, 3, 4, 11, 12]),
         # evidence naming no turn: left out of the retrieval metrics
         ("where fourth?", ["0:99"], [1]),
     ]
@@ -348,13 +350,15 @@ def test_recall_by_hand_on_ids_in_another_scheme(tmp_path):
     rep = run_eval(path, out_dir=tmp_path / "out", embedder=emb, progress=False, n_probe=[2])
     assert rep["counts"]["questions_without_resolvable_evidence"] == 1
     r = rep["retrieval"]["vector/flat-vector"]
-    assert r["questions"] == 3
-    assert r["recall@5"] == pytest.approx((1 + 0.5 + 0) / 3)
-    assert r["recall@10"] == pytest.approx((1 + 1 + 0) / 3)
-    assert r["precision@5"] == pytest.approx((0.2 + 0.2 + 0) / 3)
-    # nDCG@10: rank 1 -> 1; ranks 2 and 8 of 2 relevant -> (1/log2 3 + 1/log2 9) / (1 + 1/log2 3); none -> 0
-    second = (1 / math.log2(3) + 1 / math.log2(9)) / (1 + 1 / math.log2(3))
-    assert r["ndcg@10"] == pytest.approx((1 + second + 0) / 3)
+    assert r["questions"] == 4
+    assert r["recall@5"] == pytest.approx((1 + 0.5 + 0 + 0.5) / 4)
+    assert r["recall@10"] == pytest.approx((1 + 1 + 0 + 1) / 4)
+    assert r["precision@5"] == pytest.approx((0.2 + 0.2 + 0 + 0.2) / 4)
+    # nDCG@10 with 2 relevant: ideal 1 + 1/log2 3; ranks 2 and 8, and ranks 5 and 6
+    ideal = 1 + 1 / math.log2(3)
+    second = (1 / math.log2(3) + 1 / math.log2(9)) / ideal
+    fifth = (1 / math.log2(6) + 1 / math.log2(7)) / ideal
+    assert r["ndcg@10"] == pytest.approx((1 + second + 0 + fifth) / 4)
     assert r["search_fraction"] == 1.0
     assert (tmp_path / "out" / "recall_vs_fraction.png").stat().st_size > 0
 

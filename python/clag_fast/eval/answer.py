@@ -10,7 +10,7 @@ wrong answer), in an order fixed per question; the reply scores 1 when it contai
 mentioned" or "no information available" (case-insensitive), else 0, for F1 and BLEU-1
 alike. The system prompt names no abstention string, so the model is never told which option
 is gold, and the headline QA scores are the means over the other categories (1-4), with the
-adversarial accuracy reported beside them (as the CLAG and A-Mem papers report LoCoMo).
+adversarial accuracy reported beside them.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def score_answer(prediction: str, gold: str, category: object, adversarial: bool
         hit = float(any(a in str(prediction).lower() for a in _ABSTAINS))
         return hit, hit
     return token_f1(prediction, gold), bleu1(prediction, gold)
+
+
 #: Answers are short phrases; a cap keeps a rambling small model from costing seconds.
 ANSWER_MAX_TOKENS = 32
 
