@@ -11,7 +11,6 @@ import json
 import shutil
 import sqlite3
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -211,16 +210,15 @@ def test_prune_action_delete_removes_faded_memories_for_good(tmp_path):
 
 
 def test_clusters_no_query_touched_are_archived(tmp_path):
-    # A threshold of 0.5 s (in days) and a pause, so that "created long ago" and "hit just now"
-    # differ without faking the clock.
-    policy = ForgettingPolicy(archive_clusters_after_days=0.5 / 86400)
+    policy = ForgettingPolicy(archive_clusters_after_days=10)
     cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", forgetting=policy, cache_size=0)
     with open_store(tmp_path / "s", cfg) as s:
         ids, vecs, top = fill(s, 120, topics=4)
         s.organize()
         assert s.forget()["archived_clusters"] == []  # everything is fresh
-        time.sleep(0.8)
-        hit = s.search(vecs[0], k=3)
+        with s._catalog.transaction():  # what the store would see 20 days later
+            s._catalog.db.execute("UPDATE clusters SET created_at = created_at - 20 * 86400")
+        hit = s.search(vecs[0], k=3)  # touched now
         touched = {h.cluster_id for h in hit}
         report = s.forget()
         archived = set(report["archived_clusters"])
@@ -228,13 +226,13 @@ def test_clusters_no_query_touched_are_archived(tmp_path):
         live_clusters = {c.id for c in s.clusters()}
         assert touched <= live_clusters and not (archived & live_clusters)
         for mid in ids:
-            m = s.get(mid)
-            if m.archived:
+            if s.get(mid).archived:
                 assert mid not in {h.memory_id for h in s.search(vecs[ids.index(mid)], k=3, mode="flat")}
         n_archived = sum(s.get(m).archived for m in ids)
         assert n_archived == s.stats()["archived"] > 0
         assert n_archived == 120 - len(s)
         assert all(not s.get(h.memory_id).archived for h in hit)
+        assert s.forget()["archived_clusters"] == []  # nothing left to archive
 
 
 # -- re-organisation triggers through the store --------------------------------------------
