@@ -10,10 +10,10 @@ Script mode (same engines and datasets, prints the markdown tables for BENCHMARK
     .venv/bin/python benches/bench_search.py
 
 Knobs (environment): CLAG_BENCH_SIZES (``100k,1M``), CLAG_BENCH_SETS (``easy,hard,real`` or
-names such as ``hard-100k``), CLAG_BENCH_THREADS (all cores), CLAG_BENCH_HNSW_1M=1 (build
-usearch HNSW at 1M too: ~7 minutes on 2 cores), CLAG_BENCH_BRUTE_QUERIES (queries timed for
-exact scans above 200k rows, default 100), CLAG_BENCH_ASSIGN_BASELINE_ROWS (rows the numpy
-and faiss assignment baselines process, default 200k; clag always assigns every row),
+names such as ``hard-100k``; ``uneven``: blob count and sizes unlike the cluster count), CLAG_BENCH_THREADS (all cores), CLAG_BENCH_HNSW_1M=1 (build
+usearch HNSW at 1M too: ~7 minutes on 2 cores), CLAG_BENCH_QUERIES (queries timed per engine,
+the same for every engine; default all 1,000), CLAG_BENCH_ASSIGN_ROWS (rows every assignment
+implementation processes, the same prefix for numpy, faiss and clag; default 200k),
 CLAG_BENCH_CACHE (``/tmp/clag_bench``).
 """
 
@@ -64,10 +64,10 @@ def _assign_run(reg: Registry, impl: str):
         ivf = reg.get("faiss-ivf").index  # no clag centres: assign to faiss's trained lists
         centres, cids = ivf.quantizer.reconstruct_n(0, ivf.nlist), None
         rows = reg.ds.base
+    # Every implementation assigns the same rows: a prefix, because the baselines run at a
+    # steady rows/s and numpy needs ~2 minutes for 1M rows on the shared 2 cores.
+    rows = rows[: int(os.environ.get("CLAG_BENCH_ASSIGN_ROWS", "200000"))]
     if impl in ("numpy", "faiss"):
-        # The baselines run at a steady rows/s, so on big sets a prefix measures them at a
-        # fraction of the cost (numpy needs ~2 minutes for 1M rows on the shared 2 cores).
-        rows = rows[: int(os.environ.get("CLAG_BENCH_ASSIGN_BASELINE_ROWS", "200000"))]
         impl_fn = engines.assign_numpy if impl == "numpy" else engines.assign_faiss
         fn = lambda: impl_fn(rows, centres)  # noqa: E731
     else:
@@ -162,7 +162,8 @@ def test_search(benchmark, ds, registry, family, param):
 
 @pytest.mark.parametrize("impl", ASSIGNERS)
 def test_soft_assign(benchmark, ds, registry, impl):
-    """Batched soft assignment (K=3) of every base row to the k-means centres, rows/s."""
+    """Batched soft assignment (K=3) of the same base rows (CLAG_BENCH_ASSIGN_ROWS) to the
+    k-means centres by every implementation, rows/s."""
     benchmark.group = f"{ds.name}: soft assignment K=3"
     try:
         fn, rows, centres = _assign_run(registry, impl)

@@ -9,6 +9,10 @@ Names:
 - ``easy-100k`` / ``easy-1M``: points drawn tightly around 1,000 random centres.
 - ``hard-100k`` / ``hard-1M``: the same centres, spread so wide that neighbourhoods cross
   cluster borders (faiss IVFFlat at nprobe 1 recalls < 0.7; spread calibrated at 100k).
+- ``uneven-100k`` / ``uneven-1M``: 2,713 blobs of very different sizes (Zipf-like weights,
+  the largest ~130x the smallest) at the easy spread, while the partitioned indexes still use
+  1,000 clusters: the blob count no longer matches the cluster count, so no index gets one
+  cluster per generating blob for free.
 - ``real``: every LoCoMo turn embedded with MiniLM; queries are its questions.
 """
 
@@ -34,7 +38,11 @@ CHUNK = 100_000
 # generating cluster.  "hard": faiss IVFFlat (1,000 lists) at nprobe 1 must recall < 0.7.
 # Calibrated at 100k (spread 1.6 -> 0.547), but at 1M 1.6 gave 0.718 (more rows per list
 # put more true neighbours in the query's own list), hence 1.8 -- see BENCHMARKS.md.
-SPREAD = {"easy": 0.5, "hard": 1.8}
+SPREAD = {"easy": 0.5, "hard": 1.8, "uneven": 0.5}
+# Generating blobs per kind; every partitioned index is built with N_CENTRES clusters.
+BLOBS = {"easy": N_CENTRES, "hard": N_CENTRES, "uneven": 2_713}
+# Blob weights of the uneven sets: p_i ~ 1 / (i + UNEVEN_OFFSET).
+UNEVEN_OFFSET = 20
 HARD_GROUPS = 50
 GROUP_SPREAD = 0.5
 
@@ -74,7 +82,7 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 def _centres(kind: str, seed: int = 1234) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((N_CENTRES, DIM), dtype=np.float32)
+    centres = rng.standard_normal((BLOBS[kind], DIM), dtype=np.float32)
     if kind == "hard":
         # Centres grouped around HARD_GROUPS topics: with a wide point spread a row's
         # neighbours then sit in *nearby* clusters (reachable with more probes), not in
@@ -85,9 +93,18 @@ def _centres(kind: str, seed: int = 1234) -> np.ndarray:
     return _normalise(centres)
 
 
-def _clustered_chunk(centres: np.ndarray, n: int, spread: float, seed: int) -> np.ndarray:
+def blob_weights(kind: str) -> np.ndarray | None:
+    """Probability of each generating blob (None: uniform)."""
+    if kind != "uneven":
+        return None
+    w = 1.0 / (np.arange(BLOBS[kind]) + UNEVEN_OFFSET)
+    return w / w.sum()
+
+
+def _clustered_chunk(centres: np.ndarray, n: int, spread: float, seed: int,
+                     weights: np.ndarray | None = None) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    labels = rng.integers(0, len(centres), size=n)
+    labels = rng.integers(0, len(centres), size=n) if weights is None else rng.choice(len(centres), size=n, p=weights)
     # Per-coordinate sigma spread/sqrt(DIM) gives a noise vector of norm ~spread.
     noise = rng.standard_normal((n, DIM), dtype=np.float32)
     noise *= np.float32(spread / np.sqrt(DIM))
@@ -102,7 +119,8 @@ def _write_clustered(path: Path, kind: str, n: int, spread: float) -> None:
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, DIM))
     for start in range(0, n, CHUNK):
         stop = min(n, start + CHUNK)
-        out[start:stop] = _clustered_chunk(centres, stop - start, spread, seed=start // CHUNK)[: stop - start]
+        out[start:stop] = _clustered_chunk(centres, stop - start, spread, seed=start // CHUNK,
+                                           weights=blob_weights(kind))[: stop - start]
     out.flush()
     del out
     tmp.rename(path)
@@ -142,7 +160,8 @@ def _synthetic(kind: str, size: str, in_memory: bool) -> VectorSet:
     n = SIZES[size]
     spread = SPREAD[kind]
     root = cache_dir()
-    tag = f"{kind}_s{spread:g}" + (f"_g{HARD_GROUPS}x{GROUP_SPREAD:g}" if kind == "hard" else "")
+    tag = f"{kind}_s{spread:g}" + (f"_g{HARD_GROUPS}x{GROUP_SPREAD:g}" if kind == "hard" else "") + (
+        f"_b{BLOBS[kind]}o{UNEVEN_OFFSET}" if kind == "uneven" else "")
     base_path = root / f"{tag}_{n}_base.npy"
     t0 = time.perf_counter()
     if not base_path.exists():
@@ -152,10 +171,11 @@ def _synthetic(kind: str, size: str, in_memory: bool) -> VectorSet:
     # Queries come from the same distribution with seeds no base chunk uses.
     queries = _cached(
         root / f"{tag}_queries.npy",
-        lambda: _clustered_chunk(_centres(kind), N_QUERIES, spread, seed=10_000),
+        lambda: _clustered_chunk(_centres(kind), N_QUERIES, spread, seed=10_000, weights=blob_weights(kind)),
     )
     truth = _cached(root / f"{tag}_{n}_truth.npy", lambda: exact_topk(base, queries))
-    meta = {"kind": kind, "spread": spread, "centres": N_CENTRES, "generate_s": round(gen_s, 2)}
+    meta = {"kind": kind, "spread": spread, "blobs": BLOBS[kind], "index_clusters": N_CENTRES,
+            "generate_s": round(gen_s, 2)}
     return VectorSet(f"{kind}-{size}", base, queries, truth, N_CENTRES, meta)
 
 
@@ -221,7 +241,7 @@ def _real() -> VectorSet:
     return VectorSet("real", base, queries, truth, n_clusters, meta)
 
 
-NAMES = ("easy-100k", "easy-1M", "hard-100k", "hard-1M", "real")
+NAMES = ("easy-100k", "easy-1M", "hard-100k", "hard-1M", "uneven-100k", "uneven-1M", "real")
 
 
 def load(name: str, in_memory: bool = True) -> VectorSet:
@@ -242,14 +262,14 @@ def selected() -> list[str]:
     """Datasets chosen by ``CLAG_BENCH_SIZES`` (e.g. ``100k,1M``) and ``CLAG_BENCH_SETS``.
 
     Sizes apply to the synthetic kinds; ``real`` is included unless CLAG_BENCH_SETS leaves it
-    out.  Defaults: sizes ``100k,1M``; sets ``easy,hard,real`` (hard only at 1M unless
+    out.  Defaults: sizes ``100k,1M``; sets ``easy,hard,uneven,real`` (hard only at 1M unless
     ``hard-100k`` is asked for by name in CLAG_BENCH_SETS).
     """
     sizes = [s.strip() for s in os.environ.get("CLAG_BENCH_SIZES", "100k,1M").split(",") if s.strip()]
     for s in sizes:
         if s not in SIZES:
             raise ValueError(f"CLAG_BENCH_SIZES: unknown size {s!r}; expected some of {', '.join(SIZES)}")
-    sets = [s.strip() for s in os.environ.get("CLAG_BENCH_SETS", "easy,hard,real").split(",") if s.strip()]
+    sets = [s.strip() for s in os.environ.get("CLAG_BENCH_SETS", "easy,hard,uneven,real").split(",") if s.strip()]
     names: list[str] = []
     for s in sets:
         if s in NAMES:
@@ -258,8 +278,10 @@ def selected() -> list[str]:
             names += [f"easy-{z}" for z in sizes]
         elif s == "hard":
             names += [f"hard-{z}" for z in sizes if z == "1M"]
+        elif s == "uneven":
+            names += [f"uneven-{z}" for z in sizes]
         elif s == "real":
             names.append("real")
         else:
-            raise ValueError(f"CLAG_BENCH_SETS: unknown set {s!r}; expected easy, hard, real or one of {NAMES}")
+            raise ValueError(f"CLAG_BENCH_SETS: unknown set {s!r}; expected easy, hard, uneven, real or one of {NAMES}")
     return list(dict.fromkeys(names))

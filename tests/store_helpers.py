@@ -33,7 +33,8 @@ def run_until_killed(code: str, min_lines: int, after_s: float = 0.0, timeout_s:
     """Run ``code`` in a child Python, collect its stdout lines, and SIGKILL it ``after_s``
     seconds after it printed ``min_lines`` lines (or exited, or ``timeout_s`` passed). The
     writers in the crash tests print a line only after a call returned, so the lines are
-    what the child was promised."""
+    what the child was promised; a last line the kill cut mid-write (no newline) was not
+    promised and is dropped."""
     import signal
     import subprocess
     import sys
@@ -52,4 +53,30 @@ def run_until_killed(code: str, min_lines: int, after_s: float = 0.0, timeout_s:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     reader.join(timeout=10)
-    return lines
+    return [ln for ln in lines if ln.endswith("\n")]
+
+
+def files_snapshot(path) -> dict[str, bytes]:
+    """Every file under ``path`` (relative name -> bytes), to assert that a refused call left
+    a store's directory exactly as it was: no file changed, created or removed."""
+    from pathlib import Path
+
+    root = Path(path)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def store_state(store) -> tuple:
+    """What a caller can observe of an open store: its memories (id, text, metadata, cluster,
+    archived), its clusters with their profiles, and its row and memory counts. Equal before
+    and after a refused call means the call changed nothing."""
+    st = store.stats()
+    ids = sorted(int(m) for m in store._state.rows.memory_id[: store._state.rows.n] if m >= 0)
+    memories = []
+    for mid in ids:
+        try:
+            m = store.get(mid)
+        except KeyError:
+            continue
+        memories.append((m.memory_id, m.text, m.kind, m.namespace, repr(m.metadata), tuple(m.clusters), m.archived))
+    clusters = [(c.id, c.summary, tuple(c.tags), c.size) for c in store.clusters()]
+    return (len(store), st["vector_rows"], st["archived"], tuple(memories), tuple(clusters))

@@ -63,3 +63,37 @@ def test_dataset_selection_rejects_unknown_names(monkeypatch):
         vector_sets.selected()
     with pytest.raises(ValueError, match="unknown dataset"):
         vector_sets.load("medium-1M")
+
+
+def test_every_engine_is_timed_on_the_same_queries(monkeypatch):
+    """Equal work: no engine gets fewer (cheaper, noisier) queries than another."""
+    ds = vector_sets.VectorSet("x-1M", np.zeros((300_001, 4), np.float32), np.zeros((1_000, 4), np.float32),
+                               np.zeros((1_000, 10), np.int64), 10, {})
+    monkeypatch.delenv("CLAG_BENCH_QUERIES", raising=False)
+    families = ("numpy-brute", "faiss-flat", "faiss-ivf", "usearch-hnsw", "clag", "clag-flat")
+    assert {engines.n_queries_for(f, ds) for f in families} == {1_000}
+    monkeypatch.setenv("CLAG_BENCH_QUERIES", "100")
+    assert {engines.n_queries_for(f, ds) for f in families} == {100}
+
+
+def test_uneven_sets_have_another_blob_count_and_uneven_blobs():
+    w = vector_sets.blob_weights("uneven")
+    assert vector_sets.BLOBS["uneven"] != vector_sets.N_CENTRES and len(w) == vector_sets.BLOBS["uneven"]
+    assert w.sum() == pytest.approx(1.0) and w.max() / w.min() > 100
+    assert vector_sets.blob_weights("easy") is None
+    centres = vector_sets._centres("uneven")
+    assert centres.shape == (vector_sets.BLOBS["uneven"], vector_sets.DIM)
+    x = vector_sets._clustered_chunk(centres, 5_000, vector_sets.SPREAD["uneven"], seed=3, weights=w)
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
+    owner = np.argmax(x @ centres.T, axis=1)  # the easy spread keeps rows by their blob
+    counts = np.bincount(owner, minlength=len(centres))
+    assert counts[:10].sum() > 10 * counts[-10:].sum()  # the first blobs are far bigger
+    assert "uneven-100k" in vector_sets.NAMES
+
+
+def test_selected_includes_the_uneven_sets(monkeypatch):
+    monkeypatch.setenv("CLAG_BENCH_SIZES", "100k")
+    monkeypatch.delenv("CLAG_BENCH_SETS", raising=False)
+    assert vector_sets.selected() == ["easy-100k", "uneven-100k", "real"]
+    monkeypatch.setenv("CLAG_BENCH_SETS", "uneven")
+    assert vector_sets.selected() == ["uneven-100k"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -59,3 +60,129 @@ def test_bad_ingest_files(tmp_path, capsys, content, msg):
 def test_missing_store_is_a_clear_error(tmp_path, capsys):
     assert main(["search", "x", "--store", str(tmp_path / "none"), "--llm", "off"]) == 2
     assert "no store at" in capsys.readouterr().err
+
+
+# -- the demo: the README's main job, end to end ------------------------------------------
+HIT_LINE = re.compile(r"^  (-?\d\.\d{3})  \[(\d+): (.+?) \| (.*)\]$")
+
+
+def _check_demo_output(out: str, slm_line: str) -> None:
+    """The demo's output: the SLM line, the cluster table, and for every demo question three
+    hits, each shown with the label and tags of a listed cluster."""
+    from clag_fast.cli import DEMO_QUERIES
+
+    lines = out.splitlines()
+    assert lines[1].startswith(f"SLM: {slm_line}"), lines[1]
+    assert re.search(r"^ingested 346 turns", out, re.M)
+    n_clusters = int(next(ln for ln in lines if re.fullmatch(r"\d+ clusters", ln)).split()[0])
+    assert n_clusters >= 2
+    start = lines.index(f"{n_clusters} clusters") + 2
+    table = [ln.split() for ln in lines[start:start + n_clusters]]
+    listed = {int(row[0]) for row in table}
+    assert len(listed) == n_clusters and all(int(row[1]) >= 1 for row in table)
+    for q in DEMO_QUERIES:
+        at = lines.index(f"? {q}")
+        hits = [HIT_LINE.match(ln) for ln in lines[at + 1:at + 7:2]]
+        assert all(hits), lines[at:at + 8]
+        for m in hits:
+            assert int(m.group(2)) in listed, "a hit's cluster is one of the listed clusters"
+            assert m.group(3) != "(unlabelled)" and m.group(3).strip(), "every answer carries its cluster's label"
+            assert m.group(4).strip(), "and its tags"
+        scores = [float(m.group(1)) for m in hits]
+        assert scores == sorted(scores, reverse=True)
+        scanned = re.match(r"^  \(scanned (\d+) of (\d+) memories", lines[at + 7])
+        assert scanned and int(scanned.group(2)) == 346 and int(scanned.group(1)) < 346, lines[at + 7]
+    allergy = lines.index(f"? {DEMO_QUERIES[0]}")
+    answers = " ".join(lines[allergy + 2:allergy + 7:2]).lower()
+    assert "shellfish" in answers or "allerg" in answers, answers
+    assert re.search(r"^memories 346, clusters \d+", out, re.M)
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_without_an_slm(capsys):
+    assert main(["demo", "--llm", "off"]) == 0
+    _check_demo_output(capsys.readouterr().out, "off (vector-only organisation)")
+
+
+@pytest.mark.slow
+@pytest.mark.slm
+def test_demo_end_to_end_with_the_managed_slm(capsys):
+    from llm_fixtures import require_slm
+
+    require_slm()
+    assert main(["demo", "--llm", "managed"]) == 0  # what no --llm means too (see test_store_managed_slm)
+    out = capsys.readouterr().out
+    _check_demo_output(out, "not started yet")  # printed before the first add starts it
+    calls = re.search(r"^LLM calls (\d+)", out, re.M)
+    assert calls and int(calls.group(1)) > 0, "the SLM organised the demo"
+
+
+# -- command-line options -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo_file():
+    from importlib import resources
+
+    with resources.as_file(resources.files("clag_fast") / "data" / "demo_trip.json") as p:
+        yield str(p)
+
+
+@pytest.mark.slow
+def test_ingest_namespace_and_organize_then_search_options(tmp_path, capsys, demo_file):
+    store = str(tmp_path / "store")
+    assert main(["ingest", demo_file, "--store", store, "--llm", "off", "--namespace", "trip"]) == 0
+    assert "added 346 memories" in capsys.readouterr().out
+    assert main(["clusters", "--store", store]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\d+ clusters", out, re.M)
+    before = int(re.search(r"^(\d+) clusters", out, re.M).group(1))
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(FACTS))
+    assert main(["ingest", str(facts), "--store", store, "--llm", "off", "--namespace", "other", "--organize"]) == 0
+    out = capsys.readouterr().out
+    assert "added 4 memories" in out and "(350 in total)" in out
+    assert re.search(r"reason=explicit.*clusters=\d+", out), out  # the --organize report
+    assert main(["clusters", "--store", store]) == 0
+    assert int(re.search(r"^(\d+) clusters", capsys.readouterr().out, re.M).group(1)) >= 2 and before >= 2
+
+    def search(*extra):
+        assert main(["search", "what is the user allergic to?", "-k", "3", "--store", store, "--llm", "off",
+                     "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    other = search("--namespace", "other")
+    assert other and {h["namespace"] for h in other} == {"other"}
+    assert other[0]["text"] == "The user is allergic to shellfish."
+    trip = search("--namespace", "trip")
+    assert trip and {h["namespace"] for h in trip} == {"trip"}
+    assert search("--namespace", "nobody") == []
+    flat, two = search("--mode", "flat"), search("--mode", "two_stage", "--n-probe", "2")
+    assert [h["memory_id"] for h in flat] == [h["memory_id"] for h in search("--mode", "flat")]  # exact, stable
+    assert len(two) == 3
+
+    def scanned(*extra):
+        assert main(["search", "what is the user allergic to?", "--store", store, "--llm", "off", *extra]) == 0
+        m = re.search(r"\((\w+): scanned (\d+) of (\d+)", capsys.readouterr().out)
+        return m.group(1), int(m.group(2)), int(m.group(3))
+
+    mode, n, of = scanned("--mode", "flat")
+    assert mode == "flat" and n == of == 350
+    mode, n2, _ = scanned("--mode", "two_stage", "--n-probe", "2")
+    mode4, n4, _ = scanned("--mode", "two_stage", "--n-probe", "8")
+    assert mode == mode4 == "two_stage" and n2 < n4 < 350
+    with pytest.raises(SystemExit):
+        main(["search", "x", "--store", store, "--mode", "fast"])
+    assert main(["search", "x", "--store", store, "--llm", "off", "--n-probe", "0"]) == 2
+    assert "n_probe must be a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_llm_url_sends_the_organiser_to_that_server(tmp_path, capsys, demo_file, fake_server):
+    """--llm URL: the store's SLM work goes to the given server (here a fake that answers
+    nothing usable, so every decision falls back to vectors)."""
+    store = str(tmp_path / "store")
+    assert main(["ingest", demo_file, "--store", store, "--llm", fake_server.url, "--organize"]) == 0
+    assert "added 346 memories" in capsys.readouterr().out
+    assert fake_server.chat_requests(), "the organiser asked the given server"
+    n = len(fake_server.chat_requests())
+    assert main(["search", "which hotel in Kyoto?", "--store", store, "--llm", "off"]) == 0
+    assert len(fake_server.chat_requests()) == n, "--llm off asks nobody"

@@ -169,7 +169,10 @@ def test_clusters_lifecycle(idx):
     # Centres are the normalised member means.
     for cid, cen in zip(idx.cluster_ids(), idx.centres()):
         np.testing.assert_allclose(cen, unit(x[idx.members(cid)].sum(0)), atol=1e-5)
-    assert idx.cluster_of([0, 1, 2]).tolist() == [idx.cluster_of(0)[0], idx.cluster_of(1)[0], idx.cluster_of(2)[0]]
+    owner = {int(r): int(cid) for cid in ids for r in idx.members(cid)}
+    assert idx.cluster_of([0, 1, 2]).tolist() == [owner[0], owner[1], owner[2]]
+    assert idx.cluster_of(np.arange(300)).tolist() == [owner[r] for r in range(300)]
+    assert idx.cluster_of(7).tolist() == [owner[7]]
     with pytest.raises(KeyError):
         idx.members(99)
     with pytest.raises(KeyError):
@@ -374,20 +377,26 @@ def test_concurrent_searches_and_writes_from_threads(idx):
     idx.kmeans(10, seed=0)
     errors: list[BaseException] = []
     stop = threading.Event()
+    started = threading.Barrier(4)
+    searches = [0, 0, 0]
 
-    def reader():
+    def reader(i):
         try:
-            while not stop.is_set():
+            started.wait(timeout=30)
+            # at least one search per reader, even when the writes finish first
+            while not stop.is_set() or searches[i] == 0:
                 r = idx.search(x[:8], k=5, n_probe=2)
                 assert (r.counts == 5).all()
                 n = len(idx)
                 assert (r.ids[:, 0] < n).all()
+                searches[i] += 1
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=reader) for _ in range(3)]
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
+    started.wait(timeout=30)  # the readers run while the writes below happen
     for s in range(1000, 3000, 100):
         rows = idx.append(x[s : s + 100])
         ids, _ = idx.soft_assign(x[s : s + 100], k=2)
@@ -396,6 +405,7 @@ def test_concurrent_searches_and_writes_from_threads(idx):
     for t in threads:
         t.join(timeout=30)
     assert not errors, errors
+    assert all(n > 0 for n in searches), searches
     assert len(idx) == 3000 and idx.cluster_sizes().sum() == 3000
 
 

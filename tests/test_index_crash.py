@@ -42,6 +42,7 @@ def expected(rows: int) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.3, 0.7, 1.1])
 def test_sigkill_mid_append_leaves_an_exact_prefix(tmp_path, delay):
     path = tmp_path / "ix"

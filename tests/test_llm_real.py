@@ -7,7 +7,7 @@ from llm_fixtures import managed_server, real_llm  # noqa: F401
 
 from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig
 
-pytestmark = pytest.mark.slm
+pytestmark = [pytest.mark.slm, pytest.mark.slow]
 
 COOKING = ClusterBrief(3, "Cooking and baking at home.", ["food", "baking", "recipes"],
                        ["I baked sourdough bread this morning."], 12)

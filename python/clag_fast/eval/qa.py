@@ -19,6 +19,10 @@ of the table from the file alone. A run that stops part-way resumes from its JSO
 
 The stores are organised without an SLM (k-means, profiles from the most typical member and
 frequent words): the SLM is used for answers only, so the table isolates the context.
+
+Adversarial questions (LoCoMo category 5) are asked and scored by LoCoMo's protocol
+(:mod:`clag_fast.eval.answer`); the headline F1 / BLEU-1 and the "all" difference are over the
+other categories, the adversarial accuracy is reported beside them.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from clag_fast.eval.answer import ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply
+from clag_fast.eval.answer import (ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply, is_adversarial,
+                                   question_prompt, score_answer)
 from clag_fast.eval.data import Sample, load_dataset
-from clag_fast.eval.metrics import bleu1, token_f1
 
 __all__ = ["QA_CONFIGS", "DEFAULT_QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl",
            "summarize", "to_markdown", "main"]
@@ -187,14 +191,17 @@ def run_qa_table(
                                                                            lexical_weight=lw)
                             context = answer_context(hits, grouped)
                             t0 = time.perf_counter()
-                            pred, reply = ask_with_reply(client, q.question, context)
+                            asked = question_prompt(q.question, q.category, q.adversarial_answer, q.adversarial)
+                            pred, reply = ask_with_reply(client, asked, context)
+                            f1, b1 = score_answer(pred, q.answer, q.category, q.adversarial)
                             rec = {
                                 "config": name, "sample_id": s.sample_id, "qa_index": qi,
                                 "category": q.category, "question": q.question, "gold": q.answer,
+                                "adversarial": is_adversarial(q.category, q.adversarial), "asked": asked,
                                 "evidence": list(q.evidence),
                                 "retrieved": [_hit_record(h, dia) for h in hits],
                                 "context": context, "reply": reply, "answer": pred,
-                                "f1": token_f1(pred, q.answer), "bleu1": bleu1(pred, q.answer),
+                                "f1": f1, "bleu1": b1,
                                 "answer_s": round(time.perf_counter() - t0, 3),
                             }
                             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -246,15 +253,21 @@ def summarize(records: Iterable[dict], *, baseline: str = BASELINE, n_boot: int 
     ``seed`` fixed, so the interval is reproducible), overall and per category.
     ``rescore``: recompute F1 / BLEU-1 from ``answer`` and ``gold`` (default) rather than trust
     the stored values. A (question, configuration) seen twice keeps its last record.
+    The configuration's n / F1 / BLEU-1 and the "all" difference cover the answerable questions
+    (LoCoMo categories 1-4); ``adversarial`` holds the adversarial ones (accuracy as F1).
     """
     scores: dict[str, dict[tuple, tuple[float, float]]] = defaultdict(dict)
     cats: dict[tuple, str] = {}
+    adversarial: set[tuple] = set()
     for r in records:
         key = (str(r["sample_id"]), int(r["qa_index"]))
-        f1, b1 = (token_f1(r["answer"], r["gold"]), bleu1(r["answer"], r["gold"])) if rescore else (
+        adv = is_adversarial(r["category"], bool(r.get("adversarial", False)))
+        f1, b1 = score_answer(r["answer"], r["gold"], r["category"], adv) if rescore else (
             float(r["f1"]), float(r["bleu1"]))
         scores[r["config"]][key] = (f1, b1)
         cats[key] = str(r["category"])
+        if adv:
+            adversarial.add(key)
 
     def block(keys: list[tuple], table: dict[tuple, tuple[float, float]]) -> dict:
         vals = np.array([table[k] for k in keys], dtype=float).reshape(-1, 2)
@@ -265,7 +278,9 @@ def summarize(records: Iterable[dict], *, baseline: str = BASELINE, n_boot: int 
     for name in sorted(scores, key=lambda c: (c != baseline, list(QA_CONFIGS).index(c) if c in QA_CONFIGS else 99, c)):
         table = scores[name]
         keys = sorted(table)
-        configs[name] = block(keys, table) | {
+        configs[name] = block([k for k in keys if k not in adversarial], table) | {
+            "adversarial": (block(adv_keys, table) if (adv_keys := [k for k in keys if k in adversarial])
+                            else {"n": 0, "f1": None, "bleu1": None}),
             "by_category": {c: block([k for k in keys if cats[k] == c], table)
                             for c in sorted({cats[k] for k in keys})}}
     diffs = {}
@@ -275,7 +290,7 @@ def summarize(records: Iterable[dict], *, baseline: str = BASELINE, n_boot: int 
         if name == baseline or not base:
             continue
         keys = sorted(set(scores[name]) & set(base))
-        groups = {"all": keys} | {c: [k for k in keys if cats[k] == c] for c in sorted({cats[k] for k in keys})}
+        groups = {"all": [k for k in keys if k not in adversarial]} | {c: [k for k in keys if cats[k] == c] for c in sorted({cats[k] for k in keys})}
         diffs[f"{name} - {baseline}"] = {
             g: {metric: _bootstrap(np.array([scores[name][k][m] - base[k][m] for k in ks], float), n_boot, rng)
                 for m, metric in ((0, "f1"), (1, "bleu1"))}
@@ -293,13 +308,15 @@ def to_markdown(summary: dict) -> str:
     """The QA table: per configuration and category (F1 / BLEU-1 / n), then the differences."""
     configs = summary["configs"]
     cats = sorted({c for v in configs.values() for c in v["by_category"]})
-    lines = ["| configuration | n | F1 | BLEU-1 | " + " | ".join(f"cat {c} F1 / BLEU-1 (n)" for c in cats) + " |",
-             "|---|---:|---:|---:|" + "---|" * len(cats)]
+    lines = ["| configuration | n (cat 1-4) | F1 (cat 1-4) | BLEU-1 (cat 1-4) | adversarial accuracy (n) | "
+             + " | ".join(f"cat {c} F1 / BLEU-1 (n)" for c in cats) + " |",
+             "|---|---:|---:|---:|---:|" + "---|" * len(cats)]
     for name, v in configs.items():
         per = " | ".join(
             f"{_f(b['f1'])} / {_f(b['bleu1'])} ({b['n']})" if (b := v["by_category"].get(c)) else "n/a"
             for c in cats)
-        lines.append(f"| {name} | {v['n']} | {_f(v['f1'])} | {_f(v['bleu1'])} | {per} |")
+        adv = v.get("adversarial", {"n": 0, "f1": float("nan")})
+        lines.append(f"| {name} | {v['n']} | {_f(v['f1'])} | {_f(v['bleu1'])} | {_f(adv['f1'])} ({adv['n']}) | {per} |")
     if summary["differences"]:
         lines += ["", "| difference (paired, bootstrap 95% CI) | group | n | ΔF1 [CI] | ΔBLEU-1 [CI] |",
                   "|---|---|---:|---|---|"]

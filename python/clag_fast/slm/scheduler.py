@@ -54,6 +54,11 @@ class SLMScheduler:
         self._llm = None
         self._server = None
         self._llm_failed: str | None = None
+        self._connect_lock = threading.Lock()
+        # Profiles written, by source: "slm" (an SLM answer accepted) or "vector" (the vector
+        # profile, for no SLM, a failed call or an unusable answer). stats() shows them so a
+        # caller can tell SLM decisions from fallbacks.
+        self._profiles_by = {"slm": 0, "vector": 0}
         cfg = state.config
         self.config = cfg.slm
         self._labels = list(cfg.labels) if cfg.labels else None
@@ -81,7 +86,12 @@ class SLMScheduler:
     def organizer(self):
         """The organiser, connected to the SLM once one is first needed."""
         if self._llm is None and self._llm_failed is None and self._llm_arg is not False:
-            self._connect()
+            # One connection attempt at a time: the worker and the caller's thread (an explicit
+            # organize(), a query-time selection) may both need the SLM first, and a server
+            # that cannot start must be started, and reported, once.
+            with self._connect_lock:
+                if self._llm is None and self._llm_failed is None:
+                    self._connect()
         return self._organizer
 
     def _connect(self) -> None:
@@ -139,8 +149,18 @@ class SLMScheduler:
         return {"routes": routes, "jobs": self._jobs.unfinished_tasks if self._jobs is not None else 0}
 
     def llm_stats(self) -> dict[str, Any]:
+        """The client's call / token counts, and what the SLM decided: ``organizer_errors``
+        (failed calls and unusable answers), ``decisions`` (accepted SLM decisions and vector
+        fallbacks by kind: ``route_slm``, ``route_fallback``, ``profile``, ...), ``profiles``
+        (profiles written by source, ``slm`` or ``vector``) and ``unavailable`` (why there is
+        no SLM: a server that would not start, a missing package; None otherwise)."""
         stats = self._llm.stats.snapshot() if self._llm is not None else {}
         stats["organizer_errors"] = _errors(self._organizer)
+        org_stats = getattr(self._organizer, "stats", None)
+        stats["decisions"] = dict(org_stats()["decisions"]) if callable(org_stats) else {}
+        with self._pending_lock:
+            stats["profiles"] = dict(self._profiles_by)
+        stats["unavailable"] = self._llm_failed if self._llm_arg is not False else None
         return stats
 
     # -- hooks from the store ----------------------------------------------------------------
@@ -396,6 +416,9 @@ class SLMScheduler:
             else:
                 pending_slm = set(big) - set(slm_done)
             org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm)
+        with self._pending_lock:
+            self._profiles_by["slm"] += len(slm_done)
+            self._profiles_by["vector"] += len(profiles) - len(slm_done)
         if progress is not None:
             progress("profiles", len(profiles), len(todo))
         return len(profiles), len(pending_slm) if use_slm else 0

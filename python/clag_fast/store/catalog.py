@@ -99,6 +99,10 @@ def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
     else:
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     try:
+        conn.execute("PRAGMA foreign_keys=ON")
+        # Checked before anything is written: a damaged or foreign file is refused exactly as
+        # it was (switching it to WAL first would rewrite another application's database).
+        _check_and_migrate(conn, path, read_only)
         if not read_only:
             # WAL lets readers in other processes see committed data while one process writes.
             conn.execute("PRAGMA journal_mode=WAL")
@@ -109,8 +113,6 @@ def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
             # indexes then stay in SQLite's cache while batches are inserted. Pages are only
             # allocated as used, so a small store does not pay for it.
             conn.execute("PRAGMA cache_size=-65536")
-        conn.execute("PRAGMA foreign_keys=ON")
-        _check_and_migrate(conn, path, read_only)
     except BaseException:
         conn.close()
         raise
@@ -131,7 +133,10 @@ def _check_and_migrate(conn: sqlite3.Connection, path: Path, read_only: bool) ->
             f"(supports up to {SCHEMA_VERSION}); upgrade clag_fast to open it"
         )
     if version > 0:
-        row = conn.execute("SELECT value FROM meta WHERE key='app'").fetchone()
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='app'").fetchone()
+        except sqlite3.DatabaseError:  # no meta table: someone else's user_version
+            row = None
         if row is None or row[0] != APP_ID:
             raise StoreFormatError(f"{path} is an SQLite database of another application")
     if version == SCHEMA_VERSION:
