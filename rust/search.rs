@@ -29,6 +29,9 @@ pub struct Params<'a> {
     pub mask: Option<&'a [u8]>,
     /// Per-row score multiplier.
     pub weights: Option<&'a [f32]>,
+    /// Score exactly these rows (an exact search of a small filtered set): no stage 1, no
+    /// scan of the other rows. `mask` and `weights` still apply.
+    pub rows: Option<&'a [u32]>,
 }
 
 /// Adaptive probing: the clusters are ranked by centre score s_1 >= s_2 >= ... and probed in
@@ -119,6 +122,11 @@ pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Res
     if dim == 0 || !queries.len().is_multiple_of(dim) {
         return Err(Error::Value(format!("queries must have {dim} columns")));
     }
+    if let Some(rows) = params.rows {
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n_rows) {
+            return Err(Error::Value(format!("row {bad} is out of range for an index of {n_rows} rows")));
+        }
+    }
     if let Some(m) = params.mask {
         if m.len() != n_rows {
             return Err(Error::Value(format!("mask has {} entries but the index has {n_rows} rows", m.len())));
@@ -143,6 +151,9 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
         return Err(Error::Value("internal: cluster state does not cover every row".into()));
     }
     let q = queries.len() / dim;
+    if let Some(rows) = p.rows {
+        return Ok(listed_rows(cl, data, dim, queries, p, rows));
+    }
     let use_flat = p.flat || !cl.slots().iter().any(|c| c.has_centre);
     let pw = if use_flat { 0 } else { p.n_probe.min(cl.len()) };
     let mut res = Results::new(q, p.k, pw);
@@ -218,6 +229,40 @@ fn score_row(data: &[f32], dim: usize, q: &[f32], r: usize, p: &Params) -> Optio
         Some(w) => s * w[r],
         None => s,
     })
+}
+
+/// Exact search over the listed rows only (queries in parallel): a filter that leaves a few
+/// hundred rows costs their dot products, not a pass over every row's mask.
+fn listed_rows(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Params, rows: &[u32]) -> Results {
+    let q = queries.len() / dim;
+    let k = p.k;
+    let mut res = Results::new(q, k, 0);
+    let Results { ids, scores, clusters, counts, scanned, .. } = &mut res;
+    ids.par_chunks_mut(k)
+        .zip(scores.par_chunks_mut(k))
+        .zip(clusters.par_chunks_mut(k))
+        .zip(counts.par_iter_mut().zip(scanned.par_iter_mut()))
+        .enumerate()
+        .for_each(|(qi, (((i, s), c), (cnt, scn)))| {
+            let qv = &queries[qi * dim..(qi + 1) * dim];
+            let mut top = TopK::new(k);
+            let mut n = 0;
+            for &r in rows {
+                if let Some(sc) = score_row(data, dim, qv, r as usize, p) {
+                    top.push(sc, r);
+                    n += 1;
+                }
+            }
+            let best = top.into_sorted();
+            for (j, b) in best.iter().enumerate() {
+                i[j] = b.id as i64;
+                s[j] = b.score;
+                c[j] = cl.id_of_slot(cl.primary_of[b.id as usize]);
+            }
+            *cnt = best.len() as i64;
+            *scn = n as i64;
+        });
+    res
 }
 
 fn scan_range(data: &[f32], dim: usize, q: &[f32], p: &Params, lo: usize, hi: usize) -> (TopK, usize) {
@@ -444,6 +489,32 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn listed_rows_match_a_masked_flat_search() {
+        let dim = 8;
+        let mut rng = crate::kmeans::Rng::new(3);
+        let data: Vec<f32> = (0..300 * dim).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        let data = kernels::normalized(&data, dim, "data").unwrap();
+        let q = kernels::normalized(&data[5 * dim..7 * dim], dim, "q").unwrap();
+        let rows: Vec<u32> = (0..300).filter(|r| r % 7 == 2).collect();
+        let mut mask = vec![0u8; 300];
+        rows.iter().for_each(|&r| mask[r as usize] = 1);
+        let cl = Clusters::new(dim);
+        let mut cl = cl;
+        cl.grow_rows(300);
+        let listed = Params { k: 5, n_probe: 1, flat: true, rows: Some(&rows), ..Default::default() };
+        let masked = Params { k: 5, n_probe: 1, flat: true, mask: Some(&mask), ..Default::default() };
+        let a = search(&cl, &data, dim, &q, &listed).unwrap();
+        let b = search(&cl, &data, dim, &q, &masked).unwrap();
+        assert_eq!(a.ids, b.ids);
+        // dot products here, a blocked product there: equal to rounding
+        assert!(a.scores.iter().zip(&b.scores).all(|(x, y)| (x - y).abs() < 1e-6));
+        assert_eq!(a.scanned, vec![rows.len() as i64; 2]);
+        let bad = [300u32];
+        let oob = Params { k: 5, n_probe: 1, flat: true, rows: Some(&bad), ..Default::default() };
+        assert!(search(&cl, &data, dim, &q, &oob).is_err());
+    }
+
+    #[test]
     fn flat_equals_brute_force_and_pads() {
         let (dim, n) = (16, 20_000);
         let d = data(n, dim, 5);
@@ -453,7 +524,7 @@ pub(crate) mod tests {
             c.grow_rows(n);
             c
         };
-        let p = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None };
+        let p = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None };
         let r = search(&cl, &d, dim, &q, &p).unwrap();
         for qi in 0..3 {
             let want = brute(&d, dim, &q[qi * dim..(qi + 1) * dim], 10);
@@ -466,7 +537,7 @@ pub(crate) mod tests {
         assert_eq!(&r1.ids[..], &r.ids[..10]);
         // k larger than the store.
         let small = &d[..5 * dim];
-        let p = Params { k: 8, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None };
+        let p = Params { k: 8, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None };
         let r = search(&cl, small, dim, &q[..dim], &p).unwrap();
         assert_eq!(r.counts[0], 5);
         assert_eq!(r.ids[5..], [-1, -1, -1]);
@@ -493,8 +564,8 @@ pub(crate) mod tests {
         let q = data(4, dim, 7);
         let mask: Vec<u8> = (0..n).map(|r| (r % 3 != 0) as u8).collect();
         let w: Vec<f32> = (0..n).map(|r| 0.5 + (r % 5) as f32 * 0.1).collect();
-        let flat = Params { k: 20, n_probe: 1, adaptive: None, flat: true, mask: Some(&mask), weights: Some(&w) };
-        let all = Params { k: 20, n_probe: 10, adaptive: None, flat: false, mask: Some(&mask), weights: Some(&w) };
+        let flat = Params { k: 20, n_probe: 1, adaptive: None, flat: true, mask: Some(&mask), weights: Some(&w), rows: None };
+        let all = Params { k: 20, n_probe: 10, adaptive: None, flat: false, mask: Some(&mask), weights: Some(&w), rows: None };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert_eq!(a.ids, b.ids);
@@ -505,7 +576,7 @@ pub(crate) mod tests {
         cl.member_cache = true;
         assert_eq!(b.scanned[0], mask.iter().filter(|&&m| m != 0).count() as i64);
         // Pending rows (2900..3000) are findable in two-stage mode with one probe.
-        let one = Params { k: 1, n_probe: 1, adaptive: None, flat: false, mask: None, weights: None };
+        let one = Params { k: 1, n_probe: 1, adaptive: None, flat: false, mask: None, weights: None, rows: None };
         let r = search(&cl, &d, dim, &d[2950 * dim..2951 * dim], &one).unwrap();
         assert_eq!(r.ids[0], 2950);
         assert_eq!(r.clusters[0], -1);
@@ -521,8 +592,8 @@ pub(crate) mod tests {
         cl.grow_rows(n);
         cl.kmeans(4, None, 0, &d).unwrap();
         let q = data(8, dim, 9);
-        let flat = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None };
-        let all = Params { k: 10, n_probe: 4, adaptive: None, flat: false, mask: None, weights: None };
+        let flat = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None };
+        let all = Params { k: 10, n_probe: 4, adaptive: None, flat: false, mask: None, weights: None, rows: None };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert!(cl.slots().iter().all(|c| c.cache.get().is_some()), "codes path not taken");
@@ -612,7 +683,7 @@ pub(crate) mod tests {
     fn bad_params_are_errors() {
         let cl = Clusters::new(4);
         let q = [1.0, 0.0, 0.0, 0.0];
-        let mk = |k, n_probe| Params { k, n_probe, adaptive: None, flat: false, mask: None, weights: None };
+        let mk = |k, n_probe| Params { k, n_probe, adaptive: None, flat: false, mask: None, weights: None, rows: None };
         assert!(search(&cl, &[], 4, &q, &mk(0, 1)).is_err());
         assert!(search(&cl, &[], 4, &q, &mk(1, 0)).is_err());
         let r = search(&cl, &[], 4, &q, &mk(3, 1)).unwrap();
@@ -621,7 +692,7 @@ pub(crate) mod tests {
         let one = [1.0, 0.0, 0.0, 0.0];
         let mut c1 = Clusters::new(4);
         c1.grow_rows(1);
-        let p = Params { k: 1, n_probe: 1, adaptive: None, flat: true, mask: None, weights: Some(&w) };
+        let p = Params { k: 1, n_probe: 1, adaptive: None, flat: true, mask: None, weights: Some(&w), rows: None };
         assert!(search(&c1, &one, 4, &q, &p).is_err());
     }
 }

@@ -280,3 +280,19 @@ def test_filtered_search_scores_are_cosines_for_unnormalised_queries(tmp_path):
             i = int(h.text[1:])
             assert i % 2 == 1
             assert h.score == pytest.approx(float(want[i]), abs=1e-5)
+
+
+def test_mutating_a_hits_metadata_never_changes_the_store(tmp_path):
+    # hit details are cached; the metadata a caller gets is its own copy
+    x = np.eye(4, 384, dtype=np.float32)
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+        s.add_many(["a", "b", "c", "d"], embeddings=x,
+                   metadata=[{"n": 1}, {"n": 2, "deep": {"x": [1]}}, None, {"n": 4}])
+        for _ in range(2):
+            for h in s.search(x[0] + x[1], k=4, mode="flat"):
+                if h.metadata is not None:
+                    h.metadata["n"] = 99
+                    h.metadata.get("deep", {}).get("x", []).append(2)
+        got = {h.text: h.metadata for h in s.search(x[0] + x[1], k=4, mode="flat")}
+        assert got["a"] == {"n": 1} and got["b"] == {"n": 2, "deep": {"x": [1]}} and got["c"] is None
+        assert s.get(s.search(x[1], k=1, mode="flat")[0].memory_id).metadata == {"n": 2, "deep": {"x": [1]}}

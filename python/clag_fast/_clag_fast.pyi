@@ -58,6 +58,7 @@ class VectorIndex:
         probe_gap: float | None = None,
         min_probe: int = 1,
         min_rows: int = 0,
+        rows: npt.NDArray[np.uint32] | None = None,
     ) -> tuple[
         npt.NDArray[np.int64],
         npt.NDArray[np.float32],

@@ -339,6 +339,7 @@ class VectorIndex:
         probe_gap: float | None = None,
         min_probe: int = 1,
         min_rows: int | None = None,
+        rows: Any = None,
     ) -> SearchResult:
         """Top-``k`` rows by cosine for each query ((dim,) or (q, dim)).
 
@@ -358,7 +359,9 @@ class VectorIndex:
         ``probed`` then lists the clusters probed, best first, padded with -1 to ``n_probe``.
 
         ``mask``: bool[len] (True = eligible). ``weights``: float32[len], finite, >= 0; each
-        score is multiplied by its row's weight before ranking. Results are always 2-D.
+        score is multiplied by its row's weight before ranking. ``rows``: score exactly these
+        row numbers (an exact search of a small filtered set: their dot products only, no
+        stage 1; ``mask``/``weights`` still apply). Results are always 2-D.
         """
         if mode not in ("two_stage", "flat"):
             raise ValueError(f"mode must be 'two_stage' or 'flat', got {mode!r}")
@@ -390,5 +393,13 @@ class VectorIndex:
             if w.shape != (n,):
                 raise ValueError(f"weights must have shape ({n},) (one entry per row), got {w.shape}")
             w = np.ascontiguousarray(w, dtype=np.float32)
-        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe, min_rows))
+        r = None
+        if rows is not None:
+            r = np.asarray(rows)
+            if r.ndim != 1 or r.dtype.kind not in "iu":
+                raise ValueError(f"rows must be a 1-D array of row numbers, got shape {r.shape} dtype {r.dtype}")
+            if len(r) and (int(r.min()) < 0 or int(r.max()) >= n):
+                raise ValueError(f"rows must lie in [0, {n})")
+            r = np.ascontiguousarray(r, dtype=np.uint32)
+        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe, min_rows, r))
 

@@ -264,7 +264,7 @@ impl PyVectorIndex {
 
     /// Returns (ids, scores, clusters, counts, scanned, probed). `probe_gap` given: adaptive
     /// probing (at least `min_probe`, at most `n_probe` clusters; see `search::Adaptive`).
-    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None, probe_gap=None, min_probe=1, min_rows=0))]
+    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None, probe_gap=None, min_probe=1, min_rows=0, rows=None))]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn search<'py>(
         &self,
@@ -278,6 +278,7 @@ impl PyVectorIndex {
         probe_gap: Option<f32>,
         min_probe: usize,
         min_rows: usize,
+        rows: Option<PyReadonlyArray1<'py, u32>>,
     ) -> PyResult<(
         Bound<'py, PyArray2<i64>>,
         Bound<'py, PyArray2<f32>>,
@@ -299,7 +300,11 @@ impl PyVectorIndex {
             None => None,
         };
         let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap, min_rows });
-        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w };
+        let r = match &rows {
+            Some(a) => Some(slice(a, "rows")?),
+            None => None,
+        };
+        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: r };
         let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
         Ok((
             Array2::from_shape_vec((nq, k), r.ids).expect("shape").into_pyarray(py),

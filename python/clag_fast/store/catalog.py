@@ -173,6 +173,23 @@ def _loads(s: str | None) -> Any:
     return None if s is None else json.loads(s)
 
 
+def _cached_meta(raw: str | None) -> Any:
+    """Metadata as the details cache keeps it: None, a flat dict, or the JSON text of a nested
+    one (decoded per use, so no caller can reach into the cached copy)."""
+    if raw is None:
+        return None
+    meta = json.loads(raw)
+    if isinstance(meta, dict) and not any(isinstance(v, (dict, list)) for v in meta.values()):
+        return meta
+    return raw
+
+
+def _meta_copy(meta: Any) -> Any:
+    if meta is None:
+        return None
+    return dict(meta) if isinstance(meta, dict) else json.loads(meta)
+
+
 def _ids(n: int) -> str:
     return ",".join("?" * n)
 
@@ -353,12 +370,17 @@ class Catalog:
             fetched = {r[0]: r[1:] for r in self.db.execute(
                 "SELECT id, text, kind, namespace, created_at, metadata, key FROM memories "
                 f"WHERE id IN ({_ids(len(chunk))})", chunk)}
+            # Metadata is decoded once, when cached: a flat dict (no nested list or dict) is
+            # handed out as a shallow copy, so a caller mutating its hit's metadata never
+            # changes the cache; nested metadata is decoded afresh each time. Decoding ten
+            # hits' JSON per search was a third of the search path's Python time.
+            fetched = {m: (*d[:4], _cached_meta(d[4]), d[5]) for m, d in fetched.items()}
             out.update(fetched)
             with self._details_lock:
                 if len(cache) + len(fetched) > _DETAILS_CACHE:
                     cache.clear()  # bounded; a full clear is cheaper than LRU bookkeeping per hit
                 cache.update(fetched)
-        return {m: (d[0], d[1], d[2], d[3], _loads(d[4]), d[5]) for m, d in out.items()}
+        return {m: (d[0], d[1], d[2], d[3], _meta_copy(d[4]), d[5]) for m, d in out.items()}
 
     def texts(self, memory_ids: Sequence[int]) -> dict[int, str]:
         return {m: d[0] for m, d in self.details(memory_ids).items()}

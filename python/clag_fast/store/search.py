@@ -35,13 +35,11 @@ HYBRID_POOL = 50
 #: Recall@10 (0.645 at 17.6% scanned; a quarter of the probe budget: 0.645 at 18.3%), and each
 #: more gathers ~100 scattered rows at 100k memories (0.2 ms for the four a quarter gave).
 LEXICAL_CLUSTERS = 1
-#: A flat search over at most this many eligible rows scores a gathered copy of just their
-#: vectors (cached per filter and write version) instead of scanning the whole row range
-#: with a mask: at 100k rows a 1% filter's masked scan cost 3x the dot products it needed
+#: A flat search over at most this many eligible rows scores just those rows (their list
+#: cached per filter and write version) instead of scanning the whole row range with a mask:
+#: at 100k rows a 1% filter's masked scan cost 3x the dot products it needed
 #: (benches/bench_filters.py).
 SUBSET_ROWS = 8192
-#: Bytes of gathered vectors kept across filters (oldest dropped first).
-SUBSET_BYTES = 64 << 20
 
 
 class Searcher:
@@ -53,7 +51,7 @@ class Searcher:
         self._weights: tuple[int, float, np.ndarray] | None = None
         self._filters: dict[tuple, tuple[np.ndarray | None, int]] = {}
         self._filters_version: tuple[int, int] = (-1, -1)
-        self._subsets: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._subsets: dict[tuple, np.ndarray] = {}
         self._subsets_lock = threading.Lock()
 
     def eligible(self, filters: tuple) -> tuple[np.ndarray | None, int]:
@@ -233,47 +231,23 @@ class Searcher:
         return Hits(self._hits(res, 0), scanned=min(scanned, candidates), candidates=candidates,
                     clusters_probed=probed, mode=mode)
 
-    def _subset(self, filters: tuple, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(eligible rows, their vectors gathered contiguously), cached like ``eligible``."""
-        hit = self._subsets.get(filters)
-        if hit is None:
-            rows = np.flatnonzero(mask)
-            hit = (rows, np.ascontiguousarray(self.state.index.vectors()[rows]))
+    def _subset(self, filters: tuple, mask: np.ndarray) -> np.ndarray:
+        """The eligible rows (uint32, ascending), cached like ``eligible``."""
+        rows = self._subsets.get(filters)
+        if rows is None:
+            rows = np.flatnonzero(mask).astype(np.uint32)
             with self._subsets_lock:  # searches run concurrently under the read lock
-                held = sum(v.nbytes for _, v in self._subsets.values())
-                while self._subsets and held + hit[1].nbytes > SUBSET_BYTES:
-                    held -= self._subsets.pop(next(iter(self._subsets)))[1].nbytes
-                self._subsets[filters] = hit
-        return hit
+                if len(self._subsets) > 64:
+                    self._subsets.clear()
+                self._subsets[filters] = rows
+        return rows
 
     def _subset_search(self, qvecs: np.ndarray, k: int, filters: tuple, mask: np.ndarray,
                        weights: np.ndarray | None) -> SearchResult:
-        """Exact top-k over the few eligible rows: what the native flat search returns, at
-        the cost of the eligible rows' dot products alone."""
-        rows, sub = self._subset(filters, mask)
-        # The native search normalises queries; scores here must be the same cosines.
-        norms = np.linalg.norm(qvecs, axis=1, keepdims=True)
-        qvecs = (qvecs / np.where(norms > 0, norms, 1)).astype(np.float32)
-        m, q = len(rows), len(qvecs)
-        kk = min(k, m)
-        ids, best = [], []
-        # Few numpy calls per query: at ~1,000 rows each call's overhead is a fair share of
-        # the cost.
-        for i in range(q):
-            # vecdot: one single-threaded BLAS dot per row, 2x einsum's speed (60 vs 130 us
-            # for 1,000 x 384), without `@`'s multithreaded gemv (see _hybrid).
-            scores = np.vecdot(sub, qvecs[i])
-            if weights is not None:
-                scores *= weights[rows]
-            top = np.argpartition(scores, m - kk)[m - kk:] if kk < m else np.arange(m)
-            sc = scores[top]
-            order = np.lexsort((top, -sc))  # best first; ties to the lower row
-            ids.append(rows[top[order]])
-            best.append(sc[order])
-        ids_a = np.stack(ids)
-        return SearchResult(ids_a, np.stack(best).astype(np.float32, copy=False),
-                            self.state.index.cluster_of(ids_a.ravel()).reshape(ids_a.shape),
-                            np.full(q, kk, np.int64), np.full(q, m, np.int64), np.empty((q, 0), np.int64))
+        """Exact top-k over the few eligible rows: the native search scores exactly the
+        listed rows (their dot products alone, no pass over every row's mask), measured
+        in benches/bench_filters.py."""
+        return self.state.index.search(qvecs, k=k, mode="flat", weights=weights, rows=self._subset(filters, mask))
 
     def _lexical_clusters(self, best_rows: np.ndarray, exclude: set[int], n: int) -> list[int]:
         """The ``n`` clusters (outside ``exclude``) whose best member matches the query best:
