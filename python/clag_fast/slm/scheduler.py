@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from clag_fast.store import keyphrases
 from clag_fast.store import organize as org_ops
 from clag_fast.store import placement as place_ops
-from clag_fast.store.profiles import vector_profile
 from clag_fast.store.state import StoreState
 
 if TYPE_CHECKING:
@@ -70,6 +70,9 @@ class SLMScheduler:
         # after 300 adds in bench_add_latency.py).
         self._queued: set[str] = set()
         self._worker: threading.Thread | None = None
+        # Each memory's keyphrases, kept across profile passes (store/keyphrases).
+        self._phrases = keyphrases.PhraseCache()
+        self._label_counts: dict[str, int] = {"vector": 0, "slm": 0, "neutral": 0, "slm_not_distinct": 0}
         # Only SLM work needs a worker: vector-only organisation is bounded and amortised
         # (``StoreConfig.organize_period``), so it runs inline and stays deterministic.
         if self.config.background and not state.read_only and self.enabled:
@@ -137,6 +140,12 @@ class SLMScheduler:
         with self._pending_lock:
             routes = len(self._pending)
         return {"routes": routes, "jobs": self._jobs.unfinished_tasks if self._jobs is not None else 0}
+
+    def label_stats(self) -> dict[str, int]:
+        """Profiles written so far by kind: "slm" (the SLM's pick of keyphrases), "vector"
+        (the top keyphrases), "neutral" (members share no content word); "slm_not_distinct":
+        SLM picks replaced by the vector label because they read as another cluster."""
+        return dict(self._label_counts)
 
     def llm_stats(self) -> dict[str, Any]:
         stats = self._llm.stats.snapshot() if self._llm is not None else {}
@@ -364,8 +373,19 @@ class SLMScheduler:
         with state.lock.read():
             todo = org_ops.clusters_needing_profiles(state, self.config.profile_drift_share)
             briefs = self._briefs(set(todo))
+            phrases = keyphrases.cluster_phrases(state, todo, self._phrases)
+            ids = state.index.cluster_ids().tolist()
+            centres = np.array(state.index.centres(), np.float32)
         if not todo:
             return 0, 0
+        embed: Callable[[list[str]], np.ndarray] | None = self._embed
+        try:
+            keyphrases.by_distinctness(phrases, ids, centres, embed, top=self.config.profile_candidates)
+        except ValueError:  # no embedder (embedder=False): document counts alone rank them
+            embed = None
+        for cid, ph in phrases.items():
+            if cid in briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
+                briefs[cid].candidates = ph.phrases()
         profiles: dict[int, tuple[str, list[str]]] = {}
         big = [c for c in todo if briefs[c].size >= self.config.profile_min_size]
         retry: set[int] = set()
@@ -376,12 +396,26 @@ class SLMScheduler:
             deadline = None if budget_s is None else time.monotonic() + budget_s
             batch = org.profile_batch([briefs[c] for c in big], deadline=deadline)
             retry = batch.retry
-            for cid, prof in batch.profiles.items():
+            picked = dict(batch.profiles)
+            if embed is not None and picked:
+                # The SLM chooses among the candidates; a choice that reads as another cluster
+                # (its embedding nearer another centre) loses to the vector label.
+                slot = {c: i for i, c in enumerate(ids)}
+                keep = [c for c in picked if c in slot]
+                m = keyphrases.margins(embed([picked[c].summary for c in keep]), [slot[c] for c in keep], centres)
+                for c, margin in zip(keep, m.tolist()):
+                    if margin <= 0:
+                        picked.pop(c)
+                        self._label_counts["slm_not_distinct"] += 1
+            for cid, prof in picked.items():
                 profiles[cid] = (prof.summary, list(prof.tags))
         slm_done = list(profiles)
         for cid in todo:
             if cid not in profiles:
-                profiles[cid] = vector_profile(briefs[cid].examples)
+                ph = phrases.get(cid, keyphrases.ClusterPhrases(neutral=keyphrases.NEUTRAL_MIXED))
+                profiles[cid] = keyphrases.phrases_label(ph)
+                self._label_counts["neutral" if not ph.candidates else "vector"] += 1
+        self._label_counts["slm"] += len(slm_done)
         with state.lock.write():
             # Clusters that deserved an SLM profile but were not asked, or whose call failed
             # on the server's side (down, timeout, HTTP 408/429/5xx), stay marked as unprofiled
