@@ -3,7 +3,8 @@
 Three measures over the clusters with two or more members (issue #16):
 
 * **copy**: the summary is a member's text: it shares a run of ``COPY_RUN`` (8) consecutive
-  words with one member. Rate = copies / clusters.
+  words with one member. Rate = copies / clusters. Keyphrase labels hold at most six words,
+  so they are never copies by construction; the measure is for SLM or other summaries.
 * **grounded**: the share of the label's content words (summary and tags, words as
   ``store.keyphrases.content_words`` splits them) that occur in the cluster's members; the
   mean over clusters.
@@ -63,17 +64,12 @@ def _longest_run(a: list[str], b: list[str]) -> int:
 
 
 def is_copy(summary: str, members: Sequence[str], run: int = COPY_RUN) -> bool:
-    """True when ``summary`` shares ``run`` consecutive words with one of ``members`` (or is
-    a whole member of fewer words)."""
+    """True when ``summary`` shares ``run`` consecutive words with one of ``members`` (the
+    issue's definition: a label equal to a member shorter than ``run`` words is not a copy)."""
     words = _words(summary)
-    if not words:
+    if len(words) < run:
         return False
-    for m in members:
-        mw = _words(m)
-        need = min(run, len(mw)) if mw else run
-        if need and len(words) >= need and _longest_run(words, mw) >= need:
-            return True
-    return False
+    return any(_longest_run(words, _words(m)) >= run for m in members)
 
 
 def groundedness(summary: str, tags: Sequence[str], members: Sequence[str]) -> float:

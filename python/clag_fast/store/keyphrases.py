@@ -60,7 +60,8 @@ STOPWORDS = frozenset(
     "much many lot lots well great good nice cool awesome amazing fun glad sounds sound "
     "thing things stuff something anything everything way one ones two also just right "
     "kind sort bit little lot new old first last next back around again always never "
-    "sometimes often usually today tomorrow yesterday time times day days".split()
+    "sometimes often usually today tomorrow yesterday time times day days "
+    "three four five six seven eight nine ten".split()
 )
 
 # The only stopwords a three-word phrase may hold in its middle.
@@ -115,7 +116,7 @@ def _tokens(text: str) -> list[tuple[str, int, bool]]:
     never spans a comma, a full stop or "->"); spaceless-script characters are one token each
     and join within their script."""
     text = _SPEAKER_RE.sub("", unicodedata.normalize("NFC", str(text)), count=1)
-    text = _MARKER_RE.sub(" ", _MARKER_HEAD_RE.sub("[", text))
+    text = _MARKER_HEAD_RE.sub("[", _MARKER_RE.sub(" ", text)).replace("_", " ")
     out: list[tuple[str, int, bool]] = []
     last_end = -1
     for m in _WORD_RE.finditer(text):
@@ -254,6 +255,12 @@ class PhraseCache:
         return len(self._items)
 
 
+def _named(phrase: str) -> bool:
+    """Every word with a letter starts with a capital ("Kamogawa Residence", "JR Pass")."""
+    words = [w for w in phrase.split() if any(c.isalpha() for c in w) and w.casefold() not in _JOINERS]
+    return bool(words) and all(w[0].isupper() for w in words)
+
+
 def _surface(forms: Counter) -> str:
     """The most frequent written form; ties go to the one with capitals (names)."""
     return max(forms.items(), key=lambda kv: (kv[1], sum(c.isupper() for c in kv[0]), kv[0]))[0]
@@ -283,12 +290,17 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     for key, c in df.items():
         if c < need:
             continue
-        nwords = key.count(" ") + 1 if " " in key else (1 if not _spaceless(key[0]) else max(1, len(key) - 1))
+        if _spaceless(key[0]):
+            nwords = max(1, len(key) - 1)
+        else:  # content words: "Residence in Kyoto" is no longer than "Kamogawa Residence"
+            nwords = sum(w not in _JOINERS for w in key.split())
         if background_df is not None:
             bg = max(background_df.get(key, 0), c)
             idf = math.log((N + 1) / (bg + 0.5))
         else:
-            idf = 1.0
+            # No namespace to compare with (a new cluster's first member): names, written
+            # with capitals, say more than common words.
+            idf = 1.5 if _named(_surface(forms[key])) else 1.0
         # Longer phrases read better and say more; a small bonus breaks near-ties their way.
         score = (c / n) * idf * (1.0 + 0.15 * (min(nwords, 3) - 1))
         if score > 0:
