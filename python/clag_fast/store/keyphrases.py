@@ -75,6 +75,8 @@ LABEL_WORDS = 6
 MAX_LABEL_PHRASES = 3
 MAX_TAGS = 3
 MAX_MEMBERS = 300
+MIN_MEMBERS = 2
+TYPICAL_MEMBERS = 3
 MAX_BACKGROUND = 4000
 
 # A word: letters/digits, inner apostrophes, dots, colons, hyphens, slashes kept
@@ -228,6 +230,7 @@ class ClusterPhrases:
     candidates: list[Keyphrase] = field(default_factory=list)
     neutral: str | None = None
     head: list[str] | None = None  # the label's phrases when chosen (``by_distinctness``)
+    typical: list[Keyphrase] = field(default_factory=list)  # one typical member's own phrases
 
     def phrases(self, n: int | None = None) -> list[str]:
         return [k.text for k in self.candidates[:n]]
@@ -266,6 +269,24 @@ def _surface(forms: Counter) -> str:
     return max(forms.items(), key=lambda kv: (kv[1], sum(c.isupper() for c in kv[0]), kv[0]))[0]
 
 
+def _phrase_score(key: str, c: int, n: int, forms: dict[str, Counter], background_df: Counter | None,
+                  N: int) -> float:
+    """Coverage in the cluster (``c`` of ``n`` members) times rarity in the namespace."""
+    if _spaceless(key[0]):
+        nwords = max(1, len(key) - 1)
+    else:  # content words: "Residence in Kyoto" is no longer than "Kamogawa Residence"
+        nwords = sum(w not in _JOINERS for w in key.split())
+    if background_df is not None:
+        bg = max(background_df.get(key, 0), c)
+        idf = math.log((N + 1) / (bg + 0.5))
+    else:
+        # No namespace to compare with (a new cluster's first member): names, written with
+        # capitals, say more than common words.
+        idf = 1.5 if _named(_surface(forms[key])) else 1.0
+    # Longer phrases read better and say more; a small bonus breaks near-ties their way.
+    return (c / n) * idf * (1.0 + 0.15 * (min(nwords, 3) - 1))
+
+
 def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None, n_background: int = 0,
          limit: int = 12) -> ClusterPhrases:
     """Rank the phrases of one cluster's ``members`` (each ``extract``'s output).
@@ -284,25 +305,13 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
         for key, form in m.items():
             df[key] += 1
             forms.setdefault(key, Counter())[form] += 1
-    need = 2 if n >= 2 else 1
+    need = min(n, MIN_MEMBERS)
     N = max(n_background, n)
     scored: list[tuple[float, str]] = []
     for key, c in df.items():
         if c < need:
             continue
-        if _spaceless(key[0]):
-            nwords = max(1, len(key) - 1)
-        else:  # content words: "Residence in Kyoto" is no longer than "Kamogawa Residence"
-            nwords = sum(w not in _JOINERS for w in key.split())
-        if background_df is not None:
-            bg = max(background_df.get(key, 0), c)
-            idf = math.log((N + 1) / (bg + 0.5))
-        else:
-            # No namespace to compare with (a new cluster's first member): names, written
-            # with capitals, say more than common words.
-            idf = 1.5 if _named(_surface(forms[key])) else 1.0
-        # Longer phrases read better and say more; a small bonus breaks near-ties their way.
-        score = (c / n) * idf * (1.0 + 0.15 * (min(nwords, 3) - 1))
+        score = _phrase_score(key, c, n, forms, background_df, N)
         if score > 0:
             scored.append((score, key))
     scored.sort(key=lambda x: (-x[0], x[1]))
@@ -321,7 +330,24 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     if not chosen:  # the members share no content word: say so rather than guess
         short = np.median([len(m) for m in members]) <= 3
         neutral = NEUTRAL_LABEL if short else NEUTRAL_MIXED
-    return ClusterPhrases(chosen, neutral)
+        return ClusterPhrases(chosen, neutral)
+    # Phrases of the most typical members (callers pass members nearest the centre first) that
+    # no other member holds: the fallback when the shared phrases are too common to point at
+    # this cluster ("help", "keep" in a chat), chosen only by ``by_distinctness``.
+    typical: list[Keyphrase] = []
+    for m in members[:TYPICAL_MEMBERS]:
+        scores = {k: _phrase_score(k, 1, n, forms, background_df, N) for k in m if df[k] == 1}
+        taken = 0
+        for key in sorted(scores, key=lambda k: (-scores[k], k)):
+            words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+            if scores[key] <= 0 or any(w in used for w in words):
+                continue
+            typical.append(Keyphrase(_surface(forms[key]), round(scores[key], 4), 1, round(1 / n, 3)))
+            used |= words
+            taken += 1
+            if taken == 2:
+                break
+    return ClusterPhrases(chosen, neutral, typical=typical)
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
@@ -368,53 +394,80 @@ def margins(vecs: np.ndarray, own: Sequence[int], centres: np.ndarray) -> np.nda
     return mine - other
 
 
+def _variants(phrases: list[str]) -> list[list[str]]:
+    """Labels to try from the best three ``phrases``: each alone, each pair, all three."""
+    top = phrases[:MAX_LABEL_PHRASES]
+    tries = [[p] for p in top] + [[a, b] for x, a in enumerate(top) for b in top[x + 1:]] + [top]
+    out: list[list[str]] = []
+    for t in tries:
+        head = label(phrases, t)[0].split(" · ")
+        if head not in out:
+            out.append(head)
+    return out
+
+
+def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
+            centres: np.ndarray, embed: Callable[[list[str]], np.ndarray]) -> dict[int, float]:
+    """For each cluster: order its ``pools`` phrases by margin (``margins``) into its
+    candidates and choose as ``head`` the label variant with the best margin. Returns that
+    margin per cluster."""
+    todo = [c for c in pools if pools[c]]
+    texts = [k.text for c in todo for k in pools[c]]
+    if not texts:
+        return {}
+    m = margins(embed(texts), [slot[c] for c in todo for _ in pools[c]], centres)
+    at = 0
+    variants: list[tuple[int, list[str], float | None]] = []
+    for c in todo:
+        pool = pools[c]
+        mine = m[at:at + len(pool)].tolist()
+        at += len(pool)
+        single = {k.text: x for k, x in zip(pool, mine)}
+        # Rank by margin, the document-count rank breaking near-ties (within 0.02).
+        order = sorted(range(len(pool)), key=lambda j: (-round(mine[j] / 0.02), j))
+        ranked_pool = [pool[j] for j in order]
+        rest = [k for k in found[c].candidates if k not in ranked_pool]
+        found[c].candidates = ranked_pool + rest
+        for head in _variants(found[c].phrases()):
+            variants.append((c, head, single.get(head[0]) if len(head) == 1 else None))
+    need = [j for j, v in enumerate(variants) if v[2] is None]
+    vm = margins(embed([" · ".join(variants[j][1]) for j in need]), [slot[variants[j][0]] for j in need],
+                 centres).tolist() if need else []
+    got = dict(zip(need, vm))
+    best: dict[int, tuple[float, float, int]] = {}
+    for j, (c, h, single_m) in enumerate(variants):
+        margin = single_m if single_m is not None else got[j]
+        # Longer labels say more: one more phrase wins unless it blurs the label (margin -0.01).
+        score = margin + 0.01 * len(h)
+        if c not in best or score > best[c][0]:
+            best[c] = (score, margin, j)
+    for c, (_, _, j) in best.items():
+        found[c].head = variants[j][1]
+    return {c: margin for c, (_, margin, _) in best.items()}
+
+
 def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centres: np.ndarray,
-                    embed: Callable[[list[str]], np.ndarray], top: int = 8) -> None:
+                    embed: Callable[[list[str]], np.ndarray], top: int = 8) -> dict[int, float]:
     """Re-rank each cluster's ``top`` candidates in place by how clearly their embedding points
     at the cluster's centre rather than another (``margins``), and choose as ``head`` the
     one-, two- or three-phrase label whose embedding does so most clearly.
 
     Document counts find the phrases a cluster's members share; the embedding says which of
     them a reader (and the answer prompt) would take for *this* cluster: "deer" and "bow" say
-    Nara, "works" says nothing. Costs one embedding per candidate and at most 13 per label.
+    Nara, "works" says nothing. A cluster whose shared phrases all point elsewhere ("help",
+    "keep" in a chat) tries again with its typical members' own phrases added. Costs one
+    embedding per candidate and four per label (twice for those clusters). Returns the
+    chosen label's margin per cluster (<= 0: even the best label points elsewhere).
     """
     slot = {int(c): i for i, c in enumerate(ids)}
-    todo = [c for c, ph in found.items() if c in slot and ph.candidates and ph.neutral is None]
-    texts = [k.text for c in todo for k in found[c].candidates[:top]]
-    if not texts:
-        return
-    own = [slot[c] for c in todo for _ in found[c].candidates[:top]]
-    m = margins(embed(texts), own, centres)
-    at = 0
-    variants: list[tuple[int, list[str]]] = []
-    for c in todo:
-        ph = found[c]
-        k = len(ph.candidates[:top])
-        mine = m[at:at + k]
-        at += k
-        # Rank by margin, the document-count rank breaking near-ties (within 0.02).
-        order = sorted(range(k), key=lambda j: (-round(float(mine[j]) / 0.02), j))
-        ph.candidates = [ph.candidates[j] for j in order] + ph.candidates[k:]
-        # The labels tried: the top one, two and three phrases, and each single phrase and
-        # pair among the top four (at most 13 short texts to embed per cluster).
-        cands = ph.phrases(4)
-        tries = [ph.phrases(n) for n in range(1, MAX_LABEL_PHRASES + 1)]
-        tries += [[p] for p in cands] + [[a, b] for x, a in enumerate(cands) for b in cands[x + 1:]]
-        heads: list[list[str]] = []
-        for t in tries:
-            head_n = label(ph.phrases(), t)[0].split(" · ")
-            if head_n not in heads:
-                heads.append(head_n)
-        variants += [(c, h) for h in heads]
-    vm = margins(embed([" · ".join(h) for _, h in variants]), [slot[c] for c, _ in variants], centres)
-    best: dict[int, tuple[float, int]] = {}
-    for j, (c, h) in enumerate(variants):
-        # Longer labels say more: one more phrase wins unless it blurs the label (margin -0.01).
-        score = float(vm[j]) + 0.01 * len(h)
-        if c not in best or score > best[c][0]:
-            best[c] = (score, j)
-    for c, (_, j) in best.items():
-        found[c].head = variants[j][1]
+    live = {c: ph for c, ph in found.items() if c in slot and ph.candidates and ph.neutral is None}
+    got = _choose(live, {c: ph.candidates[:top] for c, ph in live.items()}, slot, centres, embed)
+    weak = {c: live[c].candidates[:top] + live[c].typical for c, margin in got.items()
+            if margin <= 0 and live[c].typical}
+    if weak:
+        # Only the clusters still without a label that points at them.
+        got.update(_choose(live, weak, slot, centres, embed))
+    return got
 
 
 def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache,
@@ -435,9 +488,9 @@ def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache
             continue
         m = idx.members(c)
         m = m[rows.live[m]] if len(m) else m
-        if len(m) > MAX_MEMBERS:
-            # The members nearest the centre stand for the cluster.
-            m = m[np.argsort(-(vecs[m] @ centres[slot[c]]), kind="stable")[:MAX_MEMBERS]]
+        # Nearest the centre first: the most typical members; the nearest MAX_MEMBERS stand
+        # for a bigger cluster.
+        m = m[np.argsort(-(vecs[m] @ centres[slot[c]]), kind="stable")[:MAX_MEMBERS]]
         members[c] = m
     live = rows.live_rows()
     ns_of: dict[int, int] = {}
