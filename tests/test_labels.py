@@ -187,6 +187,22 @@ def test_clusters_plot_and_quality(tmp_path, capsys):
     assert "does not end in .png" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_the_demo_writes_the_cluster_map_and_reports_label_quality(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--llm", "off"]) == 0
+    out = capsys.readouterr().out
+    png = tmp_path / "clag_fast_demo_clusters.png"
+    assert f"clusters) written to {png}" in out and png.read_bytes()[:4] == b"\x89PNG"
+    line = next(x for x in out.splitlines() if x.startswith("labels: "))
+    assert "copies 0 (0.00), grounded 1.00, self@1 " in line
+    # No cluster line shows a member sentence: labels are keyphrases (at most six words).
+    table = out.split("summary | tags", 1)[1].split("\n?", 1)[0]
+    for row in table.strip().splitlines()[:-1]:
+        summary = row.split(None, 3)[3].rsplit(" | ", 1)[0]
+        assert len(summary.replace(" · ", " ").split()) <= 6 or summary.startswith("misc:"), row
+
+
 # ----------------------------------------------------------------------------- the real SLM
 
 

@@ -380,8 +380,12 @@ class SLMScheduler:
         with state.lock.read():
             briefs = self._briefs(set(todo))
             phrases = keyphrases.cluster_phrases(state, todo + relabel, self._phrases)
+            _, sizes_then = state.cluster_table()
             ids = state.index.cluster_ids().tolist()
             centres = np.array(state.index.centres(), np.float32)
+        # Clusters merged or dropped between the two looks are gone.
+        todo = [c for c in todo if c in briefs]
+        relabel = [c for c in relabel if c in phrases]
         if not todo and not relabel:
             return 0, 0
         embed: Callable[[list[str]], np.ndarray] | None = self._embed
@@ -439,14 +443,17 @@ class SLMScheduler:
                 pending_slm = retry
             else:
                 pending_slm = set(big) - set(slm_done)
-            org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm)
+            # Sizes as the labels saw them: in background mode adds keep coming while the SLM
+            # answers, and a cluster that grew meanwhile must be profiled again.
+            org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm, sizes_then=sizes_then)
         if progress is not None:
             progress("profiles", len(profiles), len(todo))
         return len(profiles), len(pending_slm) if use_slm else 0
 
     def _stale_labels(self, skip: set[int]) -> list[int]:
-        """Clusters (outside ``skip``) whose label, embedded, is nearer another cluster's centre
-        than its own; [] without an embedder. One embedding per labelled cluster."""
+        """Clusters (outside ``skip``) with a neutral label, or whose label, embedded, is nearer
+        another cluster's centre than its own (not checked without an embedder). One
+        embedding per labelled cluster."""
         state = self._state
         with state.lock.read():
             ids = state.index.cluster_ids().tolist()
@@ -454,15 +461,17 @@ class SLMScheduler:
             templates = state.catalog.template_clusters()
             labels = {c: state.profiles.get(c, ("", []))[0] for c in ids}
         neutral = (keyphrases.NEUTRAL_LABEL, keyphrases.NEUTRAL_MIXED)
+        # A neutral label is looked at again as well: its members may share a topic by now.
+        again = [c for c in ids if c not in skip and labels[c] in neutral]
         check = [c for c in ids if c not in skip and c not in templates and labels[c] and labels[c] not in neutral]
         if not check or len(ids) < 2:
-            return []
+            return again
         slot = {c: i for i, c in enumerate(ids)}
         try:
             m = keyphrases.margins(self._embed([labels[c] for c in check]), [slot[c] for c in check], centres)
         except ValueError:  # no embedder
-            return []
-        return [c for c, x in zip(check, m.tolist()) if x <= 0]
+            return again
+        return again + [c for c, x in zip(check, m.tolist()) if x <= 0]
 
     def _briefs(self, cids: set[int]):
         from clag_fast.slm.organizer import ClusterBrief

@@ -61,7 +61,9 @@ STOPWORDS = frozenset(
     "thing things stuff something anything everything way one ones two also just right "
     "kind sort bit little lot new old first last next back around again always never "
     "sometimes often usually today tomorrow yesterday time times day days "
-    "three four five six seven eight nine ten".split()
+    "three four five six seven eight nine ten everyone everybody someone somebody anyone anybody "
+    "nobody wants makes keeps gets gonna wanna gotta recently lately probably honestly "
+    "anyway anyways".split()
 )
 
 # The only stopwords a three-word phrase may hold in its middle.
