@@ -114,7 +114,7 @@ def test_vector_labels_in_a_store_are_distinct_keyphrases(tmp_path):
 
 @pytest.mark.parametrize("reply", [
     "We booked the Kyoto hotel near Kamogawa for April 19.",              # free text, no JSON
-    json.dumps({"topic": ["Morning Shoplifters"]}),                        # not offered
+    json.dumps({"groups": [["Morning Shoplifters"]] * 3}),                 # not offered
     json.dumps({"shared_topic": "Tropical Islands", "keywords": ["a"]}),   # the old form
 ])
 def test_an_slm_answering_outside_the_schema_leaves_the_vector_label(tmp_path, fake_server, reply):  # noqa: F811
@@ -139,7 +139,7 @@ def test_an_slm_that_is_down_or_slow_leaves_the_vector_label(tmp_path, fake_serv
     if how == "down":
         llm = LLMClient(dead_url(), max_retries=0, schema_mode="json_object")
     else:
-        fake_server.behaviour = lambda body: (200, completion(json.dumps({"topic": ["JR Pass"]})), 2.0)
+        fake_server.behaviour = lambda body: (200, completion(json.dumps({"groups": [["JR Pass"]]})), 2.0)
         llm = LLMClient(fake_server.url, timeout=0.2, max_retries=0, schema_mode="json_object")
     with synthetic_store(tmp_path / "s", llm=llm) as s:
         s.organize()
@@ -147,22 +147,20 @@ def test_an_slm_that_is_down_or_slow_leaves_the_vector_label(tmp_path, fake_serv
 
 
 def test_an_slm_pick_becomes_the_label(tmp_path, fake_server):  # noqa: F811
-    def pick_last(body):
-        offered = body["response_format"]["schema"]["properties"].get("topic", {}).get("items", {}).get("enum")
-        return 200, completion(json.dumps({"topic": [offered[-1], offered[0]]} if offered else {}))
+    def pick_last_first(body):
+        groups = body["response_format"]["schema"]["properties"].get("groups", {}).get("prefixItems", [])
+        return 200, completion(json.dumps({"groups": [[g["items"]["enum"][-1], g["items"]["enum"][0]]
+                                                      for g in groups]}))
 
-    fake_server.behaviour = pick_last
+    fake_server.behaviour = pick_last_first
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
     with synthetic_store(tmp_path / "s", llm=llm) as s:
         s.organize()
         asked = [r for r in fake_server.chat_requests() if "shared by a group" in r["messages"][0]["content"]]
-        assert len(asked) == 3
-        for r, c in zip(asked, sorted(s.clusters(), key=lambda c: c.id)):
-            offered = r["response_format"]["schema"]["properties"]["topic"]["items"]["enum"]
-            assert len(offered) >= 2 and len(set(offered)) == len(offered)
-        summaries = {c.summary for c in s.clusters()}
-        enums = [r["response_format"]["schema"]["properties"]["topic"]["items"]["enum"] for r in asked]
-        assert summaries == {f"{e[-1]} · {e[0]}" for e in enums}
+        assert len(asked) == 1  # three clusters, one call (SLMConfig.profile_batch)
+        enums = [g["items"]["enum"] for g in asked[0]["response_format"]["schema"]["properties"]["groups"]["prefixItems"]]
+        assert len(enums) == 3 and all(len(e) >= 2 and len(set(e)) == len(e) for e in enums)
+        assert {c.summary for c in s.clusters()} == {f"{e[-1]} · {e[0]}" for e in enums}
         assert s.stats()["labels"]["slm"] == 3
 
 

@@ -196,7 +196,7 @@ def test_prompts_have_no_placeholder_values(fake_server):
     fake_server.reply_json({"categories": topic_candidates("a travel agent", TRIP_SAMPLES)[:3]})
     org = org_for(fake_server, evolution=True, select_clusters=True)
     assert len(org.propose_topics("a travel agent", TRIP_SAMPLES)) == 3
-    fake_server.reply_json({"topic": ["baking"]})
+    fake_server.reply_json({"groups": [["baking"]]})
     org.write_profiles([COOKING])
     fake_server.reply_json({"choices": [1]})
     org.route([("x", [COOKING, WORK], [0.40, 0.39])])
@@ -265,23 +265,42 @@ KYOTO = ClusterBrief(5, examples=["We booked the Kyoto hotel near Kamogawa.", "T
 
 
 def test_profile_picks_among_candidates(fake_server):
-    fake_server.reply_json({"topic": ["Kamogawa", "Kyoto hotel", "Kamogawa"]})
+    fake_server.reply_json({"groups": [["Kamogawa", "Kyoto hotel", "Kamogawa"]]})
     org = org_for(fake_server)
     out = org.write_profiles([KYOTO])
     # The SLM's order, repeats dropped; the tags are the next candidates in their own order.
     assert out[5] == Profile("Kamogawa · Kyoto hotel", ["kitchen", "April 19", "booked"])
     req = fake_server.chat_requests()[0]
-    schema = req["response_format"]["schema"]["properties"]["topic"]
+    groups = req["response_format"]["schema"]["properties"]["groups"]
+    assert groups["minItems"] == groups["maxItems"] == 1
+    schema = groups["prefixItems"][0]
     assert schema["items"]["enum"] == KYOTO.candidates and schema["uniqueItems"] is True
     assert schema["minItems"] == 1 and schema["maxItems"] == 3
-    assert "Phrases: Kyoto hotel; Kamogawa; kitchen; April 19; booked" in req["messages"][-1]["content"]
+    assert "Phrases for group 1: Kyoto hotel; Kamogawa; kitchen; April 19; booked" in req["messages"][-1]["content"]
+
+
+def test_profiles_are_asked_in_batches(fake_server):
+    def answer(body):
+        lists = body["response_format"]["schema"]["properties"]["groups"]["prefixItems"]
+        return 200, completion(json.dumps({"groups": [[p["items"]["enum"][-1]] for p in lists]}))
+
+    fake_server.behaviour = answer
+    org = org_for(fake_server, profile_batch=3)
+    briefs = [ClusterBrief(i, examples=[f"note {i}"], size=8, candidates=[f"first {i}", f"last {i}"]) for i in range(4)]
+    out = org.write_profiles(briefs)
+    assert {c: p.summary for c, p in out.items()} == {i: f"last {i}" for i in range(4)}
+    sizes = [len(r["response_format"]["schema"]["properties"]["groups"]["prefixItems"])
+             for r in fake_server.chat_requests()]
+    assert sizes == [3, 1]
+    assert "Group 3:\n<note>note 2</note>" in fake_server.chat_requests()[0]["messages"][-1]["content"]
 
 
 @pytest.mark.parametrize("answer", [
-    {"topic": ["Kyoto hotels and more"]},            # not offered
-    {"topic": []},                                    # fewer than one
+    {"groups": [["Kyoto hotels and more"]]},         # not offered
+    {"groups": [[]]},                                 # fewer than one
+    {"groups": []},                                   # no list for the group
     {"shared_topic": "We booked the Kyoto hotel near Kamogawa"},  # the old free-text form
-    {"topic": ["Kyoto hotel", "Kamogawa", "kitchen", "April 19"]},  # more than three
+    {"groups": [["Kyoto hotel", "Kamogawa", "kitchen", "April 19"]]},  # more than three
 ])
 def test_profile_answers_outside_the_schema_are_not_used(fake_server, answer):
     fake_server.reply_json(answer)
@@ -363,7 +382,7 @@ def test_evolve(fake_server):
 def test_profile_batch_retries_only_transient_failures(fake_server, status, retried):
     fake_server.behaviour = lambda body: (status, {"error": "x"})
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
-    org = Organizer(llm)
+    org = Organizer(llm, OrganizerConfig(profile_batch=1))  # one call per cluster
     batch = org.profile_batch([COOKING, WORK])
     assert batch.profiles == {}
     # A transient failure stops the batch: the rest is retried without a call of its own.

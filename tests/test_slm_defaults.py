@@ -47,8 +47,9 @@ def answer(body: dict):
     """Profiles pick SUMMARY; routes pick each note's last option (never the vector's first)."""
     system = body["messages"][0]["content"]
     if "shared by a group" in system:
-        offered = _find(body.get("response_format", {}), "enum") or []
-        return 200, completion(json.dumps({"topic": [SUMMARY if SUMMARY in offered else offered[-1]]}))
+        groups = _find(body.get("response_format", {}), "prefixItems") or []
+        picks = [[SUMMARY if SUMMARY in g["items"]["enum"] else g["items"]["enum"][-1]] for g in groups]
+        return 200, completion(json.dumps({"groups": picks}))
     if "sort notes into groups" in system:
         items = _find(body.get("response_format", {}), "prefixItems") or []
         return 200, completion(json.dumps({"choices": [item["enum"][-1] for item in items]}))

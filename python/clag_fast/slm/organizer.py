@@ -391,31 +391,41 @@ class Organizer:
         if self.llm is None:
             return ProfileBatch(out, retry)
         cfg = self.config
-        for i, c in enumerate(clusters):
-            if deadline is not None and time.monotonic() > deadline:
-                retry.update(x.id for x in clusters[i:])
-                break
+        # Clusters with something to choose between; the others keep their vector label.
+        todo = []
+        for c in clusters:
             examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
             candidates = list(dict.fromkeys(c.candidates))[: cfg.profile_candidates]
-            if not examples or len(candidates) < 2:
-                continue  # nothing to choose between: the vector label stands
-            user = prompts.profile_user([prompts.note(e, cfg.max_note_chars) for e in examples], candidates)
+            if examples and len(candidates) >= 2:
+                todo.append((c, examples, candidates))
+        step = cfg.profile_batch
+        for b in range(0, len(todo), step):
+            if deadline is not None and time.monotonic() > deadline:
+                retry.update(c.id for c, _, _ in todo[b:])
+                break
+            batch = todo[b:b + step]
+            user = prompts.profile_user([([prompts.note(e, cfg.max_note_chars) for e in ex], cands)
+                                         for _, ex, cands in batch])
             answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user,
-                                           prompts.profile_schema(candidates), max_tokens=48)
+                                           prompts.profile_schema([cands for _, _, cands in batch]),
+                                           max_tokens=40 * len(batch) + 16)
             if err is not None and is_transient(err):
                 # The server, not the answer, failed: retry these clusters at the next pass, and
                 # do not spend a timeout on each of the others now.
-                retry.update(x.id for x in clusters[i:])
+                retry.update(c.id for c, _, _ in todo[b:])
                 break
             if not isinstance(answer, dict):  # failed, or a user client that skips validation
                 continue
-            picked = _picks(answer.get("topic"), candidates)
-            if not picked:
-                self._fail("profile", f"cluster {c.id}: no offered phrase in {answer.get('topic')!r:.80}")
-                continue
-            summary, tags = keyphrases.label(c.candidates, picked)
-            out[c.id] = Profile(summary=summary, tags=tags)
-            self._count("profile")
+            lists = answer.get("groups")
+            lists = lists if isinstance(lists, list) else []
+            for k, (c, _, cands) in enumerate(batch):
+                picked = _picks(lists[k] if k < len(lists) else None, cands)
+                if not picked:
+                    self._fail("profile", f"cluster {c.id}: no offered phrase in {lists[k] if k < len(lists) else None!r:.80}")
+                    continue
+                summary, tags = keyphrases.label(c.candidates, picked)
+                out[c.id] = Profile(summary=summary, tags=tags)
+                self._count("profile")
         return ProfileBatch(out, retry)
 
     def needs_profile_refresh(

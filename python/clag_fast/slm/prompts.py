@@ -85,24 +85,32 @@ def route_user(group_lines: list[str], notes: list[str]) -> str:
 # back. Free-text summaries were copies of a member for most clusters with SmolLM2-135M
 # (BENCHMARKS.md, "Cluster labels"). ``uniqueItems`` is passed on for servers that honour it;
 # llama.cpp's grammar ignores it, so repeats are dropped after parsing.
+# Several clusters share one call (``SLMConfig.profile_batch``, like routing's batches): the
+# prompt holds their notes group by group, and the answer is one pick list per group.
 PROFILE_SYSTEM = (
-    "You name the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON: topic is "
-    "a list of one to three of the offered phrases that best name what the notes are about, "
-    "most important first."
+    "You name the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON: groups "
+    "has one list per group, in order; each lists one to three of that group's phrases that "
+    "best name what its notes are about, most important first."
 )
-PROFILE_QUESTION = "Which phrases name the shared topic of these notes?"
+PROFILE_QUESTION = "For each group, which of its phrases name the shared topic of its notes?"
 
 
-def profile_schema(candidates: list[str], max_picks: int = 3) -> dict:
-    """Answer schema: ``topic`` lists 1..``max_picks`` distinct phrases out of ``candidates``."""
-    picks = {"type": "array", "items": {"type": "string", "enum": list(candidates)}, "minItems": 1,
-             "maxItems": min(max_picks, len(candidates)), "uniqueItems": True}
-    return {"type": "object", "properties": {"topic": picks}, "required": ["topic"]}
+def profile_schema(candidates: list[list[str]], max_picks: int = 3) -> dict:
+    """Answer schema: ``groups`` holds one list per group; list i holds 1..``max_picks``
+    distinct phrases out of ``candidates[i]``."""
+    picks = [{"type": "array", "items": {"type": "string", "enum": list(c)}, "minItems": 1,
+              "maxItems": min(max_picks, len(c)), "uniqueItems": True} for c in candidates]
+    groups = {"type": "array", "prefixItems": picks, "minItems": len(picks), "maxItems": len(picks)}
+    return {"type": "object", "properties": {"groups": groups}, "required": ["groups"]}
 
 
-def profile_user(notes: list[str], candidates: list[str]) -> str:
-    phrases = "; ".join(clip(c, 40) for c in candidates)
-    return "\n".join(notes) + f"\nPhrases: {phrases}\n" + PROFILE_QUESTION
+def profile_user(groups: list[tuple[list[str], list[str]]]) -> str:
+    """``groups``: (notes, candidate phrases) per group, numbered from 1."""
+    parts = []
+    for k, (notes, candidates) in enumerate(groups, 1):
+        phrases = "; ".join(clip(c, 40) for c in candidates)
+        parts.append(f"Group {k}:\n" + "\n".join(notes) + f"\nPhrases for group {k}: {phrases}")
+    return "\n\n".join(parts) + "\n\n" + PROFILE_QUESTION
 
 
 # ----------------------------------------------------------------------------- topics
