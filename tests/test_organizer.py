@@ -291,7 +291,7 @@ def test_profiles_are_asked_in_batches(fake_server):
     assert {c: p.summary for c, p in out.items()} == {i: f"last {i}" for i in range(4)}
     sizes = [len(r["response_format"]["schema"]["properties"]["groups"]["prefixItems"])
              for r in fake_server.chat_requests()]
-    assert sizes == [3, 1]
+    assert sizes == [3, 1] and org.stats()["decisions"]["profile_calls"] == 2
     assert "Group 3:\n<note>note 2</note>" in fake_server.chat_requests()[0]["messages"][-1]["content"]
 
 

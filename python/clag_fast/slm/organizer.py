@@ -406,6 +406,7 @@ class Organizer:
             batch = todo[b:b + step]
             user = prompts.profile_user([([prompts.note(e, cfg.max_note_chars) for e in ex], cands)
                                          for _, ex, cands in batch])
+            self._count("profile_calls")
             answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user,
                                            prompts.profile_schema([cands for _, _, cands in batch]),
                                            max_tokens=40 * len(batch) + 16)

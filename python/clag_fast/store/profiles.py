@@ -2,15 +2,13 @@
 label, the next ones as tags; ``store.keyphrases``), and the word lists the SLM's tags are
 cleaned with.
 
-Placement labels a new cluster with ``vector_profile``; the organiser cleans SLM tags with
-``STOPWORDS``/``BAD_TAGS`` and fills missing ones with ``keywords``.
+Placement labels a new cluster with ``vector_profile``; the organiser cleans the tags SLM
+evolution gives a memory with ``TAG_WORD_RE``, ``STOPWORDS`` and ``BAD_TAGS``.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
-from typing import Sequence
 
 from clag_fast.store.keyphrases import texts_label
 
@@ -29,17 +27,6 @@ STOPWORDS = frozenset(
     "where which while who why will with would you you're your yours yeah oh really so yes "
     "thanks thank going get got like know think much many lot well great good".split()
 )
-
-
-def keywords(texts: Sequence[str], n: int = 3, exclude: Sequence[str] = ()) -> list[str]:
-    """The ``n`` most frequent content words of ``texts`` (fills tags the SLM left out)."""
-    skip = set(exclude) | STOPWORDS | BAD_TAGS
-    counts: Counter[str] = Counter()
-    for t in texts:
-        for w in TAG_WORD_RE.findall(str(t).lower()):
-            if len(w) >= 3 and w not in skip:
-                counts[w] += 1
-    return [w for w, _ in counts.most_common(n)]
 
 
 def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
