@@ -392,7 +392,10 @@ class SLMScheduler:
         best: dict[int, float] = {}
         try:
             best = keyphrases.by_distinctness(phrases, ids, centres, embed, top=self.config.profile_candidates)
-        except ValueError:  # no embedder (embedder=False): document counts alone rank them
+        except Exception as e:  # noqa: BLE001 - a label never fails an organisation
+            # No embedder (embedder=False: ValueError), or a user's embedder that only knows
+            # its own texts: document counts alone rank the phrases.
+            log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
             embed = None
         for cid, ph in phrases.items():
             if cid in briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
@@ -416,8 +419,12 @@ class SLMScheduler:
                 # (its embedding nearer another centre) loses to the vector label.
                 slot = {c: i for i, c in enumerate(ids)}
                 keep = [c for c in picked if c in slot]
-                m = keyphrases.margins(embed([picked[c].summary for c in keep]), [slot[c] for c in keep], centres)
-                for c, margin in zip(keep, m.tolist()):
+                try:
+                    m = keyphrases.margins(embed([picked[c].summary for c in keep]), [slot[c] for c in keep],
+                                           centres).tolist()
+                except Exception:  # noqa: BLE001 - an embedder that cannot embed them: keep the picks
+                    m = [1.0] * len(keep)
+                for c, margin in zip(keep, m):
                     if margin <= 0:
                         picked.pop(c)
                         self._label_counts["slm_not_distinct"] += 1
@@ -469,7 +476,7 @@ class SLMScheduler:
         slot = {c: i for i, c in enumerate(ids)}
         try:
             m = keyphrases.margins(self._embed([labels[c] for c in check]), [slot[c] for c in check], centres)
-        except ValueError:  # no embedder
+        except Exception:  # noqa: BLE001 - no embedder, or one that cannot embed labels
             return again
         return again + [c for c, x in zip(check, m.tolist()) if x <= 0]
 
