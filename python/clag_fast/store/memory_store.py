@@ -563,7 +563,9 @@ class MemoryStore:
         return len(self._state)
 
     def stats(self) -> dict[str, Any]:
-        """Counts, cluster sizes, LLM calls and tokens, and timings."""
+        """Counts, cluster sizes, LLM calls and tokens, and timings. ``labels``: cluster labels
+        written since open, by kind (SLM pick, vector keyphrases, neutral, SLM picks replaced);
+        their quality is measured on demand by :meth:`label_quality`."""
         self._check_open()
         state = self._state
         c = state.counters
