@@ -161,7 +161,7 @@ def test_an_slm_pick_becomes_the_label(tmp_path, fake_server):  # noqa: F811
         enums = [g["items"]["enum"] for g in asked[0]["response_format"]["schema"]["properties"]["groups"]["prefixItems"]]
         assert len(enums) == 3 and all(len(e) >= 2 and len(set(e)) == len(e) for e in enums)
         assert {c.summary for c in s.clusters()} == {f"{e[-1]} · {e[0]}" for e in enums}
-        assert s.stats()["labels"]["slm"] == 3
+        assert s.stats()["labels"]["slm"] == 3 and s.stats()["llm"]["profile_calls"] == 1
 
 
 # ----------------------------------------------------------------------------- the map and the CLI

@@ -150,6 +150,7 @@ class SLMScheduler:
     def llm_stats(self) -> dict[str, Any]:
         stats = self._llm.stats.snapshot() if self._llm is not None else {}
         stats["organizer_errors"] = _errors(self._organizer)
+        stats["profile_calls"] = int(self._organizer.stats()["decisions"].get("profile_calls", 0))
         return stats
 
     # -- hooks from the store ----------------------------------------------------------------
