@@ -7,6 +7,12 @@ them in ("Kyoto", "JR Pass", "April 19"); counting is case-insensitive. Words ar
 words, so members in another script give phrases in that script; scripts written without
 spaces (Chinese, Japanese) give runs of two or three characters.
 
+Document counts find what members share; the embedder says which of those phrases point at
+*this* cluster rather than a neighbour (``by_distinctness``: candidates re-ranked by the margin
+of their embedding's cosine to the cluster's centre over the best other centre, and the one- to
+three-phrase label with the best margin chosen). Where no shared phrase points at the cluster
+("help", "keep" in a chat), phrases of its most typical members are tried too.
+
 A vector profile is made of these phrases only (``label``), so it is grounded in the members by
 construction and can never copy one: at most ``LABEL_WORDS`` words joined by " · ". A cluster
 whose members share no content word (greetings, "ok", emoji) gets a neutral label.
@@ -15,7 +21,10 @@ Cost: extracting a memory's phrases is a regular expression and its n-grams (abo
 ``PhraseCache`` keeps them per text, so a re-organisation only extracts the memories it has not
 seen. ``cluster_phrases`` reads at most ``MAX_MEMBERS`` members per cluster and a namespace
 sample of at most ``MAX_BACKGROUND`` memories (all of them below that), so one pass costs
-O(clusters * MAX_MEMBERS + MAX_BACKGROUND) cached dictionary updates whatever the store's size.
+O(clusters * MAX_MEMBERS + MAX_BACKGROUND) cached dictionary updates whatever the store's size
+(all 325 clusters of a 5,882-memory store: 0.8 s cold, 0.16 s with the cache warm). The
+re-rank embeds about a dozen short phrases per cluster (5.5 s for those 325 clusters on 2
+busy cores, against 75 s to embed the memories); only new and drifted clusters are re-ranked.
 
 Pure Python with no dependency on the rest of the package except ``cluster_phrases``, which
 reads the store's state it is given.
