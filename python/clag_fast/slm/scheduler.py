@@ -470,7 +470,7 @@ class SLMScheduler:
             labels = {c: state.profiles.get(c, ("", []))[0] for c in ids}
         neutral = (keyphrases.NEUTRAL_LABEL, keyphrases.NEUTRAL_MIXED)
         # A neutral label is looked at again as well: its members may share a topic by now.
-        again = [c for c in ids if c not in skip and labels[c] in neutral]
+        again = [c for c in ids if c not in skip and c not in templates and labels[c] in neutral]
         check = [c for c in ids if c not in skip and c not in templates and labels[c] and labels[c] not in neutral]
         if not check or len(ids) < 2:
             return again
