@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from llm_fixtures import managed_server, real_llm  # noqa: F401
 
-from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig
+from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig, topic_candidates
 
 pytestmark = [pytest.mark.slm, pytest.mark.slow]
 
@@ -34,26 +34,26 @@ def test_schema_mode_detected_on_llama_cpp_python(org, real_llm):
     assert snap["prompt_tokens"] > 0 and snap["completion_tokens"] > 0
 
 
-def test_profile_is_written(org):
+def test_profile_is_chosen_among_the_candidates(org):
+    cands = ["baking", "sourdough bread", "apple pie", "pasta recipe", "grandma"]
     brief = ClusterBrief(5, examples=[
         "I baked sourdough bread this morning.",
         "My grandma taught me to make apple pie.",
         "I'm trying a new pasta recipe tonight.",
-    ])
+    ], candidates=cands)
     profiles = org.write_profiles([brief])
     assert 5 in profiles, org.stats()
-    p = profiles[5]
-    assert p.summary.strip()
-    assert len(p.tags) == 3 and len(set(p.tags)) == 3
-    assert all(t.isalnum() or "-" in t or "'" in t for t in p.tags)
+    picked = profiles[5].summary.split(" · ")
+    assert 1 <= len(picked) <= 3 and len(set(picked)) == len(picked) and set(picked) <= set(cands)
+    assert profiles[5].tags == [c for c in cands if c not in picked][:3]
 
 
-def test_topics_are_proposed(org):
-    topics = org.propose_topics(
-        "A personal assistant that remembers the user's life.",
-        ["I baked sourdough bread this morning.", "My manager moved the meeting to Friday.",
-         "We hiked near Denver last weekend.", "I'm trying a new pasta recipe tonight.",
-         "The quarterly review at work went well.", "Our flight to Rome leaves at 6am."],
-    )
+def test_topics_are_chosen_among_the_candidates(org):
+    task = "A personal assistant that remembers the user's life."
+    notes = ["I baked sourdough bread this morning.", "My manager moved the meeting to Friday.",
+             "We hiked near Denver last weekend.", "I'm trying a new pasta recipe tonight.",
+             "The quarterly review at work went well.", "Our flight to Rome leaves at 6am.",
+             "More sourdough bread for the work party.", "The flight to Rome was delayed."]
+    topics = org.propose_topics(task, notes)
     assert 2 <= len(topics) <= 5, org.stats()
-    assert all(t.strip() for t in topics)
+    assert len(set(topics)) == len(topics) and set(topics) <= set(topic_candidates(task, notes))

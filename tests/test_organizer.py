@@ -11,12 +11,15 @@ import pytest
 from llm_fixtures import completion, dead_url, fake_server  # noqa: F401
 
 from clag_fast.slm.client import LLMClient
-from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig, Profile, Route
+from clag_fast.slm.organizer import ClusterBrief, Organizer, OrganizerConfig, Profile, Route, topic_candidates
 
 COOKING = ClusterBrief(3, "Cooking and baking at home.", ["food", "baking", "recipes"],
-                       ["I baked sourdough bread this morning."], 12)
+                       ["I baked sourdough bread this morning."], 12,
+                       candidates=["sourdough bread", "baking", "recipes"])
 WORK = ClusterBrief(7, "Meetings and projects at the office.", ["work", "career", "meetings"],
-                    ["My manager moved the meeting to Friday."], 30)
+                    ["My manager moved the meeting to Friday."], 30, candidates=["meeting", "manager", "Friday"])
+TRIP_SAMPLES = ["Flights to Rome in May.", "A hotel in Rome near the Pantheon.", "Flights to Rome are cheap.",
+                "The hotel in Rome has a kitchen."]
 TRAVEL = ClusterBrief(12, "", [], ["We hiked near Denver last weekend."], 4)
 
 
@@ -190,10 +193,10 @@ def test_prompt_injection_cannot_reach_an_unoffered_cluster(fake_server):
 
 
 def test_prompts_have_no_placeholder_values(fake_server):
-    fake_server.reply_json({"categories": ["a b", "c d", "e f"]})
+    fake_server.reply_json({"categories": topic_candidates("a travel agent", TRIP_SAMPLES)[:3]})
     org = org_for(fake_server, evolution=True, select_clusters=True)
-    org.propose_topics("a travel agent", ["I love Rome."])
-    fake_server.reply_json({"shared_topic": "Food.", "keywords": ["food", "bread", "oven"]})
+    assert len(org.propose_topics("a travel agent", TRIP_SAMPLES)) == 3
+    fake_server.reply_json({"groups": [["baking"]]})
     org.write_profiles([COOKING])
     fake_server.reply_json({"choices": [1]})
     org.route([("x", [COOKING, WORK], [0.40, 0.39])])
@@ -224,51 +227,93 @@ def test_route_prompt_is_short(fake_server):
 # ----------------------------------------------------------------------------- topics
 
 
-def test_propose_topics_cleans(fake_server):
-    fake_server.reply_json({"categories": ["  Cooking at home. ", "work", "cooking at home", "Travel   plans",
-                                           "Personal assistant"]})
+def test_topics_are_chosen_among_candidates(fake_server):
+    cands = topic_candidates("a personal travel assistant", TRIP_SAMPLES)
+    # The task context's phrases first, then phrases two or more samples share.
+    assert cands[0] == "personal travel assistant" and {"Rome", "Flights", "hotel"} <= set(cands)
+    fake_server.reply_json({"categories": ["Rome", "hotel", "Rome", "Flights"]})
     org = org_for(fake_server)
-    assert org.propose_topics("a personal assistant", ["I baked bread.", "Meeting at 3."]) == [
-        "Cooking at home", "work", "Travel plans"]  # the echoed task context is dropped
+    assert org.propose_topics("a personal travel assistant", TRIP_SAMPLES) == ["Rome", "hotel", "Flights"]
     prompt = last_user_prompt(fake_server)
-    assert "<task>a personal assistant</task>" in prompt and "<note>Meeting at 3.</note>" in prompt
+    assert "<task>a personal travel assistant</task>" in prompt and "Phrases: personal travel assistant;" in prompt
     schema = fake_server.chat_requests()[0]["response_format"]["schema"]["properties"]["categories"]
-    assert schema["minItems"] == 3 and schema["maxItems"] == 5
+    assert schema["items"]["enum"] == cands and schema["uniqueItems"] is True
+    assert schema["minItems"] == 3 and schema["maxItems"] == min(5, len(cands))
 
 
-@pytest.mark.parametrize("topics", [[], ["  ", ""], ["only one"]])
-def test_empty_topic_lists_fail_softly(fake_server, topics):
+@pytest.mark.parametrize("topics", [[], ["  ", ""], ["Rome", "Bakemon", "Yukami"], ["Rome"]])
+def test_topics_outside_the_schema_fail_softly(fake_server, topics):
     fake_server.reply_json({"categories": topics})
     org = org_for(fake_server, min_topics=1)
-    assert org.propose_topics("ctx", ["a note"]) == []
+    assert org.propose_topics("a travel assistant", TRIP_SAMPLES) == []
     assert org.errors == 1
 
 
-def test_topics_without_llm_or_samples():
+def test_topics_without_llm_samples_or_candidates(fake_server):
     assert Organizer(None).propose_topics("ctx", ["a"]) == []
+    org = org_for(fake_server)
+    assert org.propose_topics(None, ["ok", "ok!"]) == []  # nothing to choose from: no call
+    assert fake_server.chat_requests() == [] and org.errors == 1
 
 
 # ----------------------------------------------------------------------------- profiles
 
 
-def test_write_profiles_cleans_tags_and_fills_from_keywords(fake_server):
-    answers = iter([
-        {"shared_topic": "Home baking and cooking.", "keywords": ["Baking", "tag", "baking!"]},
-        {"shared_topic": "", "keywords": ["a", "b", "c"]},
-        {"shared_topic": "\U0001f331\U0001f496\u2728 #LGBTQ #123", "keywords": ["a", "b", "c"]},
-        {"shared_topic": "Office work.", "keywords": ["work", "Meetings", "career_growth"]},
-    ])
-    fake_server.behaviour = lambda body: (200, completion(json.dumps(next(answers))))
+KYOTO = ClusterBrief(5, examples=["We booked the Kyoto hotel near Kamogawa.", "The Kyoto hotel has a kitchen.",
+                                  "Kamogawa Residence: kitchen, April 19 check-in."], size=8,
+                     candidates=["Kyoto hotel", "Kamogawa", "kitchen", "April 19", "booked"])
+
+
+def test_profile_picks_among_candidates(fake_server):
+    fake_server.reply_json({"groups": [["Kamogawa", "Kyoto hotel", "Kamogawa"]]})
     org = org_for(fake_server)
-    cooking = ClusterBrief(3, examples=["I baked sourdough bread.", "Fresh bread with butter.", "Sourdough starter"])
-    out = org.write_profiles([cooking, TRAVEL, COOKING, WORK])
-    assert out[3].summary == "Home baking and cooking."
-    assert out[3].tags[0] == "baking" and len(out[3].tags) == 3 and len(set(out[3].tags)) == 3
-    assert set(out[3].tags[1:]) <= {"sourdough", "bread", "butter", "fresh", "starter", "baked"}
-    assert 12 not in out  # empty summary: the store keeps its vector profile
-    assert out[3].summary == "Home baking and cooking."  # emoji soup did not overwrite it
-    assert out[7] == Profile("Office work.", ["work", "meetings", "career"])
-    assert org.errors == 2
+    out = org.write_profiles([KYOTO])
+    # The SLM's order, repeats dropped; the tags are the next candidates in their own order.
+    assert out[5] == Profile("Kamogawa · Kyoto hotel", ["kitchen", "April 19", "booked"])
+    req = fake_server.chat_requests()[0]
+    groups = req["response_format"]["schema"]["properties"]["groups"]
+    assert groups["minItems"] == groups["maxItems"] == 1
+    schema = groups["prefixItems"][0]
+    assert schema["items"]["enum"] == KYOTO.candidates and schema["uniqueItems"] is True
+    assert schema["minItems"] == 1 and schema["maxItems"] == 3
+    assert "Phrases for group 1: Kyoto hotel; Kamogawa; kitchen; April 19; booked" in req["messages"][-1]["content"]
+
+
+def test_profiles_are_asked_in_batches(fake_server):
+    def answer(body):
+        lists = body["response_format"]["schema"]["properties"]["groups"]["prefixItems"]
+        return 200, completion(json.dumps({"groups": [[p["items"]["enum"][-1]] for p in lists]}))
+
+    fake_server.behaviour = answer
+    org = org_for(fake_server, profile_batch=3)
+    briefs = [ClusterBrief(i, examples=[f"note {i}"], size=8, candidates=[f"first {i}", f"last {i}"]) for i in range(4)]
+    out = org.write_profiles(briefs)
+    assert {c: p.summary for c, p in out.items()} == {i: f"last {i}" for i in range(4)}
+    sizes = [len(r["response_format"]["schema"]["properties"]["groups"]["prefixItems"])
+             for r in fake_server.chat_requests()]
+    assert sizes == [3, 1] and org.stats()["decisions"]["profile_calls"] == 2
+    assert "Group 3:\n<note>note 2</note>" in fake_server.chat_requests()[0]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("answer", [
+    {"groups": [["Kyoto hotels and more"]]},         # not offered
+    {"groups": [[]]},                                 # fewer than one
+    {"groups": []},                                   # no list for the group
+    {"shared_topic": "We booked the Kyoto hotel near Kamogawa"},  # the old free-text form
+    {"groups": [["Kyoto hotel", "Kamogawa", "kitchen", "April 19"]]},  # more than three
+])
+def test_profile_answers_outside_the_schema_are_not_used(fake_server, answer):
+    fake_server.reply_json(answer)
+    org = org_for(fake_server)
+    assert org.write_profiles([KYOTO]) == {}
+    assert org.errors == 1
+
+
+def test_profiles_with_nothing_to_choose_make_no_call(fake_server):
+    org = org_for(fake_server)
+    one = ClusterBrief(9, examples=["ok", "ok!"], size=7, candidates=["ok"])
+    assert org.write_profiles([one, ClusterBrief(10, examples=["hi"], size=7)]) == {}
+    assert fake_server.chat_requests() == [] and org.errors == 0
 
 
 def test_write_profiles_missing_where_slm_fails(fake_server):
@@ -331,51 +376,13 @@ def test_evolve(fake_server):
 
 
 @pytest.mark.parametrize(
-    "summary",
-    [
-        "What is the shared topic of these notes?",     # the question echoed
-        "Travel plans {{#1}}",                           # template debris
-        "Chat soon!</pre>",                              # tag debris
-        "We hiked near Denver last weekend with the dog",  # a member note copied back
-        "They hiked near Denver last weekend with a dog",  # ... nearly word for word
-    ],
-)
-def test_unusable_profile_summaries_keep_the_vector_profile(fake_server, summary):
-    fake_server.reply_json({"shared_topic": summary, "keywords": ["a", "b", "c"]})
-    org = org_for(fake_server)
-    travel = ClusterBrief(12, examples=["We hiked near Denver last weekend with the dog.", "Flights to Denver."])
-    assert org.write_profiles([travel]) == {}
-    assert org.stats()["errors_by_kind"] == {"profile:invalid": 1}
-
-
-@pytest.mark.parametrize(
-    "summary, kept",
-    [
-        ("Trips to Denver", "Trips to Denver"),
-        # A phrase the members also use is no copy.
-        ("Education and infrastructure", "Education and infrastructure"),
-        ("Hiking and flights to Denver in the autumn", "Hiking and flights to Denver in the autumn"),
-        ("Using std::vector<int> in C++ code", "Using std::vector<int> in C++ code"),
-        # A preamble is dropped, the summary behind it kept.
-        ("The shared topic of these notes is weekend trips to Denver.", "Weekend trips to Denver."),
-    ],
-)
-def test_profile_summaries_that_are_kept(fake_server, summary, kept):
-    fake_server.reply_json({"shared_topic": summary, "keywords": ["travel", "denver", "hiking"]})
-    org = org_for(fake_server)
-    travel = ClusterBrief(12, examples=["We hiked near Denver last weekend with the dog.", "Flights to Denver.",
-                                        "The town votes on improving education and infrastructure."])
-    assert org.write_profiles([travel])[12] == Profile(kept, ["travel", "denver", "hiking"])
-
-
-@pytest.mark.parametrize(
     "status, retried",
     [(503, True), (500, True), (429, True), (408, True), (400, False), (401, False), (404, False)],
 )
 def test_profile_batch_retries_only_transient_failures(fake_server, status, retried):
     fake_server.behaviour = lambda body: (status, {"error": "x"})
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
-    org = Organizer(llm)
+    org = Organizer(llm, OrganizerConfig(profile_batch=1))  # one call per cluster
     batch = org.profile_batch([COOKING, WORK])
     assert batch.profiles == {}
     # A transient failure stops the batch: the rest is retried without a call of its own.

@@ -21,7 +21,9 @@ from clag_fast.store import MemoryStore
 from llm_fixtures import completion, fake_server  # noqa: F401
 from store_helpers import texts_for, topic_vectors
 
-SUMMARY = "Weekend baking plans"
+# Memories read "memory 5 about topic 2": the vector label leads with "topic 2", the fake SLM
+# picks "memory" alone, so a cluster labelled SUMMARY was profiled by the SLM.
+SUMMARY = "memory"
 HOLD_S = 20.0  # the longest the fake server holds an answer (a safety net: tests open the gate)
 
 
@@ -42,10 +44,12 @@ def _find(obj, key):
 
 
 def answer(body: dict):
-    """Profiles get SUMMARY; routes pick each note's last option (never the vector's first)."""
+    """Profiles pick SUMMARY; routes pick each note's last option (never the vector's first)."""
     system = body["messages"][0]["content"]
     if "shared by a group" in system:
-        return 200, completion(json.dumps({"shared_topic": SUMMARY, "keywords": ["baking", "bread", "oven"]}))
+        groups = _find(body.get("response_format", {}), "prefixItems") or []
+        picks = [[SUMMARY if SUMMARY in g["items"]["enum"] else g["items"]["enum"][-1]] for g in groups]
+        return 200, completion(json.dumps({"groups": picks}))
     if "sort notes into groups" in system:
         items = _find(body.get("response_format", {}), "prefixItems") or []
         return 200, completion(json.dumps({"choices": [item["enum"][-1] for item in items]}))

@@ -233,8 +233,11 @@ def test_profiles_lost_to_a_failing_server_are_asked_again(tmp_path, fake_server
         s.flush()
         asked = len(profile_requests())
         assert asked == 1, "a transient failure stops the batch"
-        answer = {"shared_topic": "Weekend baking plans", "keywords": ["baking", "bread", "oven"]}
-        fake_server.behaviour = lambda body: (200, completion(json.dumps(answer)))
+        # The SLM picks "memory" among the offered phrases; the vector label leads with "topic N".
+        def answer(body):
+            groups = body["response_format"]["schema"]["properties"]["groups"]["prefixItems"]
+            return 200, completion(json.dumps({"groups": [["memory"] for _ in groups]}))
+        fake_server.behaviour = answer
         assert s._slm.write_profiles(use_slm=True)[0] > 0
         assert len(profile_requests()) > 1 + asked, "every cluster is asked again"
-        assert any(c.summary == "Weekend baking plans" for c in s.clusters())
+        assert any(c.summary == "memory" for c in s.clusters())

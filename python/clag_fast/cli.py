@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="LLM server base URL; 'managed' (default) starts SmolLM2 when installed; 'off'")
 
     d = sub.add_parser("demo", help="ingest the bundled trip-planning conversation, organise, query")
+    d.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="where to draw the cluster map (default: ./clag_fast_demo_clusters.png)")
     store_opts(d, default=None)
     d.set_defaults(func=cmd_demo)
 
@@ -65,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_search)
 
     c = sub.add_parser("clusters", help="list clusters with their profiles")
+    c.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="also draw the cluster map (centres in 2-D, sized by members, labelled)")
+    c.add_argument("--quality", action="store_true",
+                   help="also measure the labels: copy rate, groundedness, self@1 (embeds each label)")
     store_opts(c)
     c.set_defaults(func=cmd_clusters)
 
@@ -132,6 +138,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(f"  (scanned {hits.scanned} of {hits.candidates} memories, {hits.latency_s * 1000:.1f} ms)")
             print()
             _print_stats(store.stats())
+            _print_label_quality(store.label_quality())
+            plot = Path(args.plot) if args.plot else Path.cwd() / "clag_fast_demo_clusters.png"
+            _plot(store, plot)
     return 0
 
 
@@ -160,7 +169,28 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_clusters(args: argparse.Namespace) -> int:
     with _open(Path(args.store), "off") as store:
         _print_clusters(store)
+        if args.quality:
+            _print_label_quality(store.label_quality())
+        if args.plot:
+            _plot(store, Path(args.plot))
     return 0
+
+
+def _plot(store, path: Path) -> None:
+    from clag_fast.eval.labels import plot_cluster_map
+
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"--plot writes a PNG file; {path} does not end in .png")
+    n = plot_cluster_map(store, path)
+    print(f"cluster map ({n} clusters) written to {path}")
+
+
+def _print_label_quality(q: dict[str, Any]) -> None:
+    line = (f"labels: {q['clusters']} clusters of 2+ members, copies {q['copies']} "
+            f"({q['copy_rate']:.2f}), grounded {q['grounded']:.2f}")
+    if "self_at_1" in q:
+        line += f", self@1 {q['self_at_1']:.2f}"
+    print(line + f", neutral {q['neutral']}")
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -54,8 +54,10 @@ class SLMConfig:
       profile_drift_share: rewrite a profile when this share of the members changed since it
         was written (inertia).
       profile_centre_similarity: ... or when the centre moved below this cosine.
-      profile_min_size: smaller clusters keep a vector profile (most typical member +
-        keywords) until they grow: an SLM call per 4-memory cluster costs more than it gives.
+      profile_min_size: smaller clusters keep a vector profile (their distinctive keyphrases)
+        until they grow: an SLM call per 4-memory cluster costs more than it gives.
+      profile_candidates: keyphrases offered to the SLM, which picks the label among them.
+      profile_batch: clusters per profile call (one prompt, one pick list per cluster).
       profile_budget_s: ``organize()`` writes SLM profiles for at most this long before it
         returns; the rest are written in the background (vector profiles meanwhile).
       topic_samples, min_topics, max_topics: topic proposal from a sample of memories.
@@ -88,6 +90,10 @@ class SLMConfig:
     profile_centre_similarity: float = 0.95
     profile_min_size: int = 6
     profile_budget_s: float = 10.0
+    profile_candidates: int = 8
+    # Three clusters per call: about a third of the calls of one per cluster (0.069 -> see
+    # BENCHMARKS.md, "Cluster labels"), prompts of about 700 tokens with 5 notes each.
+    profile_batch: int = 3
     topic_samples: int = 12
     min_topics: int = 3
     max_topics: int = 5
@@ -98,7 +104,7 @@ class SLMConfig:
 
     def __post_init__(self) -> None:
         positive = ("route_candidates", "slm_max_options", "route_batch", "confusion_window",
-                    "drift_window", "profile_examples", "profile_min_size", "topic_samples",
+                    "drift_window", "profile_examples", "profile_min_size", "profile_candidates", "profile_batch", "topic_samples",
                     "min_topics", "max_topics", "max_note_chars", "max_group_chars")
         checks = [(isinstance(getattr(self, n), int) and getattr(self, n) >= 1, f"{n} must be an int >= 1, "
                    f"got {getattr(self, n)!r}") for n in positive]

@@ -69,6 +69,7 @@ def to_markdown(report: dict) -> str:
             f"{o['llm_tokens_per_memory']:.1f} | {o['llm_calls_per_question_search']:.3f} | "
             f"{o['llm_calls_per_question_answer']:.3f} | {o.get('organizations_during_search', 0)} |"
         )
+    lines += _label_lines(report.get("per_sample", []))
     if report["qa"]:
         cats = sorted({cat for q in report["qa"].values() for cat in q["by_category"]})
         # Headline over the answerable categories; the adversarial one (scored by abstention,
@@ -81,6 +82,26 @@ def to_markdown(report: dict) -> str:
             adv = f"{_fmt(q.get('adversarial_accuracy', float('nan')))} ({q.get('adversarial_questions', 0)})"
             lines.append(f"| {name} | {q['questions']} | {_fmt(q['f1'])} | {_fmt(q['bleu1'])} | {adv} | {per} |")
     return "\n".join(lines) + "\n"
+
+
+def _label_lines(per_sample: list) -> list[str]:
+    """Label quality per sample and organisation (``clag_fast.eval.labels``), when measured."""
+    rows = [(r.get("sample_id"), r.get("organisation"), r.get("store_stats", {}).get("label_quality"))
+            for r in per_sample if isinstance(r, dict)]
+    rows = [r for r in rows if isinstance(r[2], dict)]
+    if not rows:
+        return []
+    out = ["", "| sample | organisation | clusters (2+ members) | copies | grounded | self@1 | neutral |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for sid, org, q in rows:
+        out.append(f"| {sid} | {org} | {q['clusters']} | {q['copies']} | {_fmt(q['grounded'])} | "
+                   f"{_fmt(q.get('self_at_1', float('nan')))} | {q['neutral']} |")
+    out.append("")
+    out.append("Labels: copies = summaries sharing an 8-word run with a member; grounded = share of "
+               "label words found in the members; self@1 = the embedded summary is nearest its own "
+               "cluster's centre; neutral = 'misc' labels of clusters whose members share no topic "
+               "(left out of grounded and self@1).")
+    return out
 
 
 def _scan_notes(retrieval: dict) -> list[str]:

@@ -503,13 +503,11 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
     with tempfile.TemporaryDirectory(prefix="clag-eval-") as tmp:
         store = MemoryStore.open(
             tmp, config=cfg,
-            # The vector-only store never embeds: every vector is passed in. The SLM store
-            # gets the shared embedder because SLM topics are embedded into cluster centres.
             # Every vector is passed in: turns as embeddings, questions through the lookup (the
-            # question text is still the query, for the lexical half of hybrid search). The SLM
-            # store falls back to the shared embedder for its topic labels.
-            embedder=LookupEmbedder([q.question for q in s.qa], q_vecs,
-                                    fallback=None if org == "vector" else emb),
+            # question text is still the query, for the lexical half of hybrid search). Both
+            # stores fall back to the shared embedder for label phrases (store/keyphrases ranks
+            # them by embedding) and SLM topics (embedded into cluster centres).
+            embedder=LookupEmbedder([q.question for q in s.qa], q_vecs, fallback=emb),
             llm=store_client if store_client is not None else False,
         )
         try:
@@ -587,6 +585,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             qa_llm = _diff(_llm_counts(qa_client), before_qa)
             try:
                 stats = store.stats()
+                stats["label_quality"] = store.label_quality()  # clag_fast.eval.labels
             except Exception as exc:  # a report field, never a reason to lose the run
                 stats = {"error": repr(exc)}
             reorganised = _organizations(store) - orgs_before

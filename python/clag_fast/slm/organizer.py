@@ -14,7 +14,6 @@ store call it without holding its own lock.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import Counter
@@ -23,10 +22,10 @@ from typing import Any, Sequence
 
 from clag_fast.config import SLMConfig
 from clag_fast.slm import prompts
+from clag_fast.store import keyphrases
 from clag_fast.store.profiles import BAD_TAGS as _BAD_TAGS
 from clag_fast.store.profiles import STOPWORDS as _STOPWORDS
 from clag_fast.store.profiles import TAG_WORD_RE as _WORD_RE
-from clag_fast.store.profiles import keywords
 from clag_fast.slm.client import LLMClient, LLMError, is_transient
 
 log = logging.getLogger(__name__)
@@ -48,11 +47,13 @@ class ClusterBrief:
     tags: list[str] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
     size: int = 0
+    candidates: list[str] = field(default_factory=list)  # ranked keyphrases (store/keyphrases)
 
 
 @dataclass
 class Profile:
-    """A cluster's description: one-sentence summary and three one-word tags."""
+    """A cluster's description: a label of keyphrases ("Kyoto hotel · kitchen") and tags
+    (the next keyphrases)."""
 
     summary: str
     tags: list[str]
@@ -90,57 +91,32 @@ class Evolution:
     tags: list[str]
 
 
-def _wordy(text: str) -> bool:
-    """True when ``text`` is mostly letters (a sentence), not empty or symbol soup."""
-    chars = [ch for ch in text if not ch.isspace()]
-    letters = sum(ch.isalpha() for ch in chars)
-    return letters >= 3 and letters >= 0.6 * len(chars)
+def _picks(raw: Any, candidates: Sequence[str]) -> list[str]:
+    """The offered phrases in an SLM's answer list, in its order, repeats dropped (llama.cpp's
+    grammar does not enforce ``uniqueItems``); anything not offered is ignored, which only a
+    client that skips schema validation can return."""
+    if not isinstance(raw, list):
+        return []
+    offered = set(candidates)
+    out: list[str] = []
+    for p in raw:
+        if isinstance(p, str) and p in offered and p not in out:
+            out.append(p)
+    return out
 
 
-# Tag and template debris SmolLM2 leaves in summaries ("</pre>", "</note>", "{{#1}}"); a
-# lone "<" or "{" (code, "std::vector<int>") is fine.
-_DEBRIS_RE = re.compile(r"</\w+>|<(?:note|pre|code|textarea|div|span|br|h\d)\b|\{\{|\{[#%]", re.IGNORECASE)
-# Preambles that carry no information; what follows them is the summary.
-_PREAMBLE_RE = re.compile(r"^(?:the\s+)?shared\s+topic\s+of\s+these\s+notes\s+is\s*:?\s*|^these\s+notes\s+are\s+about\s+",
-                          re.IGNORECASE)
-# Unlike _WORD_RE (tag candidates): digits and non-ASCII words count when comparing texts.
-_ANY_WORD_RE = re.compile(r"\w+")
-_QUESTION_WORDS = _ANY_WORD_RE.findall(prompts.PROFILE_QUESTION.casefold())
-
-
-def _longest_shared_run(a: list[str], b: list[str]) -> int:
-    """Length of the longest run of consecutive words that ``a`` and ``b`` share."""
-    best = 0
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0] * (len(b) + 1)
-        for j, y in enumerate(b):
-            if x == y:
-                cur[j + 1] = prev[j] + 1
-                best = max(best, cur[j + 1])
-        prev = cur
-    return best
-
-
-def _summary_from(raw: Any, examples: Sequence[str], max_chars: int) -> str | None:
-    """The summary to keep from an SLM profile answer, or None when it is unusable: no words,
-    tag / template debris, the prompt's question echoed, or a member note copied back (the
-    vector profile already shows the most typical member). Compared against the notes as the
-    SLM saw them; a phrase a member also uses ("education and infrastructure") is no copy."""
-    raw = str(raw)
-    if _DEBRIS_RE.search(raw):
-        return None
-    summary = prompts.clip(_PREAMBLE_RE.sub("", raw.strip()), 200)
-    if not _wordy(summary):
-        return None
-    words = _ANY_WORD_RE.findall(summary.casefold())
-    if words == _QUESTION_WORDS:
-        return None
-    for e in examples:
-        run = _longest_shared_run(words, _ANY_WORD_RE.findall(prompts.clip(e, max_chars).casefold()))
-        if run >= 6 or (len(words) >= 5 and run >= 0.6 * len(words)):
-            return None
-    return summary[0].upper() + summary[1:]
+def topic_candidates(task_context: str | None, samples: Sequence[str], limit: int = 16) -> list[str]:
+    """Phrases the SLM may pick topics from: those of the task context (first, they say what
+    the memories are for), then those at least two sampled memories share, best first."""
+    out: list[str] = []
+    seen: set[str] = set()
+    task = keyphrases.rank([keyphrases.extract(task_context)]).phrases(6) if task_context else []
+    shared = keyphrases.rank([keyphrases.extract(s) for s in samples]).phrases() if len(samples) >= 2 else []
+    for p in task + shared:
+        if p.casefold() not in seen:
+            seen.add(p.casefold())
+            out.append(p)
+    return out[:limit]
 
 
 def _clean_tag(tag: Any) -> str | None:
@@ -366,35 +342,30 @@ class Organizer:
     # ------------------------------------------------------------------ topics
 
     def propose_topics(self, task_context: str | None, samples: Sequence[str]) -> list[str]:
-        """3-5 short topic descriptions for a sample of memories; [] when the SLM fails.
+        """``min_topics``..``max_topics`` topics for a sample of memories; [] when the SLM fails.
 
-        Their embeddings become cluster centres. Topics are cleaned (whitespace, length,
-        duplicates); fewer than two usable topics count as a failure.
+        The SLM chooses among keyphrases of the task context and of the sample (phrases two
+        or more sampled memories share), so every topic is grounded in one or the other; the
+        answer schema admits nothing else. Their embeddings become cluster centres. Fewer than
+        two distinct topics count as a failure.
         """
         cfg = self.config
         samples = [s for s in samples if str(s).strip()][: cfg.topic_samples]
         if self.llm is None or not samples:
             return []
+        candidates = topic_candidates(task_context, samples)
+        if len(candidates) < 2:
+            self._fail("topics", f"only {len(candidates)} candidate phrase(s) in the task and the sample")
+            return []
         notes = [prompts.note(s, cfg.max_note_chars) for s in samples]
         answer = self._ask(
-            "topics", prompts.TOPICS_SYSTEM, prompts.topics_user(task_context, notes, 300),
-            prompts.topics_schema(cfg.min_topics, cfg.max_topics), max_tokens=24 * cfg.max_topics + 16,
+            "topics", prompts.TOPICS_SYSTEM, prompts.topics_user(task_context, notes, 300, candidates),
+            prompts.topics_schema(candidates, cfg.min_topics, cfg.max_topics),
+            max_tokens=16 * cfg.max_topics + 16,
         )
         if answer is None:
             return []
-        # SmolLM2 tends to echo the task description as a category: that is no topic.
-        seen: set[str] = {" ".join(str(task_context or "").lower().split()).strip(" .")}
-        topics = []
-        for t in answer.get("categories", []):
-            t = prompts.clip(t, 80).strip(" .,;:-{}[]\"'")
-            words = t.split()
-            if not words:
-                continue
-            t = " ".join(words[:8])
-            key = t.lower()
-            if key not in seen and not (task_context and key in str(task_context).lower()):
-                seen.add(key)
-                topics.append(t)
+        topics = _picks(answer.get("categories"), candidates)
         if len(topics) < 2:
             self._fail("topics", f"only {len(topics)} usable topic(s) in {answer.get('categories')!r:.120}")
             return []
@@ -404,10 +375,10 @@ class Organizer:
     # ------------------------------------------------------------------ profiles
 
     def write_profiles(self, clusters: Sequence[ClusterBrief]) -> dict[int, Profile]:
-        """A profile per cluster (one SLM call each); ids where the SLM failed are missing.
-
-        Tags are cleaned to single lowercase words; when the SLM gives fewer than three
-        distinct usable ones the rest are the most frequent content words of the examples.
+        """A profile per cluster (one SLM call each) chosen from its ``candidates``: the SLM
+        picks and orders one to three of them as the label, the tags are the next candidates.
+        Ids where the SLM failed, or with fewer than two candidates (nothing to choose), are
+        missing: the caller keeps their vector label.
         """
         return self.profile_batch(clusters).profiles
 
@@ -420,38 +391,42 @@ class Organizer:
         if self.llm is None:
             return ProfileBatch(out, retry)
         cfg = self.config
-        for i, c in enumerate(clusters):
-            if deadline is not None and time.monotonic() > deadline:
-                retry.update(x.id for x in clusters[i:])
-                break
+        # Clusters with something to choose between; the others keep their vector label.
+        todo = []
+        for c in clusters:
             examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
-            if not examples:
-                continue
-            user = prompts.profile_user([prompts.note(e, cfg.max_note_chars) for e in examples])
-            answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user, prompts.PROFILE_SCHEMA,
-                                           max_tokens=64)
+            candidates = list(dict.fromkeys(c.candidates))[: cfg.profile_candidates]
+            if examples and len(candidates) >= 2:
+                todo.append((c, examples, candidates))
+        step = cfg.profile_batch
+        for b in range(0, len(todo), step):
+            if deadline is not None and time.monotonic() > deadline:
+                retry.update(c.id for c, _, _ in todo[b:])
+                break
+            batch = todo[b:b + step]
+            user = prompts.profile_user([([prompts.note(e, cfg.max_note_chars) for e in ex], cands)
+                                         for _, ex, cands in batch])
+            self._count("profile_calls")
+            answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user,
+                                           prompts.profile_schema([cands for _, _, cands in batch]),
+                                           max_tokens=40 * len(batch) + 16)
             if err is not None and is_transient(err):
                 # The server, not the answer, failed: retry these clusters at the next pass, and
                 # do not spend a timeout on each of the others now.
-                retry.update(x.id for x in clusters[i:])
+                retry.update(c.id for c, _, _ in todo[b:])
                 break
             if not isinstance(answer, dict):  # failed, or a user client that skips validation
                 continue
-            summary = _summary_from(answer.get("shared_topic", ""), examples, cfg.max_note_chars)
-            if summary is None:
-                # Empty, emoji / hashtag runs, "</pre>" debris, the question echoed, a copied
-                # note (all seen from SmolLM2): the vector profile is better.
-                self._fail("profile", f"cluster {c.id}: unusable summary {answer.get('shared_topic')!r:.80}")
-                continue
-            tags: list[str] = []
-            for t in answer.get("keywords", []):
-                w = _clean_tag(t)
-                if w and w not in tags:
-                    tags.append(w)
-            if len(tags) < 3:
-                tags += keywords(examples, 3 - len(tags), exclude=tags)
-            out[c.id] = Profile(summary=summary, tags=tags[:3])
-            self._count("profile")
+            lists = answer.get("groups")
+            lists = lists if isinstance(lists, list) else []
+            for k, (c, _, cands) in enumerate(batch):
+                picked = _picks(lists[k] if k < len(lists) else None, cands)
+                if not picked:
+                    self._fail("profile", f"cluster {c.id}: no offered phrase in {lists[k] if k < len(lists) else None!r:.80}")
+                    continue
+                summary, tags = keyphrases.label(c.candidates, picked)
+                out[c.id] = Profile(summary=summary, tags=tags)
+                self._count("profile")
         return ProfileBatch(out, retry)
 
     def needs_profile_refresh(

@@ -79,60 +79,65 @@ def route_user(group_lines: list[str], notes: list[str]) -> str:
 
 # ----------------------------------------------------------------------------- profiles
 
-# Measured with SmolLM2-135M on three LoCoMo-like groups: keys named "summary"/"tags" and an
-# instruction only in the system message got the first note copied as the summary every time;
-# a closing question and self-describing keys gave topic phrases ("Baking Sourdough Bread").
-# On real conversations it still copies a member note back for most clusters (39 of 56 in
-# background mode on LoCoMo); such answers are rejected in the organiser. Tried and not
-# adopted: keywords first, then a 2-5 word "title": 5 copies in 56, but more truncated
-# replies, as many hallucinated titles on the demo trip ("Sentiment Analysis (S3), 2.0" for
-# a calendar cluster) and 43% more answer tokens (the demo took 78 s instead of 63 s).
+# The SLM chooses, it does not invent: the answer schema is an enum of the cluster's
+# keyphrases (``store/keyphrases``), so llama.cpp's grammar can only emit offered phrases and a
+# copied note, an invented title ("Morning Shoplifters") or a truncated string cannot come
+# back. Free-text summaries were copies of a member for most clusters with SmolLM2-135M
+# (BENCHMARKS.md, "Cluster labels"). ``uniqueItems`` is passed on for servers that honour it;
+# llama.cpp's grammar ignores it, so repeats are dropped after parsing.
+# Several clusters share one call (``SLMConfig.profile_batch``, like routing's batches): the
+# prompt holds their notes group by group, and the answer is one pick list per group.
 PROFILE_SYSTEM = (
-    "You find the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON with a "
-    "one-sentence description of the shared topic and three one-word keywords."
+    "You name the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON: groups "
+    "has one list per group, in order; each lists one to three of that group's phrases that "
+    "best name what its notes are about, most important first."
 )
-PROFILE_QUESTION = "What is the shared topic of these notes?"
-
-PROFILE_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "shared_topic": {"type": "string"},
-        "keywords": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3},
-    },
-    "required": ["shared_topic", "keywords"],
-}
+PROFILE_QUESTION = "For each group, which of its phrases name the shared topic of its notes?"
 
 
-def profile_user(notes: list[str]) -> str:
-    return "\n".join(notes) + "\n" + PROFILE_QUESTION
+def profile_schema(candidates: list[list[str]], max_picks: int = 3) -> dict:
+    """Answer schema: ``groups`` holds one list per group; list i holds 1..``max_picks``
+    distinct phrases out of ``candidates[i]``."""
+    picks = [{"type": "array", "items": {"type": "string", "enum": list(c)}, "minItems": 1,
+              "maxItems": min(max_picks, len(c)), "uniqueItems": True} for c in candidates]
+    groups = {"type": "array", "prefixItems": picks, "minItems": len(picks), "maxItems": len(picks)}
+    return {"type": "object", "properties": {"groups": groups}, "required": ["groups"]}
+
+
+def profile_user(groups: list[tuple[list[str], list[str]]]) -> str:
+    """``groups``: (notes, candidate phrases) per group, numbered from 1."""
+    parts = []
+    for k, (notes, candidates) in enumerate(groups, 1):
+        phrases = "; ".join(clip(c, 40) for c in candidates)
+        parts.append(f"Group {k}:\n" + "\n".join(notes) + f"\nPhrases for group {k}: {phrases}")
+    return "\n\n".join(parts) + "\n\n" + PROFILE_QUESTION
 
 
 # ----------------------------------------------------------------------------- topics
 
-# Measured with SmolLM2-135M: "topics ... short noun phrase" got whole notes copied back;
-# asking for diary-style category names, with the question after the notes, got short names
-# ("Sourdough Bread", "Flights to Rome").
+# Topics are chosen the same way: from keyphrases of the task context and of a sample of the
+# memories. Free-text categories were mostly invented words ("Bakemon", "Yukami").
 TOPICS_SYSTEM = (
-    "You group notes into categories. " + DATA_RULE + " Reply in JSON with 3 to 5 category "
-    "names of 1 to 3 words each, like the section titles of a diary."
+    "You group notes into categories. " + DATA_RULE + " Reply in JSON: categories is a list of "
+    "the offered phrases that name the main subjects of these notes, like the section titles "
+    "of a diary."
 )
-TOPICS_QUESTION = "What categories do these notes fall into?"
+TOPICS_QUESTION = "Which phrases name the categories these notes fall into?"
 
 
-def topics_schema(min_topics: int, max_topics: int) -> dict:
-    return {
-        "type": "object",
-        "properties": {
-            "categories": {"type": "array", "items": {"type": "string"}, "minItems": min_topics,
-                           "maxItems": max_topics}
-        },
-        "required": ["categories"],
-    }
+def topics_schema(candidates: list[str], min_topics: int, max_topics: int) -> dict:
+    """Answer schema: ``categories`` lists ``min_topics``..``max_topics`` distinct phrases out of
+    ``candidates``."""
+    cats = {"type": "array", "items": {"type": "string", "enum": list(candidates)},
+            "minItems": min(min_topics, len(candidates)), "maxItems": min(max_topics, len(candidates)),
+            "uniqueItems": True}
+    return {"type": "object", "properties": {"categories": cats}, "required": ["categories"]}
 
 
-def topics_user(task_context: str | None, notes: list[str], max_chars: int) -> str:
+def topics_user(task_context: str | None, notes: list[str], max_chars: int, candidates: list[str]) -> str:
     head = f"<task>{clip(task_context, max_chars)}</task>\n" if task_context else ""
-    return head + "\n".join(notes) + "\n" + TOPICS_QUESTION
+    phrases = "; ".join(clip(c, 40) for c in candidates)
+    return head + "\n".join(notes) + f"\nPhrases: {phrases}\n" + TOPICS_QUESTION
 
 
 # ----------------------------------------------------------------------------- labels

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from clag_fast.store import keyphrases
 from clag_fast.store import organize as org_ops
 from clag_fast.store import placement as place_ops
-from clag_fast.store.profiles import vector_profile
 from clag_fast.store.state import StoreState
 
 if TYPE_CHECKING:
@@ -75,6 +75,9 @@ class SLMScheduler:
         # after 300 adds in bench_add_latency.py).
         self._queued: set[str] = set()
         self._worker: threading.Thread | None = None
+        # Each memory's keyphrases, kept across profile passes (store/keyphrases).
+        self._phrases = keyphrases.PhraseCache()
+        self._label_counts: dict[str, int] = {"vector": 0, "slm": 0, "neutral": 0, "slm_not_distinct": 0}
         # Only SLM work needs a worker: vector-only organisation is bounded and amortised
         # (``StoreConfig.organize_period``), so it runs inline and stays deterministic.
         if self.config.background and not state.read_only and self.enabled:
@@ -148,6 +151,12 @@ class SLMScheduler:
             routes = len(self._pending)
         return {"routes": routes, "jobs": self._jobs.unfinished_tasks if self._jobs is not None else 0}
 
+    def label_stats(self) -> dict[str, int]:
+        """Profiles written so far by kind: "slm" (the SLM's pick of keyphrases), "vector"
+        (the top keyphrases), "neutral" (members share no content word); "slm_not_distinct":
+        SLM picks replaced by the vector label because they read as another cluster."""
+        return dict(self._label_counts)
+
     def llm_stats(self) -> dict[str, Any]:
         """The client's call / token counts, and what the SLM decided: ``organizer_errors``
         (failed calls and unusable answers), ``decisions`` (accepted SLM decisions and vector
@@ -158,6 +167,7 @@ class SLMScheduler:
         stats["organizer_errors"] = _errors(self._organizer)
         org_stats = getattr(self._organizer, "stats", None)
         stats["decisions"] = dict(org_stats()["decisions"]) if callable(org_stats) else {}
+        stats["profile_calls"] = int(stats["decisions"].get("profile_calls", 0))
         with self._pending_lock:
             stats["profiles"] = dict(self._profiles_by)
         stats["unavailable"] = self._llm_failed if self._llm_arg is not False else None
@@ -366,28 +376,56 @@ class SLMScheduler:
         use_slm = reason in ("explicit", "cold_start") or self._jobs is not None
         budget = None if in_worker else self.config.profile_budget_s
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
-            use_slm=use_slm, budget_s=budget, progress=progress)
+            use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit")
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
             self._submit(("profiles",))
         return report
 
     def write_profiles(self, use_slm: bool = True, budget_s: float | None = None,
-                       progress: Callable[[str, int, int], None] | None = None) -> tuple[int, int]:
+                       progress: Callable[[str, int, int], None] | None = None,
+                       recheck: bool = False) -> tuple[int, int]:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
         profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
         A vector profile written because ``use_slm`` was off, or because the server failed,
         is redone by the next SLM pass; one written because the SLM's answer was unusable
         keeps the usual inertia (redone when the cluster drifts), so it is not asked for
         again at every re-organisation. ``budget_s`` bounds the time spent on SLM calls; the
-        clusters it did not reach count as deferred. Returns (profiles written, deferred)."""
+        clusters it did not reach count as deferred. ``recheck`` (explicit organisations) also
+        gives a new vector label to every cluster whose label no longer points at it (its
+        embedding nearer another centre: members moved since it was written). Returns
+        (profiles written, deferred)."""
         state = self._state
         with state.lock.read():
             todo = org_ops.clusters_needing_profiles(state, self.config.profile_drift_share)
+        relabel = self._stale_labels(set(todo)) if recheck else []
+        with state.lock.read():
             briefs = self._briefs(set(todo))
-        if not todo:
+            phrases = keyphrases.cluster_phrases(state, todo + relabel, self._phrases)
+            _, sizes_then = state.cluster_table()
+            ids = state.index.cluster_ids().tolist()
+            centres = np.array(state.index.centres(), np.float32)
+        # Clusters merged or dropped between the two looks are gone.
+        todo = [c for c in todo if c in briefs]
+        relabel = [c for c in relabel if c in phrases]
+        if not todo and not relabel:
             return 0, 0
+        embed: Callable[[list[str]], np.ndarray] | None = self._embed
+        best: dict[int, float] = {}
+        try:
+            best = keyphrases.by_distinctness(phrases, ids, centres, embed, top=self.config.profile_candidates)
+        except Exception as e:  # noqa: BLE001 - a label never fails an organisation
+            # No embedder (embedder=False: ValueError), or a user's embedder that only knows
+            # its own texts: document counts alone rank the phrases.
+            log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
+            embed = None
+        for cid, ph in phrases.items():
+            if cid in briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
+                briefs[cid].candidates = ph.phrases()
         profiles: dict[int, tuple[str, list[str]]] = {}
-        big = [c for c in todo if briefs[c].size >= self.config.profile_min_size]
+        # The SLM's pick is kept only if it points at its cluster, and the best vector label is
+        # the best of the top candidates' combinations: where even it does not point at its
+        # cluster, an SLM pick almost never does (27 of 53 picks lost on a LoCoMo conversation).
+        big = [c for c in todo if briefs[c].size >= self.config.profile_min_size and best.get(c, 1.0) > 0]
         retry: set[int] = set()
         if self.enabled and big and use_slm:
             org = self.organizer()
@@ -396,12 +434,30 @@ class SLMScheduler:
             deadline = None if budget_s is None else time.monotonic() + budget_s
             batch = org.profile_batch([briefs[c] for c in big], deadline=deadline)
             retry = batch.retry
-            for cid, prof in batch.profiles.items():
+            picked = dict(batch.profiles)
+            if embed is not None and picked:
+                # The SLM chooses among the candidates; a choice that reads as another cluster
+                # (its embedding nearer another centre) loses to the vector label.
+                slot = {c: i for i, c in enumerate(ids)}
+                keep = [c for c in picked if c in slot]
+                try:
+                    m = keyphrases.margins(embed([picked[c].summary for c in keep]), [slot[c] for c in keep],
+                                           centres).tolist()
+                except Exception:  # noqa: BLE001 - an embedder that cannot embed them: keep the picks
+                    m = [1.0] * len(keep)
+                for c, margin in zip(keep, m):
+                    if margin <= 0:
+                        picked.pop(c)
+                        self._label_counts["slm_not_distinct"] += 1
+            for cid, prof in picked.items():
                 profiles[cid] = (prof.summary, list(prof.tags))
         slm_done = list(profiles)
-        for cid in todo:
-            if cid not in profiles:
-                profiles[cid] = vector_profile(briefs[cid].examples)
+        for cid in todo + relabel:
+            if cid not in profiles and (cid in phrases or cid not in relabel):
+                ph = phrases.get(cid, keyphrases.ClusterPhrases(neutral=keyphrases.NEUTRAL_MIXED))
+                profiles[cid] = keyphrases.phrases_label(ph)
+                self._label_counts["neutral" if not ph.candidates else "vector"] += 1
+        self._label_counts["slm"] += len(slm_done)
         with state.lock.write():
             # Clusters that deserved an SLM profile but were not asked, or whose call failed
             # on the server's side (down, timeout, HTTP 408/429/5xx), stay marked as unprofiled
@@ -415,13 +471,38 @@ class SLMScheduler:
                 pending_slm = retry
             else:
                 pending_slm = set(big) - set(slm_done)
-            org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm)
+            # Sizes as the labels saw them: in background mode adds keep coming while the SLM
+            # answers, and a cluster that grew meanwhile must be profiled again.
+            org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm, sizes_then=sizes_then)
         with self._pending_lock:
             self._profiles_by["slm"] += len(slm_done)
             self._profiles_by["vector"] += len(profiles) - len(slm_done)
         if progress is not None:
             progress("profiles", len(profiles), len(todo))
         return len(profiles), len(pending_slm) if use_slm else 0
+
+    def _stale_labels(self, skip: set[int]) -> list[int]:
+        """Clusters (outside ``skip``) with a neutral label, or whose label, embedded, is nearer
+        another cluster's centre than its own (not checked without an embedder). One
+        embedding per labelled cluster."""
+        state = self._state
+        with state.lock.read():
+            ids = state.index.cluster_ids().tolist()
+            centres = np.array(state.index.centres(), np.float32)
+            templates = state.catalog.template_clusters()
+            labels = {c: state.profiles.get(c, ("", []))[0] for c in ids}
+        neutral = (keyphrases.NEUTRAL_LABEL, keyphrases.NEUTRAL_MIXED)
+        # A neutral label is looked at again as well: its members may share a topic by now.
+        again = [c for c in ids if c not in skip and c not in templates and labels[c] in neutral]
+        check = [c for c in ids if c not in skip and c not in templates and labels[c] and labels[c] not in neutral]
+        if not check or len(ids) < 2:
+            return again
+        slot = {c: i for i, c in enumerate(ids)}
+        try:
+            m = keyphrases.margins(self._embed([labels[c] for c in check]), [slot[c] for c in check], centres)
+        except Exception:  # noqa: BLE001 - no embedder, or one that cannot embed labels
+            return again
+        return again + [c for c, x in zip(check, m.tolist()) if x <= 0]
 
     def _briefs(self, cids: set[int]):
         from clag_fast.slm.organizer import ClusterBrief

@@ -736,11 +736,38 @@ class MemoryStore:
         out = [ClusterInfo(c, s, t, sizes[c], src, ca, ua) for c, s, t, src, ca, ua in data if c in sizes]
         return sorted(out, key=lambda c: (-c.size, c.id))
 
+    def cluster_centres(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cluster ids, their unit centres as an (n, dim) float32 array), in the same order."""
+        self._check_open()
+        with self._state.lock.read():
+            return self._state.index.cluster_ids().copy(), np.array(self._state.index.centres(), np.float32)
+
+    def label_quality(self, max_members: int = 200) -> dict[str, Any]:
+        """Copy rate, groundedness and self@1 of the cluster labels (``clag_fast.eval.labels``),
+        computed now: reads up to ``max_members`` members per cluster (those nearest its
+        centre) and embeds each label once. self@1 is left out without an embedder."""
+        from clag_fast.eval.labels import ClusterLabel, measure
+
+        self._check_open()
+        state = self._state
+        with state.lock.read():
+            ids = state.index.cluster_ids().tolist()
+            centres = np.array(state.index.centres(), np.float32)
+            picked = {c: organize.example_ids(state, c, max_members, centres[i]) for i, c in enumerate(ids)}
+            texts = self._catalog.texts([m for mids in picked.values() for m in mids])
+            profiles = dict(state.profiles)
+        clusters = [ClusterLabel(c, profiles.get(c, ("", []))[0], list(profiles.get(c, ("", []))[1]),
+                                 [texts[m] for m in picked[c] if m in texts]) for c in ids]
+        embed = None if self._embedder_arg is False else (lambda t: self._vectors(t, None))
+        return measure(clusters, centres, embed)
+
     def __len__(self) -> int:
         return len(self._state)
 
     def stats(self) -> dict[str, Any]:
-        """Counts, cluster sizes, LLM calls and tokens, and timings."""
+        """Counts, cluster sizes, LLM calls and tokens, and timings. ``labels``: cluster labels
+        written since open, by kind (SLM pick, vector keyphrases, neutral, SLM picks replaced);
+        their quality is measured on demand by :meth:`label_quality`."""
         self._check_open()
         state = self._state
         c = state.counters
@@ -761,6 +788,7 @@ class MemoryStore:
             "llm_calls_per_memory": (llm.get("calls", 0) / c["adds"]) if c["adds"] else 0.0,
             "slm": self._slm.describe(),
             "slm_pending": self._slm.pending(),
+            "labels": self._slm.label_stats(),
             "timings_s": {"embed": c["embed_s"], "add": c["add_s"], "search": c["search_s"]},
         }
 

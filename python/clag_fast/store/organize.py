@@ -268,9 +268,13 @@ def example_ids(state: StoreState, cid: int, n: int, centre: np.ndarray) -> list
 
 
 def save_profiles(state: StoreState, profiles: dict[int, tuple[str, list[str]]], now: float,
-                  unprofiled: set[int] = frozenset()) -> None:
-    """Write profiles; ``unprofiled`` ones are marked for the next SLM pass (size 0)."""
+                  unprofiled: set[int] = frozenset(), sizes_then: dict[int, int] | None = None) -> None:
+    """Write profiles; ``unprofiled`` ones are marked for the next SLM pass (size 0).
+    ``sizes_then``: the cluster sizes the profiles were computed at (recorded, so a cluster
+    that grew while the SLM was answering is profiled again); default: the sizes now."""
     _, sizes = state.cluster_table()
+    if sizes_then is not None:
+        sizes = {c: sizes_then.get(c, n) for c, n in sizes.items()}
     items = [(c, s, list(t), 0 if c in unprofiled else sizes[c]) for c, (s, t) in profiles.items() if c in sizes]
     state.catalog.write_profiles(items, now)
     for c, s, t, _ in items:

@@ -1,15 +1,16 @@
-"""Vector profiles: a cluster described without an SLM (its most typical member as the
-summary, frequent content words as tags), and the word lists both kinds of profile use.
+"""Vector profiles: a cluster described without an SLM (its distinctive keyphrases as the
+label, the next ones as tags; ``store.keyphrases``), and the word lists the SLM's tags are
+cleaned with.
 
-No dependencies on the rest of the package: placement labels a new cluster with it, the
-organiser fills the tags an SLM left out with ``keywords``.
+Placement labels a new cluster with ``vector_profile``; the organiser cleans the tags SLM
+evolution gives a memory with ``TAG_WORD_RE``, ``STOPWORDS`` and ``BAD_TAGS``.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
-from typing import Sequence
+
+from clag_fast.store.keyphrases import texts_label
 
 TAG_WORD_RE = re.compile(r"[a-z][a-z0-9'-]*")
 # Words a small model offers as "tags" that describe the prompt rather than the notes.
@@ -28,20 +29,10 @@ STOPWORDS = frozenset(
 )
 
 
-def keywords(texts: Sequence[str], n: int = 3, exclude: Sequence[str] = ()) -> list[str]:
-    """The ``n`` most frequent content words of ``texts`` (fills tags the SLM left out)."""
-    skip = set(exclude) | STOPWORDS | BAD_TAGS
-    counts: Counter[str] = Counter()
-    for t in texts:
-        for w in TAG_WORD_RE.findall(str(t).lower()):
-            if len(w) >= 3 and w not in skip:
-                counts[w] += 1
-    return [w for w, _ in counts.most_common(n)]
-
-
 def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
-    """A profile without an SLM: the most typical member as summary, frequent words as tags."""
+    """A profile without an SLM or namespace statistics: the phrases the texts share (or, for
+    one text, its own phrases) as the label, never a copy of a member; ("", []) for none.
+    Clusters with namespace statistics get ``keyphrases.cluster_phrases`` instead."""
     if not texts:
         return "", []
-    summary = texts[0] if len(texts[0]) <= 120 else texts[0][:117] + "..."
-    return summary, keywords(texts, 3)
+    return texts_label(texts)

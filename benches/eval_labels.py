@@ -1,0 +1,66 @@
+"""Cluster label quality on one conversation (issue #16): copies, groundedness, self@1, SLM
+parse failures and profile calls per memory.
+
+The conversation's turns are added 32 at a time (the store's defaults: background SLM work),
+then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are measured with
+``MemoryStore.label_quality()`` (``clag_fast.eval.labels``).
+
+    python benches/eval_labels.py python/clag_fast/data/demo_trip.json --llm managed \
+        --context "an agent planning a two-week trip to Japan for a user and their partner"
+    python benches/eval_labels.py ../shared/data/locomo10.json --sample 2 --llm off
+
+Results: BENCHMARKS.md, "Cluster labels".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from clag_fast.config import StoreConfig
+from clag_fast.eval.data import load_dataset
+from clag_fast.store import MemoryStore
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", help="LoCoMo-format JSON (the demo conversation is one)")
+    p.add_argument("--sample", type=int, default=0, help="which conversation of the file")
+    p.add_argument("--llm", choices=["off", "managed"], default="off")
+    p.add_argument("--context", default=None, help="task context passed to organize()")
+    p.add_argument("--show", type=int, default=20, help="print the labels of the N largest clusters")
+    args = p.parse_args()
+    sample = load_dataset(args.data)[args.sample]
+    texts = [t.memory_text() for t in sample.turns]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "store"
+        store = (MemoryStore.open(path, llm=False, config=StoreConfig(slm="off")) if args.llm == "off"
+                 else MemoryStore.open(path))
+        with store:
+            t0 = time.perf_counter()
+            for i in range(0, len(texts), 32):
+                store.add_many(texts[i:i + 32])
+            store.flush()
+            report = store.organize(task_context=args.context)
+            store.flush()
+            seconds = time.perf_counter() - t0
+            for c in store.clusters()[: args.show]:
+                print(f"{c.size:>4}  {c.summary} | {', '.join(c.tags)}")
+            stats = store.stats()
+            out = {
+                "sample": sample.sample_id, "memories": len(texts), "llm": args.llm,
+                "seconds": round(seconds, 1), "topics": report.get("topics", []),
+                "quality": store.label_quality(), "labels": stats["labels"],
+                "llm_calls": stats["llm"].get("calls", 0),
+                "parse_failures": stats["llm"].get("organizer_errors", 0),
+                "profile_calls": stats["llm"]["profile_calls"],
+                "profile_calls_per_memory": round(stats["llm"]["profile_calls"] / len(texts), 4),
+            }
+            print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

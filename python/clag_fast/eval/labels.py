@@ -1,0 +1,167 @@
+"""How readable and faithful cluster labels are: copy rate, groundedness and self@1.
+
+Three measures over the clusters with two or more members (issue #16):
+
+* **copy**: the summary is a member's text: it shares a run of ``COPY_RUN`` (8) consecutive
+  words with one member. Rate = copies / clusters. Keyphrase labels hold at most six words,
+  so they are never copies by construction; the measure is for SLM or other summaries.
+* **grounded**: the share of the label's content words (summary and tags, words as
+  ``store.keyphrases.content_words`` splits them) that occur in the cluster's members; the
+  mean over clusters.
+* **self@1**: the summary, embedded, is nearer to its own cluster's centre than to any other
+  centre. Rate over clusters.
+
+Clusters with a neutral label ("misc: short replies", members sharing no content word) make
+no claim about their members: they are counted (``neutral``) and left out of grounded and
+self@1. Clusters without any summary count as not grounded and not self@1.
+
+``measure`` is pure (texts, labels, centres and an embedding function in; numbers out), so the
+same code scores a store (``MemoryStore.label_quality``) and hand-built clusters in tests.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from clag_fast.store.keyphrases import NEUTRAL_LABEL, NEUTRAL_MIXED, content_words
+
+__all__ = ["ClusterLabel", "measure", "is_copy", "groundedness", "plot_cluster_map", "COPY_RUN"]
+
+COPY_RUN = 8
+_WORD_RE = re.compile(r"\w+")
+
+
+@dataclass
+class ClusterLabel:
+    """One cluster as the measures see it: its label and its members' texts."""
+
+    id: int
+    summary: str
+    tags: list[str]
+    members: list[str]
+
+
+def _words(text: str) -> list[str]:
+    return _WORD_RE.findall(str(text).casefold())
+
+
+def _longest_run(a: list[str], b: list[str]) -> int:
+    best = 0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0] * (len(b) + 1)
+        for j, y in enumerate(b):
+            if x == y:
+                cur[j + 1] = prev[j] + 1
+                if cur[j + 1] > best:
+                    best = cur[j + 1]
+        prev = cur
+    return best
+
+
+def is_copy(summary: str, members: Sequence[str], run: int = COPY_RUN) -> bool:
+    """True when ``summary`` shares ``run`` consecutive words with one of ``members`` (the
+    issue's definition: a label equal to a member shorter than ``run`` words is not a copy)."""
+    words = _words(summary)
+    if len(words) < run:
+        return False
+    return any(_longest_run(words, _words(m)) >= run for m in members)
+
+
+def groundedness(summary: str, tags: Sequence[str], members: Sequence[str]) -> float:
+    """Share of the label's content words found among the members' content words (1.0 for
+    a label without content words: it claims nothing)."""
+    label_words = content_words(" ".join([summary, *tags]))
+    if not label_words:
+        return 1.0
+    have: set[str] = set()
+    for m in members:
+        have.update(content_words(m))
+    return sum(w in have for w in label_words) / len(label_words)
+
+
+def _neutral(summary: str) -> bool:
+    return summary in (NEUTRAL_LABEL, NEUTRAL_MIXED)
+
+
+def measure(clusters: Sequence[ClusterLabel], centres: np.ndarray,
+            embed: Callable[[list[str]], np.ndarray] | None) -> dict:
+    """Copy rate, groundedness and self@1 over ``clusters`` with two or more members.
+
+    ``centres[i]`` is the (unit) centre of ``clusters[i]``, and self@1 compares against all
+    of them; ``embed`` (texts -> unit vectors) None leaves self@1 out.
+    """
+    centres = np.asarray(centres, np.float32)
+    if len(centres) != len(clusters):
+        raise ValueError(f"{len(clusters)} clusters but {len(centres)} centres")
+    scored = [i for i, c in enumerate(clusters) if len(c.members) >= 2]
+    claims = [i for i in scored if not _neutral(clusters[i].summary)]
+    copies = sum(is_copy(clusters[i].summary, clusters[i].members) for i in scored)
+    grounded = [groundedness(clusters[i].summary, clusters[i].tags, clusters[i].members)
+                if clusters[i].summary else 0.0 for i in claims]
+    out = {
+        "clusters": len(scored),
+        "neutral": len(scored) - len(claims),
+        "copies": copies,
+        "copy_rate": copies / len(scored) if scored else 0.0,
+        "grounded": float(np.mean(grounded)) if grounded else 1.0,
+    }
+    if embed is not None and claims and len(centres):
+        labelled = [i for i in claims if clusters[i].summary]
+        hits = 0
+        try:
+            vecs = np.asarray(embed([clusters[i].summary for i in labelled]), np.float32) if labelled else None
+        except Exception:  # noqa: BLE001 - an embedder that only knows its own texts: no self@1
+            return out
+        if vecs is not None:
+            nearest = np.argmax(vecs @ centres.T, axis=1)
+            hits = int(sum(int(n) == i for n, i in zip(nearest.tolist(), labelled)))
+        out["self_at_1"] = hits / len(claims)
+    return out
+
+
+def plot_cluster_map(store, path) -> int:
+    """Draw ``store``'s cluster map to ``path`` (PNG): the centres projected to 2-D (their
+    first two principal components), each a disc sized by its members and labelled with its
+    summary. Returns how many clusters were drawn. Needs matplotlib (ImportError naming it
+    otherwise)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: never a window, works without a display
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("the cluster map needs matplotlib: pip install matplotlib") from e
+    ids, centres = store.cluster_centres()
+    info = {c.id: c for c in store.clusters()}
+    keep = [i for i, c in enumerate(ids.tolist()) if c in info]
+    fig, ax = plt.subplots(figsize=(12, 9), dpi=100)
+    if keep:
+        x = centres[keep].astype(np.float64)
+        x = x - x.mean(axis=0)
+        if len(keep) >= 2:
+            _, _, vt = np.linalg.svd(x, full_matrices=False)
+            xy = x @ vt[:2].T
+            if xy.shape[1] < 2:
+                xy = np.hstack([xy, np.zeros((len(xy), 1))])
+        else:
+            xy = np.zeros((1, 2))
+        sizes = np.array([info[int(ids[i])].size for i in keep], np.float64)
+        ax.scatter(xy[:, 0], xy[:, 1], s=30 + 600 * sizes / max(1.0, sizes.max()), alpha=0.35,
+                   c=np.arange(len(keep)) % 10, cmap="tab10", edgecolors="k", linewidths=0.5)
+        for (px, py), i in zip(xy.tolist(), keep):
+            c = info[int(ids[i])]
+            text = c.summary or "(no label)"
+            ax.annotate(text if len(text) <= 40 else text[:39] + "…", (px, py), fontsize=7,
+                        ha="center", va="center")
+    ax.set_title(f"{len(keep)} clusters: centres in 2-D (PCA), disc area ~ members")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return len(keep)

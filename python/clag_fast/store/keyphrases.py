@@ -1,0 +1,539 @@
+"""Keyphrases: the one-to-three word phrases that set a cluster apart, and the labels made of them.
+
+A cluster's candidates are phrases that many of its members contain and few other memories of
+its namespace do (class-based TF-IDF on document counts: coverage in the cluster times the
+phrase's inverse document frequency in the namespace). Phrases keep the form the members write
+them in ("Kyoto", "JR Pass", "April 19"); counting is case-insensitive. Words are Unicode
+words, so members in another script give phrases in that script; scripts written without
+spaces (Chinese, Japanese) give runs of two or three characters.
+
+Document counts find what members share; the embedder says which of those phrases point at
+*this* cluster rather than a neighbour (``by_distinctness``: candidates re-ranked by the margin
+of their embedding's cosine to the cluster's centre over the best other centre, and the one- to
+three-phrase label with the best margin chosen). Where no shared phrase points at the cluster
+("help", "keep" in a chat), phrases of its most typical members are tried too.
+
+A vector profile is made of these phrases only (``label``), so it is grounded in the members by
+construction and can never copy one: at most ``LABEL_WORDS`` words joined by " · ". A cluster
+whose members share no content word (greetings, "ok", emoji) gets a neutral label.
+
+Cost: extracting a memory's phrases is a regular expression and its n-grams (about 0.1 ms);
+``PhraseCache`` keeps them per text, so a re-organisation only extracts the memories it has not
+seen. ``cluster_phrases`` reads at most ``MAX_MEMBERS`` members per cluster and a namespace
+sample of at most ``MAX_BACKGROUND`` memories (all of them below that), so one pass costs
+O(clusters * MAX_MEMBERS + MAX_BACKGROUND) cached dictionary updates whatever the store's size
+(all 325 clusters of a 5,882-memory store: 0.8 s cold, 0.16 s with the cache warm). The
+re-rank embeds about a dozen short phrases per cluster (5.5 s for those 325 clusters on 2
+busy cores, against 75 s to embed the memories); only new and drifted clusters are re-ranked.
+
+Pure Python with no dependency on the rest of the package except ``cluster_phrases``, which
+reads the store's state it is given.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from clag_fast.store.state import StoreState
+
+__all__ = ["Keyphrase", "ClusterPhrases", "PhraseCache", "extract", "rank", "label",
+           "phrases_label", "texts_label", "cluster_phrases", "by_distinctness", "margins", "content_words", "NEUTRAL_LABEL", "STOPWORDS"]
+
+# Words that carry no topic. Fillers of chat ("sounds", "yeah", "haha") are here because
+# conversations are what agents store most; they made the tags "tim, sounds, fun".
+STOPWORDS = frozenset(
+    "a about above after again against all also am an and any are aren't as at be because been "
+    "before being below between both but by can can't cannot could couldn't did didn't do does "
+    "doesn't doing don't down during each either else ever every few for from further get gets "
+    "getting got had hadn't has hasn't have haven't having he he'd he'll he's her here here's "
+    "hers herself him himself his how how's i i'd i'll i'm i've if in into is isn't it it's its "
+    "itself just let let's me might more most must mustn't my myself no nor not now of off on "
+    "once only or other others ought our ours ourselves out over own per same shan't she she'd "
+    "she'll she's should shouldn't so some such than that that's the their theirs them "
+    "themselves then there there's these they they'd they'll they're they've this those "
+    "through to too under until up upon us very was wasn't we we'd we'll we're we've were "
+    "weren't what what's when when's where where's which while who who's whom why why's will "
+    "with won't would wouldn't you you'd you'll you're you've your yours yourself yourselves "
+    "yeah yes yep oh ok okay ooh oof hey hi hello wow lol haha hmm um uh ah sure thanks thank "
+    "really actually maybe definitely totally pretty quite still even though already yet "
+    "going go goes gone went come came coming know knew think thought like liked want wanted "
+    "need needed make made take took see saw seen look looks looking say said tell told "
+    "much many lot lots well great good nice cool awesome amazing fun glad sounds sound "
+    "thing things stuff something anything everything way one ones two also just right "
+    "kind sort bit little lot new old first last next back around again always never "
+    "sometimes often usually today tomorrow yesterday time times day days "
+    "three four five six seven eight nine ten everyone everybody someone somebody anyone anybody "
+    "nobody wants makes keeps gets gonna wanna gotta recently lately probably honestly "
+    "anyway anyways".split()
+)
+
+# The only stopwords a three-word phrase may hold in its middle.
+_JOINERS = frozenset("of for in on at to de la du del von van".split())
+
+NEUTRAL_LABEL = "misc: short replies"
+NEUTRAL_MIXED = "misc: mixed notes"
+# A vector label holds at most this many words: fewer than the eight-word run that makes a
+# copy, so no label made of phrases can be a copied member sentence.
+LABEL_WORDS = 6
+MAX_LABEL_PHRASES = 3
+MAX_TAGS = 3
+MAX_MEMBERS = 300
+MIN_MEMBERS = 2
+TYPICAL_MEMBERS = 3
+MAX_BACKGROUND = 4000
+
+# A word: letters/digits, inner apostrophes, dots, colons, hyphens, slashes kept
+# ("don't", "13:10", "HK-220931", "U.S"); underscores split ("flight_search").
+_WORD_RE = re.compile(r"[^\W_]+(?:(?:['’.:/\-]|(?<=\d),(?=\d{3}))[^\W_]+)*")
+# "User: ...", "Caroline: ..." at the start of a memory: who spoke, not what about.
+_SPEAKER_RE = re.compile(r"^\s*[^\W\d_][\w.'-]{0,24}(?: [^\W\d_][\w.'-]{0,24})?:\s+")
+# "[tool: flight_search]" -> "[flight_search]"; "[reflection]" -> "": markers, not content.
+_MARKER_HEAD_RE = re.compile(r"\[[^\W\d_]\w{0,15}:\s*")
+_MARKER_RE = re.compile(r"\[[^\W\d_]\w{0,15}\]")
+
+
+def _spaceless(ch: str) -> bool:
+    """Characters of scripts written without spaces between words (CJK, Thai)."""
+    o = ord(ch)
+    return (0x3040 <= o <= 0x30FF or 0x3400 <= o <= 0x4DBF or 0x4E00 <= o <= 0x9FFF
+            or 0xF900 <= o <= 0xFAFF or 0x0E00 <= o <= 0x0E7F)
+
+
+
+
+def _script(ch: str) -> int:
+    """0 for spaced scripts; else which spaceless script (a phrase stays inside one)."""
+    o = ord(ch)
+    if 0x3040 <= o <= 0x309F:
+        return 1  # hiragana
+    if 0x30A0 <= o <= 0x30FF:
+        return 2  # katakana
+    if 0x3400 <= o <= 0x4DBF or 0x4E00 <= o <= 0x9FFF or 0xF900 <= o <= 0xFAFF:
+        return 3  # Han
+    if 0x0E00 <= o <= 0x0E7F:
+        return 4  # Thai
+    return 0
+
+
+def _tokens(text: str) -> list[tuple[str, int, bool]]:
+    """(token as written, script, joins the previous token) for the words of ``text``, with
+    markers and the speaker removed. Tokens join when only spaces separate them (a phrase
+    never spans a comma, a full stop or "->"); spaceless-script characters are one token each
+    and join within their script."""
+    text = _SPEAKER_RE.sub("", unicodedata.normalize("NFC", str(text)), count=1)
+    text = _MARKER_HEAD_RE.sub("[", _MARKER_RE.sub(" ", text)).replace("_", " ")
+    out: list[tuple[str, int, bool]] = []
+    last_end = -1
+    for m in _WORD_RE.finditer(text):
+        raw = m.group(0)
+        w = raw.strip(".:/-'’")
+        if not w:
+            continue
+        joins = last_end >= 0 and text[last_end:m.start()].strip() == "" and m.start() > last_end
+        last_end = m.end() if w == raw or raw.endswith(w) else -1
+        if not any(_spaceless(c) for c in w):
+            out.append((w, 0, joins))
+            continue
+        run, prev = "", -1
+        for c in w:
+            sc = _script(c)
+            if sc:
+                if run:
+                    out.append((run, 0, joins))
+                    run = ""
+                out.append((c, sc, prev == sc))
+                joins = False
+            else:
+                run += c
+            prev = sc
+        if run:
+            out.append((run, 0, False))
+    return out
+
+
+def _is_number(w: str) -> bool:
+    return not any(c.isalpha() for c in w)
+
+
+def _content(tok: str, script: int) -> bool:
+    """A token that may start or end a phrase."""
+    if script:
+        return script != 1  # hiragana: particles and endings
+    low = tok.casefold()
+    if low in STOPWORDS:
+        return False
+    if _is_number(tok):
+        return True  # allowed at an edge ("April 19"), never alone (see extract)
+    # Two letters only as a written abbreviation ("JR", "AI"): lower-case ones are mostly
+    # function words, in any language ("мы", "de").
+    return len(low) >= 3 or (len(low) == 2 and tok != low)
+
+
+def extract(text: str) -> dict[str, str]:
+    """The distinct candidate phrases of ``text``: casefolded key -> the phrase as written.
+
+    One to three consecutive words, separated by spaces only, that neither start nor end with
+    a stopword and hold at least one word with a letter; for spaceless scripts, runs of two or
+    three characters of one script.
+    """
+    toks = _tokens(text)
+    out: dict[str, str] = {}
+    n = len(toks)
+    for i in range(n):
+        w0, s0, _ = toks[i]
+        if not _content(w0, s0):
+            continue
+        for j in range(i, min(i + 3, n)):
+            wj, sj, joins = toks[j]
+            if j > i and (not joins or sj != s0):
+                break
+            if not _content(wj, sj):
+                continue
+            words = [t for t, _, _ in toks[i:j + 1]]
+            if s0:
+                if j == i:
+                    continue  # one CJK character is rarely a word on its own
+                phrase = "".join(words)
+            else:
+                if all(_is_number(w) for w in words):
+                    continue
+                if j - i == 2 and not _content(words[1], 0) and (
+                        words[1].casefold() not in _JOINERS or _is_number(w0) or _is_number(wj)):
+                    # "Bank of Japan", "visa for Japan"; not "vendors and hide", "19 at Kyoto".
+                    continue
+                phrase = " ".join(words)
+            out.setdefault(phrase.casefold(), phrase)
+    return out
+
+
+def content_words(text: str) -> list[str]:
+    """Casefolded content words of ``text`` (the unit of the groundedness measure); for
+    spaceless scripts, single characters that are not kana."""
+    out = []
+    for tok, sc, _ in _tokens(text):
+        if _content(tok, sc) and not (not sc and _is_number(tok)):
+            out.append(tok.casefold())
+    return out
+
+
+@dataclass(frozen=True)
+class Keyphrase:
+    """A candidate phrase: as written, its score, members containing it, and their share."""
+
+    text: str
+    score: float
+    count: int
+    coverage: float
+
+
+@dataclass
+class ClusterPhrases:
+    """A cluster's ranked candidates and, when they share no content words, its neutral label."""
+
+    candidates: list[Keyphrase] = field(default_factory=list)
+    neutral: str | None = None
+    head: list[str] | None = None  # the label's phrases when chosen (``by_distinctness``)
+    typical: list[Keyphrase] = field(default_factory=list)  # one typical member's own phrases
+
+    def phrases(self, n: int | None = None) -> list[str]:
+        return [k.text for k in self.candidates[:n]]
+
+
+class PhraseCache:
+    """Phrases per memory text, kept across re-organisations (bounded, oldest dropped first)."""
+
+    def __init__(self, max_items: int = 100_000) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self.misses = 0
+
+    def get(self, text: str) -> dict[str, str]:
+        got = self._items.get(text)
+        if got is None:
+            self.misses += 1
+            got = extract(text)
+            self._items[text] = got
+            if len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return got
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _named(phrase: str) -> bool:
+    """Every word with a letter starts with a capital ("Kamogawa Residence", "JR Pass")."""
+    words = [w for w in phrase.split() if any(c.isalpha() for c in w) and w.casefold() not in _JOINERS]
+    return bool(words) and all(w[0].isupper() for w in words)
+
+
+def _surface(forms: Counter) -> str:
+    """The most frequent written form; ties go to the one with capitals (names)."""
+    return max(forms.items(), key=lambda kv: (kv[1], sum(c.isupper() for c in kv[0]), kv[0]))[0]
+
+
+def _phrase_score(key: str, c: int, n: int, forms: dict[str, Counter], background_df: Counter | None,
+                  N: int) -> float:
+    """Coverage in the cluster (``c`` of ``n`` members) times rarity in the namespace."""
+    if _spaceless(key[0]):
+        nwords = max(1, len(key) - 1)
+    else:  # content words: "Residence in Kyoto" is no longer than "Kamogawa Residence"
+        nwords = sum(w not in _JOINERS for w in key.split())
+    if background_df is not None:
+        bg = max(background_df.get(key, 0), c)
+        idf = math.log((N + 1) / (bg + 0.5))
+    else:
+        # No namespace to compare with (a new cluster's first member): names, written with
+        # capitals, say more than common words.
+        idf = 1.5 if _named(_surface(forms[key])) else 1.0
+    # Longer phrases read better and say more; a small bonus breaks near-ties their way.
+    return (c / n) * idf * (1.0 + 0.15 * (min(nwords, 3) - 1))
+
+
+def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None, n_background: int = 0,
+         limit: int = 12) -> ClusterPhrases:
+    """Rank the phrases of one cluster's ``members`` (each ``extract``'s output).
+
+    ``background_df``: in how many memories of the namespace each phrase key occurs (the
+    cluster's members included), out of ``n_background``; without it, phrases are ranked by
+    how many members hold them, longer first. A phrase must occur in two members when the
+    cluster has two or more: one member's phrase says nothing about the rest.
+    """
+    n = len(members)
+    if n == 0:
+        return ClusterPhrases()
+    df: Counter[str] = Counter()
+    forms: dict[str, Counter] = {}
+    for m in members:
+        for key, form in m.items():
+            df[key] += 1
+            forms.setdefault(key, Counter())[form] += 1
+    need = min(n, MIN_MEMBERS)
+    N = max(n_background, n)
+    scored: list[tuple[float, str]] = []
+    for key, c in df.items():
+        if c < need:
+            continue
+        score = _phrase_score(key, c, n, forms, background_df, N)
+        if score > 0:
+            scored.append((score, key))
+    scored.sort(key=lambda x: (-x[0], x[1]))
+    chosen: list[Keyphrase] = []
+    used: set[str] = set()
+    for score, key in scored:
+        words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+        # One phrase per idea: "Kyoto" after "Kyoto hotels" (or before it) would repeat it.
+        if any(w in used for w in words) or any(key in u or u in key for u in used if _spaceless(key[0])):
+            continue
+        chosen.append(Keyphrase(_surface(forms[key]), round(score, 4), df[key], round(df[key] / n, 3)))
+        used |= words
+        if len(chosen) >= limit:
+            break
+    neutral = None
+    if not chosen:  # the members share no content word: say so rather than guess
+        short = np.median([len(m) for m in members]) <= 3
+        neutral = NEUTRAL_LABEL if short else NEUTRAL_MIXED
+        return ClusterPhrases(chosen, neutral)
+    # Phrases of the most typical members (callers pass members nearest the centre first) that
+    # no other member holds: the fallback when the shared phrases are too common to point at
+    # this cluster ("help", "keep" in a chat), chosen only by ``by_distinctness``.
+    typical: list[Keyphrase] = []
+    for m in members[:TYPICAL_MEMBERS]:
+        scores = {k: _phrase_score(k, 1, n, forms, background_df, N) for k in m if df[k] == 1}
+        taken = 0
+        for key in sorted(scores, key=lambda k: (-scores[k], k)):
+            words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+            if scores[key] <= 0 or any(w in used for w in words):
+                continue
+            typical.append(Keyphrase(_surface(forms[key]), round(scores[key], 4), 1, round(1 / n, 3)))
+            used |= words
+            taken += 1
+            if taken == 2:
+                break
+    return ClusterPhrases(chosen, neutral, typical=typical)
+
+
+def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
+          neutral: str | None = None) -> tuple[str, list[str]]:
+    """(summary, tags) from a cluster's ranked ``candidates``: ``picked`` (an SLM's choice, in
+    its order) or the top-ranked ones, joined by " · " up to ``LABEL_WORDS`` words; the tags
+    are the next candidates. ``neutral`` (or ``NEUTRAL_LABEL``) when there are none."""
+    if not candidates and not picked:
+        return (neutral or NEUTRAL_LABEL), []
+    order = list(picked) if picked else list(candidates)
+    head: list[str] = []
+    words = 0
+    for p in order:
+        w = len(p.split())
+        if head and (words + w > LABEL_WORDS or len(head) >= MAX_LABEL_PHRASES):
+            break
+        head.append(p)
+        words += w
+    tags = [p for p in candidates if p not in head][:MAX_TAGS]
+    return " · ".join(head), tags
+
+
+def phrases_label(phrases: ClusterPhrases) -> tuple[str, list[str]]:
+    """A cluster's vector profile: its chosen ``head`` (or top candidates) as the label, the
+    next candidates as tags; the neutral label (candidates as tags) when it has one."""
+    if phrases.neutral is not None:
+        return phrases.neutral, phrases.phrases(MAX_TAGS)
+    return label(phrases.phrases(), phrases.head, neutral=phrases.neutral)
+
+
+def texts_label(texts: Sequence[str]) -> tuple[str, list[str]]:
+    """A label from texts alone (no namespace statistics): a new cluster's first member."""
+    return phrases_label(rank([extract(t) for t in texts if str(t).strip()] or [{}]))
+
+
+def margins(vecs: np.ndarray, own: Sequence[int], centres: np.ndarray) -> np.ndarray:
+    """For each row of ``vecs`` (unit), its cosine to centre ``own[i]`` minus its best cosine
+    to any other centre: > 0 when the text is nearest its own cluster."""
+    sims = np.asarray(vecs, np.float32) @ np.asarray(centres, np.float32).T
+    own = np.asarray(own, np.int64)
+    mine = sims[np.arange(len(own)), own]
+    sims[np.arange(len(own)), own] = -np.inf
+    other = sims.max(axis=1) if sims.shape[1] > 1 else np.full(len(own), -1.0, np.float32)
+    return mine - other
+
+
+def _variants(phrases: list[str]) -> list[list[str]]:
+    """Labels to try from the best three ``phrases``: each alone, each pair, all three."""
+    top = phrases[:MAX_LABEL_PHRASES]
+    tries = [[p] for p in top] + [[a, b] for x, a in enumerate(top) for b in top[x + 1:]] + [top]
+    out: list[list[str]] = []
+    for t in tries:
+        head = label(phrases, t)[0].split(" · ")
+        if head not in out:
+            out.append(head)
+    return out
+
+
+def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
+            centres: np.ndarray, embed: Callable[[list[str]], np.ndarray]) -> dict[int, float]:
+    """For each cluster: order its ``pools`` phrases by margin (``margins``) into its
+    candidates and choose as ``head`` the label variant with the best margin. Returns that
+    margin per cluster."""
+    todo = [c for c in pools if pools[c]]
+    texts = [k.text for c in todo for k in pools[c]]
+    if not texts:
+        return {}
+    m = margins(embed(texts), [slot[c] for c in todo for _ in pools[c]], centres)
+    at = 0
+    variants: list[tuple[int, list[str], float | None]] = []
+    for c in todo:
+        pool = pools[c]
+        mine = m[at:at + len(pool)].tolist()
+        at += len(pool)
+        single = {k.text: x for k, x in zip(pool, mine)}
+        # Rank by margin, the document-count rank breaking near-ties (within 0.02).
+        order = sorted(range(len(pool)), key=lambda j: (-round(mine[j] / 0.02), j))
+        ranked_pool = [pool[j] for j in order]
+        rest = [k for k in found[c].candidates if k not in ranked_pool]
+        found[c].candidates = ranked_pool + rest
+        for head in _variants(found[c].phrases()):
+            variants.append((c, head, single.get(head[0]) if len(head) == 1 else None))
+    need = [j for j, v in enumerate(variants) if v[2] is None]
+    vm = margins(embed([" · ".join(variants[j][1]) for j in need]), [slot[variants[j][0]] for j in need],
+                 centres).tolist() if need else []
+    got = dict(zip(need, vm))
+    best: dict[int, tuple[float, float, int]] = {}
+    for j, (c, h, single_m) in enumerate(variants):
+        margin = single_m if single_m is not None else got[j]
+        # Longer labels say more: one more phrase wins unless it blurs the label (margin -0.01).
+        score = margin + 0.01 * len(h)
+        if c not in best or score > best[c][0]:
+            best[c] = (score, margin, j)
+    for c, (_, _, j) in best.items():
+        found[c].head = variants[j][1]
+    return {c: margin for c, (_, margin, _) in best.items()}
+
+
+def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centres: np.ndarray,
+                    embed: Callable[[list[str]], np.ndarray], top: int = 8) -> dict[int, float]:
+    """Re-rank each cluster's ``top`` candidates in place by how clearly their embedding points
+    at the cluster's centre rather than another (``margins``), and choose as ``head`` the
+    one-, two- or three-phrase label whose embedding does so most clearly.
+
+    Document counts find the phrases a cluster's members share; the embedding says which of
+    them a reader (and the answer prompt) would take for *this* cluster: "deer" and "bow" say
+    Nara, "works" says nothing. A cluster whose shared phrases all point elsewhere ("help",
+    "keep" in a chat) tries again with its typical members' own phrases added. Costs one
+    embedding per candidate and four per label (twice for those clusters). Returns the
+    chosen label's margin per cluster (<= 0: even the best label points elsewhere).
+    """
+    slot = {int(c): i for i, c in enumerate(ids)}
+    live = {c: ph for c, ph in found.items() if c in slot and ph.candidates and ph.neutral is None}
+    got = _choose(live, {c: ph.candidates[:top] for c, ph in live.items()}, slot, centres, embed)
+    weak = {c: live[c].candidates[:top] + live[c].typical for c, margin in got.items()
+            if margin <= 0 and live[c].typical}
+    if weak:
+        # Only the clusters still without a label that points at them.
+        got.update(_choose(live, weak, slot, centres, embed))
+    return got
+
+
+def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache,
+                    limit: int = 12) -> dict[int, ClusterPhrases]:
+    """Ranked candidates for clusters ``cids`` against their namespace (the namespace most of
+    their members are in). Call under the store's read lock."""
+    idx, rows = state.index, state.rows
+    cids = [int(c) for c in cids]
+    if not cids:
+        return {}
+    ids = idx.cluster_ids().tolist()
+    slot = {c: i for i, c in enumerate(ids)}
+    centres = idx.centres()
+    vecs = idx.vectors()
+    members: dict[int, np.ndarray] = {}
+    for c in cids:
+        if c not in slot:
+            continue
+        m = idx.members(c)
+        m = m[rows.live[m]] if len(m) else m
+        # Nearest the centre first: the most typical members; the nearest MAX_MEMBERS stand
+        # for a bigger cluster.
+        m = m[np.argsort(-(vecs[m] @ centres[slot[c]]), kind="stable")[:MAX_MEMBERS]]
+        members[c] = m
+    live = rows.live_rows()
+    ns_of: dict[int, int] = {}
+    for c, m in members.items():
+        codes = rows.namespace[m]
+        ns_of[c] = int(np.bincount(codes[codes >= 0]).argmax()) if (codes >= 0).any() else -1
+    background: dict[int, tuple[np.ndarray, float]] = {}
+    for ns in set(ns_of.values()):
+        in_ns = live[rows.namespace[live] == ns] if ns >= 0 else live
+        take = in_ns
+        if len(in_ns) > MAX_BACKGROUND:
+            take = in_ns[np.linspace(0, len(in_ns) - 1, MAX_BACKGROUND).astype(np.int64)]
+        background[ns] = (take, len(in_ns) / max(1, len(take)))
+    need = set()
+    for m in members.values():
+        need.update(m.tolist())
+    for take, _ in background.values():
+        need.update(take.tolist())
+    row_list = sorted(need)
+    mids = rows.memory_id[np.asarray(row_list, np.int64)].tolist() if row_list else []
+    texts = state.catalog.texts([m for m in mids if m >= 0])
+    phr = {r: cache.get(texts[m]) for r, m in zip(row_list, mids) if m in texts}
+    bg_df: dict[int, tuple[Counter, int]] = {}
+    for ns, (take, scale) in background.items():
+        df: Counter[str] = Counter()
+        for r in take.tolist():
+            df.update(phr.get(r, {}).keys())
+        if scale != 1.0:
+            df = Counter({k: int(round(v * scale)) for k, v in df.items()})
+        bg_df[ns] = (df, int(round(len(take) * scale)))
+    out = {}
+    for c, m in members.items():
+        df, n_bg = bg_df[ns_of[c]]
+        out[c] = rank([phr[r] for r in m.tolist() if r in phr], df, n_bg, limit)
+    return out

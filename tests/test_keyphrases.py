@@ -1,0 +1,228 @@
+"""Keyphrase candidates and vector labels (store/keyphrases) on small hand-built clusters."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clag_fast.config import SLMConfig, StoreConfig
+from clag_fast.eval.labels import is_copy
+from clag_fast.store import MemoryStore
+from clag_fast.store import keyphrases as kp
+
+HOTELS = [
+    "User: We booked the Kyoto hotel near Kamogawa for April 19.",
+    "Agent: The Kyoto hotel has a kitchen and a view of the Kamogawa.",
+    "Agent: [tool: booking] Kamogawa Residence, Kyoto hotel, kitchen, check-in April 19.",
+    "User: Is the Kyoto hotel kitchen big enough for two?",
+]
+TRAINS = [
+    "User: Is the JR Pass worth it for our trip?",
+    "Agent: The JR Pass covers the Shinkansen from Tokyo to Kyoto.",
+    "Agent: Without the JR Pass the Shinkansen costs about 14,000 yen each way.",
+    "User: Okay, no JR Pass then, we take single Shinkansen tickets.",
+]
+FOOD = [
+    "User: Maya wants to try ramen in Osaka for our trip.",
+    "Agent: Osaka ramen shops near Dotonbori open late.",
+    "User: Ramen with a vegetarian broth, if Osaka has one.",
+]
+
+
+def background(*clusters: list[str]) -> tuple[Counter, int]:
+    df: Counter = Counter()
+    n = 0
+    for texts in clusters:
+        for t in texts:
+            df.update(kp.extract(t).keys())
+            n += 1
+    return df, n
+
+
+def ranked(texts: list[str], *others: list[str]) -> kp.ClusterPhrases:
+    df, n = background(texts, *others)
+    return kp.rank([kp.extract(t) for t in texts], df, n)
+
+
+# ----------------------------------------------------------------------------- extraction
+
+
+def test_names_places_and_numbers_are_kept_as_written():
+    got = set(kp.extract("Agent: [tool: flight_search] JR Pass on April 19 at Kyoto Station, CAD 10,500 total").values())
+    assert {"JR Pass", "April 19", "Kyoto Station", "Kyoto", "CAD 10,500"} <= got
+    assert "19" not in got and "10,500" not in got  # a number alone is no phrase
+    # The speaker and the tool marker are not content; the tool's name is.
+    assert not {"Agent", "tool"} & got and "flight search" in got
+
+
+def test_phrases_never_span_punctuation_or_start_or_end_with_a_stopword():
+    got = set(kp.extract("We flew YYZ->HND, then the train to Kyoto. The hotel").values())
+    assert "YYZ HND" not in got and "HND then" not in got and "Kyoto The" not in got
+    for p in got:
+        words = p.casefold().split()
+        assert words[0] not in kp.STOPWORDS and words[-1] not in kp.STOPWORDS, p
+    assert "train to Kyoto" in got  # a joiner inside a three-word phrase is fine
+
+
+def test_other_scripts_give_phrases_in_their_own_script():
+    ja = set(kp.extract("京都のホテルを予約しました。京都駅の近くです。").values())
+    assert {"京都", "ホテル", "予約", "京都駅"} <= ja
+    assert not any(all("\u3040" <= c <= "\u309f" for c in p) for p in ja)  # no particles alone
+    ru = set(kp.extract("Привет, мы едем в Киото в апреле").values())
+    assert {"Киото", "апреле"} <= ru and "мы" not in ru
+    fr = kp.rank([kp.extract(t) for t in ["Réservation à Kyōto près de Gion", "La réservation de Gion est confirmée",
+                                          "Gion: réservation payée"]])
+    assert {"réservation", "Gion"} <= {p.casefold() if p.islower() else p for p in fr.phrases()} | set(fr.phrases())
+
+
+def test_phrase_cache_extracts_each_text_once():
+    cache = kp.PhraseCache(max_items=2)
+    a = cache.get("Kyoto hotel kitchen")
+    assert cache.get("Kyoto hotel kitchen") is a and cache.misses == 1
+    cache.get("b text")
+    cache.get("c text")
+    assert len(cache) == 2  # bounded: the oldest went
+    cache.get("Kyoto hotel kitchen")
+    assert cache.misses == 4
+
+
+# ----------------------------------------------------------------------------- ranking
+
+
+def test_distinctive_phrases_rank_first():
+    hotels = ranked(HOTELS, TRAINS, FOOD)
+    assert hotels.phrases(1) == ["Kyoto hotel"]
+    assert {"Kamogawa", "kitchen", "April 19"} <= set(hotels.phrases(5))
+    trains = ranked(TRAINS, HOTELS, FOOD)
+    assert trains.phrases(2) == ["JR Pass", "Shinkansen"]
+    food = ranked(FOOD, HOTELS, TRAINS)
+    assert set(food.phrases(2)) == {"ramen", "Osaka"}
+    # "trip" is in two clusters: it describes neither.
+    for c in (hotels, trains, food):
+        assert "trip" not in c.phrases(3)
+
+
+def test_a_phrase_must_be_shared_by_two_members():
+    got = ranked(["Kyoto hotel booked", "Kyoto temples at dawn", "Kyoto by night, Nishiki market"], TRAINS)
+    assert got.phrases() == ["Kyoto"]  # each member's other words are its own
+
+
+def test_one_idea_one_phrase():
+    got = ranked(HOTELS, TRAINS).phrases()
+    assert "Kyoto hotel" in got and "Kyoto" not in got and "hotel" not in got
+
+
+def test_members_without_shared_content_get_a_neutral_label():
+    replies = ["ok", "Ok!", "👍", "thanks", "lol", "yes yes"]
+    got = kp.rank([kp.extract(t) for t in replies])
+    assert got.candidates == [] and got.neutral == kp.NEUTRAL_LABEL
+    assert kp.phrases_label(got) == (kp.NEUTRAL_LABEL, [])
+    assert kp.texts_label(replies) == (kp.NEUTRAL_LABEL, [])
+    assert kp.rank([kp.extract(t) for t in ["Umbrella or not?", "Ready, coffee in hand."]]).neutral == kp.NEUTRAL_LABEL
+    mixed = kp.rank([kp.extract(t) for t in ["The museum closes early on Mondays, sadly.",
+                                             "Her passport expires in June next year, renewal pending.",
+                                             "Laundry service costs extra at the ryokan near Gion."]])
+    assert mixed.neutral == kp.NEUTRAL_MIXED
+
+
+def test_vector_label_is_top_phrases_then_tags():
+    got = ranked(HOTELS, TRAINS, FOOD)
+    summary, tags = kp.phrases_label(got)
+    head = summary.split(" · ")
+    assert head == got.phrases(len(head)) and 1 <= len(head) <= kp.MAX_LABEL_PHRASES
+    assert tags == got.phrases()[len(head):len(head) + kp.MAX_TAGS]
+    assert not is_copy(summary, HOTELS)
+
+
+def test_picked_label_keeps_the_pick_order_and_tags_follow_the_ranking():
+    summary, tags = kp.label(["a b", "c", "d", "e", "f"], ["d", "a b"])
+    assert summary == "d · a b" and tags == ["c", "e", "f"]
+    assert kp.label([], None, kp.NEUTRAL_MIXED) == (kp.NEUTRAL_MIXED, [])
+
+
+words = st.sampled_from("kyoto hotel kitchen april 19 jr pass shinkansen ramen osaka the a of booked near view".split())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(words, min_size=1, max_size=20).map(" ".join), min_size=1, max_size=8))
+def test_a_vector_label_never_copies_a_member(texts):
+    summary, tags = kp.texts_label(texts)
+    assert len(summary.replace(" · ", " ").split()) <= max(kp.LABEL_WORDS, 3)
+    assert not is_copy(summary, texts)
+    members = set()
+    for t in texts:
+        members.update(kp.content_words(t))
+    if summary not in (kp.NEUTRAL_LABEL, kp.NEUTRAL_MIXED):
+        assert set(kp.content_words(summary + " " + " ".join(tags))) <= members
+
+
+# ----------------------------------------------------------------------------- embedding re-rank
+
+
+def bag_embed(vocab: list[str]):
+    """Texts -> unit bag-of-words vectors over ``vocab`` (a stand-in embedder we own)."""
+    def embed(texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), len(vocab)), np.float32)
+        for i, t in enumerate(texts):
+            for w in kp.content_words(t):
+                if w in vocab:
+                    out[i, vocab.index(w)] += 1
+        n = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.where(n == 0, 1, n)
+    return embed
+
+
+def test_by_distinctness_prefers_phrases_that_point_at_their_own_centre():
+    vocab = ["kyoto", "hotel", "trip", "jr", "pass"]
+    embed = bag_embed(vocab)
+    centres = embed(["kyoto hotel hotel", "jr pass trip trip"])
+    found = {1: kp.ClusterPhrases([kp.Keyphrase("trip", 1.0, 3, 1.0), kp.Keyphrase("Kyoto hotel", 0.9, 3, 1.0)]),
+             2: kp.ClusterPhrases([kp.Keyphrase("JR Pass", 1.0, 3, 1.0)])}
+    kp.by_distinctness(found, [1, 2], centres, embed)
+    # "trip" points at cluster 2's centre: it drops behind, and the label leaves it out.
+    assert found[1].phrases() == ["Kyoto hotel", "trip"]
+    assert found[1].head == ["Kyoto hotel"]
+    assert kp.phrases_label(found[1]) == ("Kyoto hotel", ["trip"])
+    m = kp.margins(embed(["Kyoto hotel", "trip"]), [0, 0], centres)
+    assert m[0] > 0 > m[1]
+
+
+# ----------------------------------------------------------------------------- in a store
+
+
+def test_store_labels_are_keyphrases_never_members(tmp_path):
+    rng = np.random.default_rng(0)
+    dim = 16
+    axes = np.eye(dim, dtype=np.float32)[:3]
+    groups = [HOTELS * 3, TRAINS * 3, FOOD * 4]
+    texts, vecs = [], []
+    for g, (axis, members) in enumerate(zip(axes, groups)):
+        for i, t in enumerate(members):
+            texts.append(f"{t} ({i})")
+            v = axis + 0.05 * rng.standard_normal(dim).astype(np.float32)
+            vecs.append(v / np.linalg.norm(v))
+    cfg = StoreConfig(dim=dim, min_memories_to_cluster=10, organize_every=0, slm=SLMConfig(mode="off"))
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+        s.add_many(texts, embeddings=np.stack(vecs))
+        s.organize()
+        labels = {c.summary for c in s.clusters()}
+        joined = " ".join(labels)
+        assert "Kyoto hotel" in joined and "JR Pass" in joined and ("ramen" in joined or "Osaka" in joined)
+        q = s.label_quality()
+        assert q["copies"] == 0 and q["grounded"] == 1.0 and "self_at_1" not in q  # no embedder
+        assert s.stats()["labels"]["vector"] >= 3
+
+
+@pytest.mark.parametrize("texts", [["ok", "ok"], ["👍", "🙂"]])
+def test_placement_labels_a_new_cluster_without_copying_it(texts):
+    from clag_fast.store.profiles import vector_profile
+
+    summary, tags = vector_profile(texts)
+    assert summary == kp.NEUTRAL_LABEL and tags == []
+    summary, tags = vector_profile(["We booked the Kamogawa Residence in Kyoto for five nights in April."])
+    assert not is_copy(summary, ["We booked the Kamogawa Residence in Kyoto for five nights in April."])
+    assert "Kamogawa Residence" in summary

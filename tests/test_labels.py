@@ -1,0 +1,221 @@
+"""Label measures (eval/labels), labels in the store with a misbehaving or real SLM, the
+cluster map and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from llm_fixtures import completion, dead_url, fake_server, managed_server, real_llm  # noqa: F401
+
+from clag_fast.cli import main
+from clag_fast.config import SLMConfig, StoreConfig
+from clag_fast.eval.labels import ClusterLabel, groundedness, is_copy, measure
+from clag_fast.slm.client import LLMClient
+from clag_fast.slm.organizer import ClusterBrief, Organizer
+from clag_fast.store import MemoryStore
+from clag_fast.store import keyphrases as kp
+
+DIM = 16
+GROUPS = {
+    "hotel": ["We booked the Kyoto hotel near Kamogawa for April 19.",
+              "The Kyoto hotel has a kitchen and a view of the Kamogawa.",
+              "Kamogawa Residence: Kyoto hotel with kitchen, check-in April 19.",
+              "Is the Kyoto hotel kitchen big enough for two?"],
+    "rail": ["Is the JR Pass worth it for our trip?",
+             "The JR Pass covers the Shinkansen from Tokyo to Kyoto.",
+             "Without the JR Pass the Shinkansen costs about 14,000 yen each way.",
+             "No JR Pass then, we take single Shinkansen tickets."],
+    "food": ["Maya wants ramen in Osaka on our trip.",
+             "Osaka ramen shops near Dotonbori open late.",
+             "Ramen with a vegetarian broth, if Osaka has one.",
+             "The best Osaka ramen is in Dotonbori, they say."],
+}
+
+
+def bag_embed(texts: list[str]) -> np.ndarray:
+    """A stand-in embedder we own: content words hashed into DIM buckets, unit length."""
+    out = np.zeros((len(texts), DIM), np.float32)
+    for i, t in enumerate(texts):
+        for w in kp.content_words(t):
+            out[i, sum(map(ord, w)) % DIM] += 1.0
+    n = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.where(n == 0, 1, n)
+
+
+def synthetic_store(path, llm, slm: SLMConfig | None = None, copies: int = 3) -> MemoryStore:
+    """A store of the three GROUPS, each on its own axis (vectors passed in, no embedder)."""
+    rng = np.random.default_rng(1)
+    texts, vecs = [], []
+    for g, members in enumerate(GROUPS.values()):
+        for k in range(copies):
+            for t in members:
+                texts.append(f"{t} #{k}")
+                v = np.eye(DIM, dtype=np.float32)[g] + 0.05 * rng.standard_normal(DIM).astype(np.float32)
+                vecs.append(v / np.linalg.norm(v))
+    cfg = StoreConfig(dim=DIM, min_memories_to_cluster=10, organize_every=0,
+                      slm=slm or SLMConfig(profile_min_size=2, background=False))
+    s = MemoryStore.open(path, config=cfg, embedder=False, llm=llm)
+    s.add_many(texts, embeddings=np.stack(vecs))
+    return s
+
+
+# ----------------------------------------------------------------------------- the measures
+
+
+def test_copy_is_an_eight_word_run_of_a_member():
+    members = ["Agent: Hotel Kasumi Shinjuku, conf. HK-220931, check-in April 3, two nights."]
+    assert is_copy("Hotel Kasumi Shinjuku, conf. HK-220931, check-in April 3", members)
+    assert not is_copy("Hotel Kasumi Shinjuku · HK-220931 · April 3", members)
+    assert not is_copy("Hotel Kasumi Shinjuku conf", members)  # shorter than the run
+
+
+def test_groundedness_counts_label_words_found_in_members():
+    members = ["We booked the Kyoto hotel.", "The hotel kitchen is small."]
+    assert groundedness("Kyoto hotel · kitchen", [], members) == 1.0
+    assert groundedness("Morning Shoplifters", ["kyoto", "hotel"], members) == 0.5
+    assert groundedness("", [], members) == 1.0  # claims nothing
+
+
+def test_measure_on_hand_built_clusters():
+    clusters = [
+        ClusterLabel(1, "Kyoto hotel · kitchen", ["Kamogawa"], GROUPS["hotel"]),
+        ClusterLabel(2, "Tropical Islands", [], GROUPS["rail"]),       # invented
+        ClusterLabel(3, "The best Osaka ramen is in Dotonbori, they say", [], GROUPS["food"]),  # a copy
+        ClusterLabel(4, kp.NEUTRAL_LABEL, [], ["ok", "ok!"]),          # neutral: no claim
+        ClusterLabel(5, "Kyoto hotel", [], ["one member"]),            # one member: not scored
+    ]
+    centres = bag_embed([" ".join(c.members) for c in clusters])
+    q = measure(clusters, centres, bag_embed)
+    assert q["clusters"] == 4 and q["neutral"] == 1
+    assert q["copies"] == 1 and q["copy_rate"] == 0.25
+    assert q["grounded"] == pytest.approx((1.0 + 0.0 + 1.0) / 3)
+    # "Tropical Islands" shares no word with the rail cluster: it cannot point at its centre.
+    assert q["self_at_1"] == pytest.approx(2 / 3)
+    assert "self_at_1" not in measure(clusters, centres, None)
+    with pytest.raises(ValueError, match="5 clusters but 2 centres"):
+        measure(clusters, centres[:2], None)
+
+
+# ----------------------------------------------------------------------------- labels in a store
+
+
+def test_vector_labels_in_a_store_are_distinct_keyphrases(tmp_path):
+    with synthetic_store(tmp_path / "s", llm=False, slm=SLMConfig(mode="off")) as s:
+        s.organize()
+        labels = [c.summary for c in s.clusters()]
+        assert len(labels) == 3, labels
+        heads = {lab.split(" · ")[0] for lab in labels}
+        assert {"Kyoto hotel", "JR Pass"} <= heads and heads & {"ramen", "Osaka", "Osaka ramen"}
+        q = s.label_quality()
+        assert q["copies"] == 0 and q["grounded"] == 1.0 and q["neutral"] == 0
+
+
+@pytest.mark.parametrize("reply", [
+    "We booked the Kyoto hotel near Kamogawa for April 19.",              # free text, no JSON
+    json.dumps({"groups": [["Morning Shoplifters"]] * 3}),                 # not offered
+    json.dumps({"shared_topic": "Tropical Islands", "keywords": ["a"]}),   # the old form
+])
+def test_an_slm_answering_outside_the_schema_leaves_the_vector_label(tmp_path, fake_server, reply):  # noqa: F811
+    with synthetic_store(tmp_path / "v", llm=False, slm=SLMConfig(mode="off")) as s:
+        s.organize()
+        vector_labels = sorted((c.summary, tuple(c.tags)) for c in s.clusters())
+    fake_server.reply_text(reply)
+    llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
+    with synthetic_store(tmp_path / "s", llm=llm) as s:
+        s.organize()
+        assert sorted((c.summary, tuple(c.tags)) for c in s.clusters()) == vector_labels
+        asked = [r for r in fake_server.chat_requests() if "shared by a group" in r["messages"][0]["content"]]
+        assert asked, "the SLM was asked"
+        assert s.stats()["labels"]["slm"] == 0
+
+
+@pytest.mark.parametrize("how", ["down", "slow"])
+def test_an_slm_that_is_down_or_slow_leaves_the_vector_label(tmp_path, fake_server, how):  # noqa: F811
+    with synthetic_store(tmp_path / "v", llm=False, slm=SLMConfig(mode="off")) as s:
+        s.organize()
+        vector_labels = sorted(c.summary for c in s.clusters())
+    if how == "down":
+        llm = LLMClient(dead_url(), max_retries=0, schema_mode="json_object")
+    else:
+        fake_server.behaviour = lambda body: (200, completion(json.dumps({"groups": [["JR Pass"]]})), 2.0)
+        llm = LLMClient(fake_server.url, timeout=0.2, max_retries=0, schema_mode="json_object")
+    with synthetic_store(tmp_path / "s", llm=llm) as s:
+        s.organize()
+        assert sorted(c.summary for c in s.clusters()) == vector_labels
+
+
+def test_an_slm_pick_becomes_the_label(tmp_path, fake_server):  # noqa: F811
+    def pick_last_first(body):
+        groups = body["response_format"]["schema"]["properties"].get("groups", {}).get("prefixItems", [])
+        return 200, completion(json.dumps({"groups": [[g["items"]["enum"][-1], g["items"]["enum"][0]]
+                                                      for g in groups]}))
+
+    fake_server.behaviour = pick_last_first
+    llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
+    with synthetic_store(tmp_path / "s", llm=llm) as s:
+        s.organize()
+        asked = [r for r in fake_server.chat_requests() if "shared by a group" in r["messages"][0]["content"]]
+        assert len(asked) == 1  # three clusters, one call (SLMConfig.profile_batch)
+        enums = [g["items"]["enum"] for g in asked[0]["response_format"]["schema"]["properties"]["groups"]["prefixItems"]]
+        assert len(enums) == 3 and all(len(e) >= 2 and len(set(e)) == len(e) for e in enums)
+        assert {c.summary for c in s.clusters()} == {f"{e[-1]} · {e[0]}" for e in enums}
+        assert s.stats()["labels"]["slm"] == 3 and s.stats()["llm"]["profile_calls"] == 1
+
+
+# ----------------------------------------------------------------------------- the map and the CLI
+
+
+def test_clusters_plot_and_quality(tmp_path, capsys):
+    data = tmp_path / "trip.json"
+    data.write_text(json.dumps([f"{t} (note {k})" for k in range(3) for ts in GROUPS.values() for t in ts]))
+    store = str(tmp_path / "s")
+    assert main(["ingest", str(data), "--store", store, "--llm", "off", "--organize"]) == 0
+    capsys.readouterr()
+    png = tmp_path / "map.png"
+    assert main(["clusters", "--store", store, "--plot", str(png), "--quality"]) == 0
+    out = capsys.readouterr().out
+    n = int(out.split(" clusters", 1)[0])
+    assert n >= 2 and f"cluster map ({n} clusters) written to {png}" in out
+    line = next(x for x in out.splitlines() if x.startswith("labels: "))
+    assert "copies 0 (0.00), grounded 1.00, self@1 " in line  # the real embedder measures self@1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert main(["clusters", "--store", store, "--plot", str(tmp_path / "map.jpg")]) == 2
+    assert "does not end in .png" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_demo_writes_the_cluster_map_and_reports_label_quality(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--llm", "off"]) == 0
+    out = capsys.readouterr().out
+    png = tmp_path / "clag_fast_demo_clusters.png"
+    assert f"clusters) written to {png}" in out and png.read_bytes()[:4] == b"\x89PNG"
+    line = next(x for x in out.splitlines() if x.startswith("labels: "))
+    assert "copies 0 (0.00), grounded 1.00, self@1 " in line
+    # No cluster line shows a member sentence: labels are keyphrases (at most six words).
+    table = out.split("summary | tags", 1)[1].split("\n?", 1)[0]
+    for row in table.strip().splitlines()[:-1]:
+        summary = row.split(None, 3)[3].rsplit(" | ", 1)[0]
+        assert len(summary.replace(" · ", " ").split()) <= 6 or summary.startswith("misc:"), row
+
+
+# ----------------------------------------------------------------------------- the real SLM
+
+
+@pytest.mark.slm
+def test_real_smollm2_chooses_its_label_among_the_candidates(real_llm):  # noqa: F811
+    org = Organizer(real_llm)
+    briefs = []
+    for i, members in enumerate(GROUPS.values()):
+        phrases = kp.rank([kp.extract(t) for t in members])
+        briefs.append(ClusterBrief(i, examples=members, size=len(members), candidates=phrases.phrases(8)))
+    out = org.write_profiles(briefs)
+    assert org.errors == 0, org.stats()
+    assert set(out) == {0, 1, 2}
+    for b in briefs:
+        picked = out[b.id].summary.split(" · ")
+        assert set(picked) <= set(b.candidates) and len(set(picked)) == len(picked)
+        assert groundedness(out[b.id].summary, out[b.id].tags, b.examples) == 1.0
+        assert not is_copy(out[b.id].summary, b.examples)
