@@ -14,7 +14,9 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 # needs a server / only builds a config / the quick start (default store with the managed SLM)
-SKIP = ("clag_fast.connect(", "StoreConfig(\n", 'add("The user is allergic to seafood", namespace="user-42", metadata')
+# / continues the quick start's store (label measures: tests/test_labels.py)
+SKIP = ("clag_fast.connect(", "StoreConfig(\n", 'add("The user is allergic to seafood", namespace="user-42", metadata',
+        "store.label_quality()")
 
 
 def _runnable() -> list[str]:
