@@ -205,6 +205,7 @@ def test_the_demo_writes_the_cluster_map_and_reports_label_quality(tmp_path, cap
 
 
 @pytest.mark.slm
+@pytest.mark.slow
 def test_real_smollm2_chooses_its_label_among_the_candidates(real_llm):  # noqa: F811
     org = Organizer(real_llm)
     briefs = []
