@@ -104,7 +104,9 @@ def test_hits_carry_cluster_labels_after_organize(store):
     assert all(h.cluster_summary for h in hits), "vector profiles label every cluster"
     for h in hits:
         assert (h.cluster_summary, h.cluster_tags) == profiles[h.cluster_id], "a hit carries its own cluster's profile"
-        assert h.cluster_tags and all(isinstance(t, str) and t for t in h.cluster_tags)
+        # tags: the next distinctive phrases after the label's (none when there is no other)
+        assert isinstance(h.cluster_tags, list) and all(isinstance(t, str) and t for t in h.cluster_tags)
+        assert not set(h.cluster_tags) & set(h.cluster_summary.split(" · ")), "tags repeat no label phrase"
         assert h.cluster_id in dict(store.get(h.memory_id).clusters)
 
 

@@ -103,7 +103,10 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
         topic_clusters = [c for c in clusters if c.source == "slm_topic"]
         # (topic centres that attract no memory are dropped at the same pass)
         assert len(topic_clusters) <= len(report["topics"]) and (decisions.get("topics", 0) > 0) == bool(report["topics"])
-        assert profiles["slm"] == decisions.get("profile", 0)
+        # accepted SLM picks are written, unless their embedding points at another cluster
+        # (then the vector label stays: slm_not_distinct) or the cluster changed meanwhile
+        kept_or_replaced = profiles["slm"] + st["labels"].get("slm_not_distinct", 0)
+        assert 0 < kept_or_replaced <= decisions.get("profile", 0), (profiles, st["labels"], decisions)
         assert profiles["slm"] + profiles["vector"] >= len(clusters)
         vector_summaries = {vector_profile_of(s, c.id) for c in clusters}
         assert sum(c.summary not in vector_summaries for c in clusters) >= min(profiles["slm"], 1)
