@@ -16,6 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from clag_fast.errors import ShardUnavailable
+
 log = logging.getLogger(__name__)
 
 
@@ -42,6 +44,8 @@ def store_error(e: BaseException) -> tuple[int, str, str]:
     """(status, code, message) for an exception raised by the store."""
     if isinstance(e, _Problem):
         return e.status, e.code, e.message
+    if isinstance(e, ShardUnavailable):  # a sharded store's owner is restarting (clag_fast.distributed)
+        return 503, "shard_unavailable", str(e)
     if isinstance(e, KeyError):
         return 404, "not_found", str(e.args[0]) if e.args else "not found"
     if isinstance(e, PermissionError):
@@ -88,11 +92,11 @@ def install(app: FastAPI) -> None:
         status, code, message = store_error(e)
         if status == 500:
             log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=e)
-        return error_response(status, code, message)
+        return error_response(status, code, message, {"Retry-After": "1"} if status == 503 else None)
 
     # The built-ins the store raises are answered by Starlette's exception middleware (which
     # does not re-raise); ``Exception`` goes to the outermost handler, which logs and answers 500.
-    for cls in (KeyError, PermissionError, TypeError, ValueError, Exception):
+    for cls in (ShardUnavailable, KeyError, PermissionError, TypeError, ValueError, Exception):
         app.add_exception_handler(cls, _on_store_error)
 
 
