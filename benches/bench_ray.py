@@ -138,6 +138,14 @@ def run_ray(root: Path, items: list[dict], ops: list, clients: int) -> tuple[dic
     shard = store.shard_of(NAMESPACES[0])
     import ray
 
+    store.flush()
+    sizes = []
+    for s in store.existing_shards():
+        opid = ray.get(store.owner(s).pid.remote())
+        rss = int(next(line.split()[1] for line in open(f"/proc/{opid}/status") if line.startswith("VmRSS")))
+        disk = sum(f.stat().st_size for f in store.layout.shard_dir(s).rglob("*") if f.is_file())
+        sizes.append((s, ray.get(store.owner(s).count.remote()), rss / 1024, disk / 2**20))
+    result["shards"] = sizes
     pid = ray.get(store.owner(shard).pid.remote())
     os.kill(pid, signal.SIGKILL)
     t0 = time.perf_counter()
@@ -201,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:34} {r['ops_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d}")
         for e in r["first_errors"]:
             print("   ", e)
+    for s, n, rss, disk in sharded["shards"]:
+        print(f"  shard {s}: {n} memories, owner RSS {rss:.0f} MiB, directory {disk:.1f} MiB")
     print(f"service ratio Ray / single: {sharded['ops_s'] / single['ops_s']:.2f}x (target >= 0.7)")
     print(f"shard owner restart after SIGKILL: {restart_s:.1f} s (target <= 10)")
     print(f"bulk ingest: single-process embedding {bulk['single_texts_s']:.0f} texts/s, Ray Data ingest "

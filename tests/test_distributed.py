@@ -213,7 +213,7 @@ def test_killed_owner_under_load_keeps_every_answered_add(sharded, port):
         while time.monotonic() - killed_at < 60:
             n = len(answered)
             time.sleep(0.2)
-            if len(answered) > n and ray.get(sharded.owner(shard).pid.remote()) != pid:
+            if len(answered) > n and _pid_or_none(sharded, shard) not in (None, pid):
                 served_again = time.monotonic() - killed_at
                 break
         time.sleep(1.0)
@@ -248,6 +248,13 @@ def _settled_count(store: ShardedStore) -> int:
             last, stable_since = n, time.monotonic()
         time.sleep(0.25)
     return last
+
+
+def _pid_or_none(store: ShardedStore, shard: int) -> int | None:
+    try:
+        return ray.get(store.owner(shard).pid.remote(), timeout=10)
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+        return None  # restarting
 
 
 def _rows(n: int) -> list[dict]:

@@ -119,7 +119,7 @@ class ShardedStore:
             if cause is None:
                 raise
             raise cause from None  # the store's own error (KeyError, ValueError, ...): answered as such
-        except (RayActorError, GetTimeoutError) as e:
+        except (RayActorError, GetTimeoutError) as e:  # ActorUnavailableError (restarting) included
             raise ShardUnavailable(f"shard {shard} is restarting or unreachable ({type(e).__name__}); "
                                    f"retry shortly") from None
         self._existing.add(shard)
