@@ -22,7 +22,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -36,12 +36,14 @@ log = logging.getLogger(__name__)
 _SUMMED = ("memories", "archived", "vector_rows", "clusters", "adds", "searches", "cache_hits", "organizations")
 
 
-def owner_handle(layout: ShardMap, shard: int) -> Any:
+def owner_handle(layout: ShardMap, shard: int, **placement: Any) -> Any:
     """The shard's owner actor, created if it does not exist yet (by whoever asks first:
-    Ray's control store gives every racer the same named actor)."""
+    Ray's control store gives every racer the same named actor). ``placement``: extra actor
+    options for a new owner (``scheduling_strategy``, ``resources``); an existing one stays
+    where it is."""
     import ray
 
-    actor = ray.remote(ShardOwner).options(
+    options: dict[str, Any] = dict(
         name=f"clag-{layout.cluster_name}-shard-{shard:04d}", namespace=RAY_NAMESPACE, get_if_exists=True,
         lifetime="detached",
         # Restart forever: the store's directory is the state, and reopening it recovers
@@ -51,7 +53,8 @@ def owner_handle(layout: ShardMap, shard: int) -> Any:
         # The owner's threads do the store's work, but reserving a core per shard would
         # leave none for ingest tasks on small nodes; its calls are the load, not its life.
         num_cpus=0)
-    return actor.remote(str(layout.root), shard)
+    options.update(placement)
+    return ray.remote(ShardOwner).options(**options).remote(str(layout.root), shard)
 
 
 class ShardedStore:
@@ -62,10 +65,14 @@ class ShardedStore:
         every node that may run an owner can reach (one machine, or a shared filesystem).
       shards, dim, embedder, llm: the layout, when ``root`` is new (else checked against it).
       timeout_s: how long one call waits for an owner before answering ShardUnavailable.
+      placement: called with a shard number, returns extra actor options for its owner when
+        this object creates it (say a node-affinity ``scheduling_strategy``); None: Ray decides.
     """
 
     def __init__(self, root: str | os.PathLike[str], shards: int | None = None, *, dim: int | None = None,
-                 embedder: bool | None = None, llm: str | None = None, timeout_s: float = 30.0) -> None:
+                 embedder: bool | None = None, llm: str | None = None, timeout_s: float = 30.0,
+                 placement: Callable[[int], dict[str, Any]] | None = None) -> None:
+        self._placement = placement
         self.layout = ShardMap.create_or_load(root, shards, dim=dim, embedder=embedder, llm=llm)
         self.config = SimpleNamespace(dim=self.layout.dim)  # what the routes read (vector width)
         self.timeout_s = timeout_s
@@ -104,7 +111,8 @@ class ShardedStore:
         with self._lock:
             h = self._handles.get(shard)
             if h is None:
-                h = self._handles[shard] = owner_handle(self.layout, shard)
+                extra = self._placement(shard) if self._placement is not None else {}
+                h = self._handles[shard] = owner_handle(self.layout, shard, **extra)
         return h
 
     def _call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:

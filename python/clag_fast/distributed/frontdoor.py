@@ -14,15 +14,22 @@ with Serve's own CLI through the app builder:
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Hashable
 
 from clag_fast.distributed.backend import ShardedStore
 from clag_fast.errors import ShardUnavailable
+from clag_fast.server.batching import Coalescer
 from clag_fast.server.service import AddPayload, StoreService
 from clag_fast.server.settings import ServeConfig
 
 log = logging.getLogger(__name__)
+
+# A log line per request costs the proxy and the replica as much CPU as a small search.
+QUIET = {"log_level": "WARNING", "enable_access_log": False}
+FLIGHT_ADDS = 8  # add batches in flight at once (each for one shard)
+FLIGHT_SEARCHES = 16  # search batches in flight at once
 
 
 class DistributedService(StoreService):
@@ -32,6 +39,17 @@ class DistributedService(StoreService):
 
     def __init__(self, config: ServeConfig, shards: int | None = None, timeout_s: float = 30.0) -> None:
         super().__init__(config)
+        # The base service runs few batches at once because its work is CPU on this machine;
+        # here a batch is a wait on a remote owner, and owners work in parallel: more batches
+        # in flight (each one shard's, for adds) keep every shard busy.
+        self._executor.shutdown(wait=False)
+        self._executor = ThreadPoolExecutor(max_workers=FLIGHT_ADDS + FLIGHT_SEARCHES + 4,
+                                            thread_name_prefix="clag-front")
+        limits = config.limits
+        self.adds = Coalescer("add", self._add_batch, self._executor, max_items=limits.max_batch,
+                              max_pending=limits.max_pending, workers=FLIGHT_ADDS)
+        self.searches = Coalescer("search", self._search_batch, self._executor, max_items=config.search_batch,
+                                  max_pending=limits.max_pending, workers=FLIGHT_SEARCHES)
         self._shards = shards
         self._timeout_s = timeout_s
         self.embedder_state = "in the shard owners" if config.embedder else "not used (bring-your-own vectors)"
@@ -115,8 +133,8 @@ def deployment(config: ServeConfig, shards: int | None = None, replicas: int = 1
 
     cls = serve.ingress()(FrontDoor)
     return serve.deployment(cls, name="clag_fast_front_door", num_replicas=replicas,
-                            ray_actor_options={"num_cpus": 0},
-                            max_ongoing_requests=256).bind(config, shards)
+                            ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
+                            logging_config=QUIET).bind(config, shards)
 
 
 def app_builder(args: dict[str, str]) -> Any:
@@ -139,7 +157,7 @@ def run(config: ServeConfig, *, address: str | None = "auto", shards: int | None
 
     if not ray.is_initialized():
         ray.init(address=address, namespace="clag_fast", log_to_driver=False)
-    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.start(http_options={"host": config.host, "port": config.port}, logging_config=QUIET)
     serve.run(deployment(config, shards, replicas), name="clag_fast", route_prefix="/", blocking=False)
     url = f"http://{config.host}:{config.port}"
     log.info("front door for %s listening on %s", config.store, url)

@@ -153,5 +153,11 @@ class ShardOwner:
 
         return os.getpid()
 
+    def node(self) -> str:
+        """The id of the Ray node this owner runs on (placement checks)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def path(self) -> str:
         return str(self.store.path)
