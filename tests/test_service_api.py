@@ -162,6 +162,8 @@ def test_delete_namespace(backend, ns):
     (lambda s, v: s.update(1), ValueError),
     (lambda s, v: s.search_many("one string", k=1), TypeError),
     (lambda s, v: s.add("text", embedding=v[0], metadata="not a dict"), TypeError),
+    (lambda s, v: s.add("text", embedding=v[0], metadata={"when": object()}), ValueError),
+    (lambda s, v: s.add("text", embedding=v[0], metadata={"x": float("nan")}), ValueError),
 ])
 def test_bad_arguments_raise_what_memory_store_raises(backend, call, exc):
     v = vecs(1, seed=7)

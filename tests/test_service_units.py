@@ -123,3 +123,17 @@ def test_coalescer_refuses_beyond_max_pending():
     err, done = asyncio.run(main())
     assert err.status == 503 and "queue is full" in err.message
     assert done == [0, 1, 2]
+
+
+def test_store_errors_map_to_statuses_without_internals():
+    from clag_fast.errors import ModelFilesError
+    from clag_fast.server.http_errors import problem, store_error
+
+    assert store_error(KeyError("no memory with id 7")) == (404, "not_found", "no memory with id 7")
+    assert store_error(ValueError("k must be a positive integer"))[:2] == (400, "invalid")
+    assert store_error(TypeError("memory id must be an int"))[:2] == (400, "wrong_type")
+    assert store_error(PermissionError("read-only"))[:2] == (403, "forbidden")
+    assert store_error(ModelFilesError("model package missing"))[:2] == (503, "model_unavailable")
+    assert store_error(problem(413, "too_large", "big")) == (413, "too_large", "big")
+    status, code, message = store_error(RuntimeError("/secret/path exploded"))
+    assert (status, code) == (500, "internal") and "secret" not in message

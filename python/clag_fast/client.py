@@ -62,6 +62,10 @@ class _Requests:
         for i, m in enumerate(meta):
             if m is not None and not isinstance(m, dict):
                 raise TypeError(f"metadata[{i}] must be a dict or None, got {type(m).__name__}")
+            try:
+                json.dumps(m, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"metadata[{i}] is not JSON-serialisable: {e}") from None
         keys_l = [None] * n if keys is None else list(keys)
         if len(keys_l) != n:
             raise ValueError(f"keys has {len(keys_l)} items for {n} texts")

@@ -1,7 +1,7 @@
 """Every error answer of the service: ``{"error": {"code", "message"}}`` with a status.
 
 One table maps the store's exceptions onto statuses (ValueError/TypeError 400, KeyError 404,
-PermissionError 403, a busy queue 503); anything unexpected is logged with its traceback and
+PermissionError 403, a busy queue or a missing embedding model 503); anything unexpected is logged with its traceback and
 answered 500 "internal" without it. The client (``clag_fast.client``) maps the codes back.
 """
 
@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clag_fast.errors import ShardUnavailable
+from clag_fast.errors import ModelFilesError, ShardUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ def store_error(e: BaseException) -> tuple[int, str, str]:
     """(status, code, message) for an exception raised by the store."""
     if isinstance(e, _Problem):
         return e.status, e.code, e.message
+    if isinstance(e, ModelFilesError):  # the embedding model is missing: texts cannot be served
+        return 503, "model_unavailable", str(e)
     if isinstance(e, ShardUnavailable):  # a sharded store's owner is restarting (clag_fast.distributed)
         return 503, "shard_unavailable", str(e)
     if isinstance(e, KeyError):
@@ -85,18 +87,19 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        codes = {400: "malformed_json", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
         return error_response(e.status_code, codes.get(e.status_code, "http_error"), str(e.detail))
 
     async def _on_store_error(request: Request, e: Exception) -> JSONResponse:
         status, code, message = store_error(e)
         if status == 500:
             log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=e)
-        return error_response(status, code, message, {"Retry-After": "1"} if status == 503 else None)
+        # A restarting shard is back within seconds; a missing model is not worth retrying.
+        return error_response(status, code, message, {"Retry-After": "1"} if code == "shard_unavailable" else None)
 
     # The built-ins the store raises are answered by Starlette's exception middleware (which
     # does not re-raise); ``Exception`` goes to the outermost handler, which logs and answers 500.
-    for cls in (ShardUnavailable, KeyError, PermissionError, TypeError, ValueError, Exception):
+    for cls in (KeyError, PermissionError, TypeError, ValueError, ModelFilesError, ShardUnavailable, Exception):
         app.add_exception_handler(cls, _on_store_error)
 
 

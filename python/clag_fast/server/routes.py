@@ -99,8 +99,23 @@ def _check_text(text: str, lim: Limits, what: str) -> None:
         raise problem(413, "text_too_long", f"{what} has {len(text)} characters; the limit is {lim.max_text_chars}")
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, without recursion (the value may be deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
 def _check_metadata(meta: dict | None, lim: Limits, what: str) -> None:
     if meta is not None:
+        if _depth(meta) > lim.max_metadata_depth:
+            raise problem(400, "invalid", f"{what} nests deeper than {lim.max_metadata_depth} levels")
         size = len(json.dumps(meta, ensure_ascii=False, default=str).encode())
         if size > lim.max_metadata_bytes:
             raise problem(413, "metadata_too_large", f"{what} is {size} bytes as JSON; the limit is {lim.max_metadata_bytes}")

@@ -18,6 +18,8 @@ class Limits:
     max_text_chars: characters of one memory text or query (MiniLM reads 256 tokens; longer
       texts are stored whole for BM25, so the limit is about memory, not the model).
     max_metadata_bytes: one memory's metadata as JSON.
+    max_metadata_depth: nesting of metadata (objects in lists in objects...): deeper values
+      could be stored but not written back out as JSON.
     max_list: memories in one listing page.
     max_pending: requests waiting in the add or search queue before the service answers 503.
     """
@@ -27,6 +29,7 @@ class Limits:
     max_k: int = 1000
     max_text_chars: int = 32_768
     max_metadata_bytes: int = 16_384
+    max_metadata_depth: int = 32
     max_list: int = 1000
     max_pending: int = 4096
 

@@ -5,6 +5,8 @@ Modules, each owning one thing:
   state         ``StoreState``: what one open store owns (catalog, index, row table, caches, lock)
   catalog       the SQLite database: schema, migrations and every SQL statement
   rowtable      per-row columns for filters and decay, in memory
+  fields        metadata fields as per-row columns (built per filtered field), for where=
+  filters       the where= grammar: parsing and compiling to a row mask
   routing       the vector routing policy (pure numpy)
   placement     routing new rows into clusters, applying the SLM's routes
   organize      cold start, topics, split, merge, profile bookkeeping
