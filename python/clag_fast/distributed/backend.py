@@ -183,11 +183,11 @@ class ShardedStore:
 
     def update(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default",
                **changes: Any) -> None:
-        shard = self._shard_for(memory_id, key, namespace)
+        shard = self._existing_shard_for(memory_id, key, namespace)
         self._call(shard, "update", memory_id, key=key, namespace=namespace, **changes)
 
     def delete(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> None:
-        shard = self._shard_for(memory_id, key, namespace)
+        shard = self._existing_shard_for(memory_id, key, namespace)
         self._call(shard, "delete", memory_id, key=key, namespace=namespace)
 
     def delete_many(self, memory_ids: Sequence[int] | None = None, *, keys: Sequence[str] | None = None,
@@ -224,10 +224,7 @@ class ShardedStore:
         return self.search_many(queries, k, **options)[0]
 
     def get(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> Any:
-        shard = self._shard_for(memory_id, key, namespace)
-        if not self._exists(shard):
-            what = f"id {memory_id}" if memory_id is not None else f"key {key!r} in namespace {namespace!r}"
-            raise KeyError(f"no memory with {what}")
+        shard = self._existing_shard_for(memory_id, key, namespace)
         return self._call(shard, "get", memory_id, key=key, namespace=namespace)
 
     def get_many(self, memory_ids: Sequence[int] | None = None, *, keys: Sequence[str] | None = None,
@@ -338,6 +335,15 @@ class ShardedStore:
         if (memory_id is None) == (key is None):
             raise ValueError("give a memory id or a key (exactly one)")
         return decode_id(memory_id)[0] if memory_id is not None else self.shard_of(namespace)
+
+    def _existing_shard_for(self, memory_id: int | None, key: str | None, namespace: str) -> int:
+        """The shard of an id or key, which must exist: an unknown one is a KeyError (404),
+        and never creates the shard."""
+        shard = self._shard_for(memory_id, key, namespace)
+        if not self._exists(shard):
+            what = f"id {memory_id}" if memory_id is not None else f"key {key!r} in namespace {namespace!r}"
+            raise KeyError(f"no memory with {what}")
+        return shard
 
     def _by_shard(self, ids: Sequence[int]) -> dict[int, list[int]]:
         groups: dict[int, list[int]] = {}

@@ -105,7 +105,7 @@ class ShardMap:
             root.mkdir(parents=True, exist_ok=True)
             new = cls(root, shards, dim=dim or 384, embedder=True if embedder is None else embedder, llm=llm or "off")
             tmp = root / f".{MAP_FILE}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(new._doc(), indent=1))
+            tmp.write_text(json.dumps(new.document(), indent=1))
             try:
                 os.link(tmp, path)  # atomic, and fails if another process got there first
             except FileExistsError:
@@ -147,10 +147,11 @@ class ShardMap:
             pins = dict(current.pins, **{namespace: shard})
             updated = ShardMap(self.root, current.shards, current.dim, current.embedder, current.llm, pins)
             tmp = self.root / f".{MAP_FILE}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(updated._doc(), indent=1))
+            tmp.write_text(json.dumps(updated.document(), indent=1))
             os.replace(tmp, self.root / MAP_FILE)
         return updated
 
-    def _doc(self) -> dict[str, Any]:
+    def document(self) -> dict[str, Any]:
+        """The JSON document written to ROOT/cluster.json."""
         return {"version": _VERSION, "shards": self.shards, "dim": self.dim, "embedder": self.embedder,
                 "llm": self.llm, "pins": self.pins, "hash": "blake2b-64 mod shards"}
