@@ -306,3 +306,27 @@ def test_ingest_embeds_texts_from_jsonl_on_an_actor_pool(ray_local, tmp_path):
         assert hits[0].text == texts[17]
     finally:
         store.shutdown()
+
+
+@pytest.mark.slow
+def test_cli_ingest_ray_adds_each_row_once(ray_local, tmp_path, capsys):
+    import json
+
+    from clag_fast.cli import main
+
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps({"text": f"the user likes dish {i}", "id": f"r{i}", "user": f"u{i % 3}"}) + "\n"
+                           for i in range(30)))
+    root = tmp_path / "cli-root"
+    args = ["ingest", str(src), "--ray", "auto", "--store", str(root), "--key-column", "id",
+            "--namespace-column", "user"]
+    assert main(args + ["--shards", "2"]) == 0
+    assert main(args) == 0  # the stored layout is reused; every key is already there
+    out = capsys.readouterr().out
+    assert "added 30, 0 already stored" in out and "added 0, 30 already stored" in out
+    store = ShardedStore(root)
+    try:
+        assert len(store) == 30 and store.layout.shards == 2
+        assert store.get(key="r4", namespace="u1").text == "the user likes dish 4"
+    finally:
+        store.shutdown()
