@@ -158,6 +158,12 @@ class _Write:
         return {"added": np.array([added], np.int64)}
 
 
+def _pool(size: int) -> Any:
+    import ray.data
+
+    return ray.data.ActorPoolStrategy(size=size)
+
+
 def _embed_cpus(embedders: int, threads: int | None) -> float:
     """Cores each embedding actor reserves: its threads, but never so many that the pool
     holds every core of the cluster (the read tasks feeding it need one, else the pipeline
@@ -200,16 +206,16 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
     prepared = ds.map_batches(
         _Prepare, fn_constructor_args=(str(layout.root), namespace, text_column, key_column, namespace_column,
                                        kind_column, vector_column, resume),
-        batch_size=batch_size, batch_format="numpy", concurrency=1, num_cpus=0)
+        batch_size=batch_size, batch_format="numpy", compute=_pool(1), num_cpus=0)
     if vector_column is None:
         device = "cuda" if num_gpus else "cpu"
         prepared = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device), batch_size=batch_size,
-                                        batch_format="numpy", concurrency=embedders, num_gpus=num_gpus,
+                                        batch_format="numpy", compute=_pool(embedders), num_gpus=num_gpus,
                                         num_cpus=_embed_cpus(embedders, embed_threads))
     # Prepare and write wait on the owners most of the time: they reserve no core, so a
     # small cluster never holds every core in actors while a read task waits for one.
     written = prepared.map_batches(_Write, fn_constructor_args=(str(layout.root),), batch_size=batch_size,
-                                   batch_format="numpy", concurrency=1, num_cpus=0)
+                                   batch_format="numpy", compute=_pool(1), num_cpus=0)
     added = 0
     for out in written.iter_batches(batch_size=None, batch_format="numpy"):
         added += int(out["added"].sum())
