@@ -32,6 +32,7 @@ from clag_fast.errors import (
     ServiceError,
     ServiceForbidden,
     ServiceUnauthorized,
+    ShardUnavailable,
     StoreFormatError,
     StoreLockedError,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "ServiceError",
     "ServiceForbidden",
     "ServiceUnauthorized",
+    "ShardUnavailable",
     "StoreConfig",
     "StoreFormatError",
     "StoreLockedError",

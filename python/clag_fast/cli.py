@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--namespace", default="default")
     i.add_argument("--organize", action="store_true", help="organise after ingesting")
     store_opts(i)
+    _ray_opts(i)
+    i.add_argument("--key-column", default=None, help="with --ray: the column with each row's unique key")
+    i.add_argument("--namespace-column", default=None, help="with --ray: the column with each row's namespace")
+    i.add_argument("--embedders", type=int, default=1, help="with --ray: embedding actors")
     i.set_defaults(func=cmd_ingest)
 
     s = sub.add_parser("search", help="search the store")
@@ -84,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8420)
     sv.add_argument("--keys", default=None, help="keys file (TOML): API keys and the namespaces each may use")
     _service_store_opts(sv)
+    _ray_opts(sv)
     sv.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("mcp", help="serve one namespace of the store as MCP tools (stdio, or --http)")
@@ -145,6 +150,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        return _ingest_ray(args)
     texts, kinds, meta = _read_ingest_file(Path(args.file))
     with _open(Path(args.store), args.llm, must_exist=False) as store:
         _add_with_progress(store, texts, kinds, meta, args.namespace)
@@ -211,9 +218,44 @@ def _service_store_opts(sp: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from clag_fast.server import ServeConfig, serve
 
+    if args.ray is not None:
+        from clag_fast.distributed.frontdoor import run
+
+        run(ServeConfig(store=Path(args.store), host=args.host, port=args.port,
+                        keys=Path(args.keys) if args.keys else None, llm=args.llm, embedder=not args.no_embedder,
+                        dim=args.dim), address=args.ray, shards=_ray_shards(args), replicas=args.replicas, blocking=True)
+        return 0
     serve(ServeConfig(store=Path(args.store), host=args.host, port=args.port,
                       keys=Path(args.keys) if args.keys else None, llm=args.llm,
                       embedder=not args.no_embedder, dim=args.dim, fsync=args.fsync))
+    return 0
+
+
+def _ray_opts(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--ray", metavar="ADDRESS", default=None,
+                    help="run on a Ray cluster ('auto': the local one): --store is then a sharded store's root")
+    sp.add_argument("--shards", type=int, default=None, help="with --ray: shards of a new sharded store (default 4)")
+    sp.add_argument("--replicas", type=int, default=1, help="with --ray (serve): front door replicas")
+
+
+def _ray_shards(args: argparse.Namespace) -> int | None:
+    """--shards, or 4 for a new sharded store (an existing one keeps its own)."""
+    if args.shards is not None:
+        return args.shards
+    return None if (Path(args.store) / "cluster.json").exists() else 4
+
+
+def _ingest_ray(args: argparse.Namespace) -> int:
+    import ray
+
+    from clag_fast.distributed import ingest
+
+    if not ray.is_initialized():
+        ray.init(address=args.ray, namespace="clag_fast", log_to_driver=False)
+    report = ingest(args.file, args.store, shards=_ray_shards(args), namespace=args.namespace, key_column=args.key_column,
+                    namespace_column=args.namespace_column, embedders=args.embedders)
+    print(f"read {report.rows} rows: added {report.added}, {report.skipped} already stored "
+          f"({report.rate:.0f} rows/s) into {args.store}")
     return 0
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "ServiceError",
     "ServiceForbidden",
     "ServiceUnauthorized",
+    "ShardUnavailable",
     "StoreFormatError",
     "StoreLockedError",
 ]
@@ -113,3 +114,10 @@ class ServiceUnauthorized(PermissionError):
 
 class ServiceForbidden(PermissionError):
     """HTTP 403: the API key may not read or write that namespace (or run that operation)."""
+
+
+# -- the sharded store on Ray ---------------------------------------------------------------
+class ShardUnavailable(RuntimeError):
+    """A shard's owner actor is restarting or did not answer in time (HTTP 503 with
+    Retry-After through the front door). A write that failed this way may or may not have been
+    committed: retry it with a key to make the retry idempotent."""

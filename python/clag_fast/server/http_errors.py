@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clag_fast.errors import ModelFilesError
+from clag_fast.errors import ModelFilesError, ShardUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ def store_error(e: BaseException) -> tuple[int, str, str]:
         return e.status, e.code, e.message
     if isinstance(e, ModelFilesError):  # the embedding model is missing: texts cannot be served
         return 503, "model_unavailable", str(e)
+    if isinstance(e, ShardUnavailable):  # a sharded store's owner is restarting (clag_fast.distributed)
+        return 503, "shard_unavailable", str(e)
     if isinstance(e, KeyError):
         return 404, "not_found", str(e.args[0]) if e.args else "not found"
     if isinstance(e, PermissionError):
@@ -92,11 +94,12 @@ def install(app: FastAPI) -> None:
         status, code, message = store_error(e)
         if status == 500:
             log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=e)
-        return error_response(status, code, message)
+        # A restarting shard is back within seconds; a missing model is not worth retrying.
+        return error_response(status, code, message, {"Retry-After": "1"} if code == "shard_unavailable" else None)
 
     # The built-ins the store raises are answered by Starlette's exception middleware (which
     # does not re-raise); ``Exception`` goes to the outermost handler, which logs and answers 500.
-    for cls in (KeyError, PermissionError, TypeError, ValueError, ModelFilesError, Exception):
+    for cls in (KeyError, PermissionError, TypeError, ValueError, ModelFilesError, ShardUnavailable, Exception):
         app.add_exception_handler(cls, _on_store_error)
 
 

@@ -1,0 +1,227 @@
+"""Bulk ingest into a sharded store with Ray Data.
+
+    read (JSONL / Parquet / any Dataset)
+      -> prepare: namespace, key, owning shard per row; drop rows whose key is already stored
+      -> embed: batches through the ONNX embedder on a pool of actors (GPU actors with num_gpus)
+      -> write: each batch split by shard, one ``add_many(embeddings=, keys=)`` per owner
+
+Idempotent and resumable by keys: every row has one (its ``key_column``, or a hash of its
+namespace and text), a key already in its namespace is skipped before it is embedded, and a
+batch is one atomic ``add_many`` on its owner, where a key that slipped through is an upsert
+(same id). So a run killed at any point and started again ends with each row stored exactly
+once, and the second run embeds only what the first did not write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from clag_fast.distributed.shardmap import ShardMap
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What one ``ingest`` run did: rows read, rows already stored (skipped), rows written."""
+
+    rows: int
+    skipped: int
+    added: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Rows written per second."""
+        return self.added / self.seconds if self.seconds else 0.0
+
+
+def row_key(namespace: str, text: str) -> str:
+    """The key of a row without one: the same text in the same namespace is stored once."""
+    return "h:" + hashlib.blake2b(f"{namespace}\0{text}".encode(), digest_size=12).hexdigest()
+
+
+def read(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Any:
+    """A Ray Dataset from JSONL / JSON or Parquet files (by extension)."""
+    import ray.data
+
+    items = [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    if not items:
+        raise ValueError("no input files")
+    if all(p.endswith(".parquet") or Path(p).is_dir() for p in items):
+        return ray.data.read_parquet(items)
+    if all(p.endswith((".jsonl", ".json", ".jsonl.gz")) for p in items):
+        return ray.data.read_json(items, lines=all(p.endswith((".jsonl", ".jsonl.gz")) for p in items))
+    raise ValueError(f"cannot tell the format of {items}: name files *.jsonl, *.json or *.parquet")
+
+
+class _Prepare:
+    """Rows -> namespace, key, shard, text (+ kind, vector); drops keys already stored."""
+
+    def __init__(self, root: str, namespace: str, text_column: str, key_column: str | None,
+                 namespace_column: str | None, kind_column: str | None, vector_column: str | None,
+                 resume: bool) -> None:
+        self.layout = ShardMap.load(root)
+        self.ns, self.text_col, self.key_col = namespace, text_column, key_column
+        self.ns_col, self.kind_col, self.vec_col, self.resume = namespace_column, kind_column, vector_column, resume
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.text_col not in batch:
+            raise ValueError(f"the dataset has no {self.text_col!r} column (columns: {sorted(batch)})")
+        texts = [str(t) if t is not None else "" for t in batch[self.text_col]]
+        for t in texts:
+            if not t.strip():
+                raise ValueError(f"a row has an empty {self.text_col!r}: every memory needs a text")
+        n = len(texts)
+        namespaces = [str(x) for x in batch[self.ns_col]] if self.ns_col else [self.ns] * n
+        if self.key_col:
+            keys = [str(k) for k in batch[self.key_col]]
+        else:
+            keys = [row_key(ns, t) for ns, t in zip(namespaces, texts)]
+        shards = np.array([self.layout.shard_of(ns) for ns in namespaces], np.int64)
+        keep = np.ones(n, bool)
+        if self.resume:
+            keep = self._missing(namespaces, keys, shards)
+        out: dict[str, Any] = {"text": np.array(texts, object), "namespace": np.array(namespaces, object),
+                               "key": np.array(keys, object), "shard": shards,
+                               "kind": np.array([str(k) for k in batch[self.kind_col]] if self.kind_col
+                                                else ["fact"] * n, object)}
+        if self.vec_col:
+            out["vector"] = np.stack([np.asarray(v, np.float32) for v in batch[self.vec_col]]) if n else \
+                np.empty((0, self.layout.dim), np.float32)
+        return {k: v[keep] for k, v in out.items()}
+
+    def _missing(self, namespaces: list[str], keys: list[str], shards: np.ndarray) -> np.ndarray:
+        import ray
+
+        from clag_fast.distributed.backend import owner_handle
+
+        keep = np.ones(len(keys), bool)
+        by_ns: dict[str, list[int]] = {}
+        for i, ns in enumerate(namespaces):
+            by_ns.setdefault(ns, []).append(i)
+        asks = []
+        for ns, idx in by_ns.items():
+            shard = int(shards[idx[0]])
+            if (self.layout.shard_dir(shard) / "memories.db").exists():  # a read never creates a shard
+                asks.append((idx, owner_handle(self.layout, shard).missing_keys.remote(ns, [keys[i] for i in idx])))
+        for idx, ref in asks:
+            missing = set(ray.get(ref))
+            for i in idx:
+                keep[i] = keys[i] in missing
+        return keep
+
+
+class _Embed:
+    """An embedding actor: one ONNX embedder, loaded once, for every batch it is given."""
+
+    def __init__(self, threads: int | None, device: str) -> None:
+        from clag_fast.embed.embedder import Embedder
+
+        self.embedder = Embedder(threads=threads, device=device)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        texts = [str(t) for t in batch["text"]]
+        batch["vector"] = np.ascontiguousarray(self.embedder.encode(texts), np.float32) if texts else \
+            np.empty((0, 384), np.float32)
+        return batch
+
+
+class _Write:
+    """Each batch split by shard; one atomic ``add_many`` per owner (in parallel)."""
+
+    def __init__(self, root: str) -> None:
+        self.layout = ShardMap.load(root)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import ray
+
+        from clag_fast.distributed.backend import owner_handle
+
+        shards = batch["shard"]
+        refs = []
+        for shard in np.unique(shards).tolist():
+            idx = np.flatnonzero(shards == shard)
+            refs.append(owner_handle(self.layout, shard).add_many.remote(
+                [str(t) for t in batch["text"][idx]], np.ascontiguousarray(batch["vector"][idx], np.float32),
+                [str(k) for k in batch["kind"][idx]], [str(n) for n in batch["namespace"][idx]], None,
+                [str(k) for k in batch["key"][idx]]))
+        added = sum(len(ids) for ids in ray.get(refs))
+        return {"added": np.array([added], np.int64)}
+
+
+def _pool(size: int) -> Any:
+    import ray.data
+
+    return ray.data.ActorPoolStrategy(size=size)
+
+
+def _embed_cpus(embedders: int, threads: int | None) -> float:
+    """Cores each embedding actor reserves: its threads, but never so many that the pool
+    holds every core of the cluster (the read tasks feeding it need one, else the pipeline
+    waits forever)."""
+    import ray
+
+    total = float(ray.cluster_resources().get("CPU", 1))
+    return max(0.1, min(float(threads or 1), (total - 1) / embedders if total > 1 else total / (2 * embedders)))
+
+
+def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = None, namespace: str = "default",
+           text_column: str = "text", key_column: str | None = None, namespace_column: str | None = None,
+           kind_column: str | None = None, vector_column: str | None = None, dim: int | None = None,
+           batch_size: int = 256, embedders: int = 1, embed_threads: int | None = None, num_gpus: float = 0,
+           resume: bool = True, progress: Callable[[int], None] | None = None) -> IngestReport:
+    """Add every row of ``dataset`` to the sharded store at ``root``, at most once per key.
+
+    dataset: a ``ray.data.Dataset``, or JSONL / JSON / Parquet path(s) (see ``read``).
+    shards, dim: the layout when ``root`` is new (dim defaults to the embedder's 384, or the
+      width of ``vector_column``).
+    text_column: the memory's text. key_column: a unique id per row (default: a hash of the
+      namespace and the text, so identical texts of a namespace are stored once).
+    namespace_column: per-row namespaces (else every row goes to ``namespace``).
+    vector_column: precomputed embeddings (then nothing is embedded).
+    embedders, embed_threads, num_gpus: the embedding actor pool: how many actors, ONNX
+      threads each, and GPUs each (GPU actors embed on CUDA).
+    resume: skip rows whose key is already stored, before embedding (a re-run after a
+      failure embeds only what is missing). Off, they are re-embedded and upserted.
+    progress: called with the number of rows written after each batch (Ray Data shows its
+      own progress bars too).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="auto")
+    t0 = time.perf_counter()
+    ds = read(dataset) if isinstance(dataset, (str, os.PathLike, list, tuple)) else dataset
+    layout = ShardMap.create_or_load(root, shards, dim=dim, embedder=True if vector_column is None else None)
+    rows = ds.count()
+    prepared = ds.map_batches(
+        _Prepare, fn_constructor_args=(str(layout.root), namespace, text_column, key_column, namespace_column,
+                                       kind_column, vector_column, resume),
+        batch_size=batch_size, batch_format="numpy", compute=_pool(1), num_cpus=0)
+    if vector_column is None:
+        device = "cuda" if num_gpus else "cpu"
+        prepared = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device), batch_size=batch_size,
+                                        batch_format="numpy", compute=_pool(embedders), num_gpus=num_gpus,
+                                        num_cpus=_embed_cpus(embedders, embed_threads))
+    # Prepare and write wait on the owners most of the time: they reserve no core, so a
+    # small cluster never holds every core in actors while a read task waits for one.
+    written = prepared.map_batches(_Write, fn_constructor_args=(str(layout.root),), batch_size=batch_size,
+                                   batch_format="numpy", compute=_pool(1), num_cpus=0)
+    added = 0
+    for out in written.iter_batches(batch_size=None, batch_format="numpy"):
+        added += int(out["added"].sum())
+        if progress is not None:
+            progress(added)
+    report = IngestReport(rows=rows, skipped=rows - added, added=added, seconds=time.perf_counter() - t0)
+    log.info("ingest into %s: %d rows, %d added, %d already stored, %.1f rows/s", root, report.rows,
+             report.added, report.skipped, report.rate)
+    return report

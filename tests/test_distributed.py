@@ -1,0 +1,332 @@
+"""The sharded store on a real local Ray cluster: shard owners, the Serve front door (the
+same /v1 API), restarts, and bulk ingest with Ray Data. No mocks: ``ray.init(num_cpus=2)``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import httpx
+import numpy as np
+import pytest
+
+from clag_fast import MemoryStore, StoreConfig
+from clag_fast.server import ServeConfig
+from service_helpers import free_port
+
+ray = pytest.importorskip("ray")
+
+from clag_fast.distributed import ShardedStore, ShardMap, ingest  # noqa: E402
+from clag_fast.distributed import frontdoor  # noqa: E402
+
+DIM = 16
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, namespace="clag_fast", log_to_driver=False)
+    yield
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def port(ray_local):
+    return free_port()  # Serve's proxy listens on one port per Ray cluster
+
+
+@pytest.fixture
+def sharded(ray_local, tmp_path):
+    store = ShardedStore(tmp_path / "cluster", 4, dim=DIM, embedder=False)
+    yield store
+    store.shutdown()
+
+
+def _vecs(n: int, seed: int = 0) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _owner_names() -> set[str]:
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("clag-")}
+
+
+def test_sharded_store_answers_like_one_store(sharded, tmp_path):
+    n = 120
+    vecs, names = _vecs(n), [f"user-{i % 9}" for i in range(n)]
+    texts = [f"memory {i}" for i in range(n)]
+    ids = sharded.add_many(texts, vecs, namespaces=names, keys=[f"k{i}" for i in range(n)])
+    assert len(set(ids)) == n
+    assert len(sharded.existing_shards()) > 1  # nine namespaces spread over the shards
+    single = MemoryStore.open(tmp_path / "single", config=StoreConfig(dim=DIM, slm="off"), embedder=False, llm=False)
+    single.add_many(texts, vecs, namespaces=names)
+    q = _vecs(5, seed=1)
+    for ns in (None, "user-3"):
+        got = sharded.search_many(q, k=7, namespace=ns, mode="flat")
+        want = single.search_many(q, k=7, namespace=ns, mode="flat")
+        assert [[h.text for h in hits] for hits in got] == [[h.text for h in hits] for hits in want]
+    # ids route back to their shard; keys too
+    assert [m.text for m in sharded.get_many(ids[::17])] == texts[::17]
+    assert sharded.get(key="k42", namespace=names[42]).memory_id == ids[42]
+    # paging across shards lists every memory once
+    seen, cursor = [], None
+    while True:
+        page = sharded.memories(limit=11, cursor=cursor)
+        seen += [m.memory_id for m in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids)
+    assert sharded.namespaces() == sorted(set(names))
+    assert sharded.stats()["memories"] == n == len(sharded)
+    assert sharded.delete_namespace("user-3") == sum(1 for x in names if x == "user-3")
+    assert "user-3" not in sharded.namespaces()
+    single.close()
+
+
+def test_unknown_namespace_read_creates_no_shard(sharded, port):
+    root = sharded.layout.root
+    before = _owner_names()
+    url = frontdoor.run(ServeConfig(store=root, port=port, embedder=False, dim=DIM), shards=4)
+    try:
+        r = httpx.get(f"{url}/v1/memories/by-key", params={"key": "x", "namespace": "nobody"}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        r = httpx.post(f"{url}/v1/search", json={"vector": [0.1] * DIM, "namespace": "nobody"}, timeout=30)
+        assert r.status_code == 200 and r.json()["hits"] == []
+        r = httpx.get(f"{url}/v1/memories", params={"namespace": "nobody"}, timeout=30)
+        assert r.status_code == 200 and r.json()["items"] == []
+        r = httpx.get(f"{url}/v1/memories/{(3 << 40) | 5}", timeout=30)
+        assert r.status_code == 404
+        assert not (root / "shards").exists() and _owner_names() == before
+        # a write creates exactly the owning shard
+        r = httpx.post(f"{url}/v1/memories", json={"text": "hi", "vector": [0.1] * DIM, "namespace": "nobody"},
+                       timeout=30)
+        assert r.status_code == 200
+        assert ShardedStore(root).existing_shards() == [sharded.shard_of("nobody")]
+        # the API's checks are the service's own (same app): a wrong width is a 400
+        r = httpx.post(f"{url}/v1/memories", json={"text": "x", "vector": [0.1] * 3}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_dimension"
+    finally:
+        from ray import serve
+
+        serve.delete("clag_fast")
+
+
+def test_routing_is_stable_across_a_front_door_restart(sharded, port):
+    root = sharded.layout.root
+    config = ServeConfig(store=root, port=port, embedder=False, dim=DIM)
+    names = [f"tenant-{i}" for i in range(12)]
+    pinned = "whale"
+    sharded.pin(pinned, (sharded.shard_of(pinned) + 1) % 4)
+    names.append(pinned)
+    from ray import serve
+
+    url = frontdoor.run(config, shards=4)
+    items = [{"text": f"fact of {ns}", "vector": _vecs(1, i)[0].tolist(), "namespace": ns, "key": "first"}
+             for i, ns in enumerate(names)]
+    ids = httpx.post(f"{url}/v1/memories", json={"items": items}, timeout=60).json()["ids"]
+    serve.delete("clag_fast")
+    url = frontdoor.run(config, shards=4)  # a new replica: a fresh ShardedStore reading cluster.json
+    try:
+        for ns, mid in zip(names, ids):
+            r = httpx.get(f"{url}/v1/memories/by-key", params={"key": "first", "namespace": ns}, timeout=30)
+            assert r.status_code == 200, r.text
+            assert r.json()["memory_id"] == mid
+        assert ShardMap.load(root).shard_of(pinned) != ShardMap(root, 4).shard_of(pinned)
+        dirs = sorted(p.name for p in (root / "shards").iterdir())
+        assert dirs == [f"{s:04d}" for s in sorted({ShardMap.load(root).shard_of(ns) for ns in names})]
+        ns_list = httpx.get(f"{url}/v1/namespaces", timeout=30).json()["namespaces"]
+        assert ns_list == sorted(names)
+        assert httpx.get(f"{url}/v1/stats", timeout=30).json()["memories"] == len(names)
+    finally:
+        serve.delete("clag_fast")
+
+
+def test_two_front_doors_racing_get_one_owner(sharded):
+    root = sharded.layout.root
+    doors = [ShardedStore(root) for _ in range(2)]
+    ns = "contested"
+    barrier = threading.Barrier(2)
+    out: list[list[int]] = [[], []]
+
+    def write(i: int) -> None:
+        barrier.wait()
+        for j in range(10):
+            out[i] += doors[i].add_many([f"door {i} #{j}"], _vecs(1, 100 * i + j), namespaces=[ns])
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    shard = sharded.shard_of(ns)
+    pids = {ray.get(d.owner(shard).pid.remote()) for d in doors}
+    assert len(pids) == 1  # one owner process: the loser of the race forwarded to it
+    assert sorted(m.memory_id for m in sharded.memories(namespace=ns).items) == sorted(out[0] + out[1])
+
+
+@pytest.mark.slow
+def test_killed_owner_under_load_keeps_every_answered_add(sharded, port):
+    root = sharded.layout.root
+    ns = "busy"
+    shard = sharded.shard_of(ns)
+    sharded.add_many(["seed"], _vecs(1), namespaces=[ns])
+    pid = ray.get(sharded.owner(shard).pid.remote())
+    url = frontdoor.run(ServeConfig(store=root, port=port, embedder=False, dim=DIM), shards=4)
+    answered: dict[str, int] = {}
+    refused: list[int] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        j = 0
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                text = f"client {c} add {j}"
+                j += 1
+                r = http.post(f"{url}/v1/memories", json={"text": text, "vector": _vecs(1, j)[0].tolist(),
+                                                           "namespace": ns})
+                with lock:
+                    if r.status_code == 200:
+                        answered[text] = r.json()["ids"][0]
+                    else:
+                        assert r.status_code == 503, r.text
+                        assert r.headers.get("retry-after") == "1"
+                        refused.append(r.status_code)
+
+    from ray import serve
+
+    try:
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        before_kill = len(answered)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        served_again = None
+        while time.monotonic() - killed_at < 60:
+            n = len(answered)
+            time.sleep(0.2)
+            if len(answered) > n and _pid_or_none(sharded, shard) not in (None, pid):
+                served_again = time.monotonic() - killed_at
+                break
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert before_kill > 0 and served_again is not None, "the shard did not serve again after the kill"
+        print(f"shard served again {served_again:.1f} s after SIGKILL; {len(refused)} adds answered 503")
+        listed, cursor = [], None
+        while True:
+            page = httpx.get(f"{url}/v1/memories", params={"namespace": ns, "limit": 1000,
+                                                         **({"cursor": cursor} if cursor else {})}, timeout=60).json()
+            listed += page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        counts = Counter(m["text"] for m in listed)
+        for text, mid in answered.items():
+            assert counts[text] == 1, f"{text!r} answered but stored {counts[text]} times"
+        by_text = {m["text"]: m["memory_id"] for m in listed}
+        assert all(by_text[t] == mid for t, mid in answered.items())
+        assert max(counts.values()) == 1
+    finally:
+        serve.delete("clag_fast")
+
+
+def _settled_count(store: ShardedStore) -> int:
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() - stable_since < 1.5:
+        n = len(store)
+        if n != last:
+            last, stable_since = n, time.monotonic()
+        time.sleep(0.25)
+    return last
+
+
+def _pid_or_none(store: ShardedStore, shard: int) -> int | None:
+    try:
+        return ray.get(store.owner(shard).pid.remote(), timeout=10)
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+        return None  # restarting
+
+
+def _rows(n: int) -> list[dict]:
+    vecs = _vecs(n, seed=7)
+    return [{"id": f"row-{i}", "text": f"imported memory {i}", "user": f"u{i % 5}", "vec": vecs[i]} for i in range(n)]
+
+
+def test_ingest_is_idempotent_and_resumes_after_a_failure(ray_local, tmp_path):
+    import ray.data
+
+    root = tmp_path / "ingest"
+    n = 600
+    rows = _rows(n)
+    broken = [dict(r) for r in rows]
+    broken[450]["text"] = "  "  # a bad row ends the first run part-way, as a lost worker would
+    kwargs = dict(shards=3, dim=DIM, key_column="id", namespace_column="user", vector_column="vec", batch_size=50)
+    with pytest.raises(Exception, match="empty 'text'"):
+        ingest(ray.data.from_items(broken, override_num_blocks=12), root, **kwargs)
+    store = ShardedStore(root)
+    try:
+        partial = _settled_count(store)  # add_many calls already sent when the run failed still land
+        assert partial < n
+        report = ingest(ray.data.from_items(rows, override_num_blocks=12), root, **kwargs)
+        assert len(store) == n
+        assert report.rows == n and report.added == n - partial and report.skipped == partial
+        again = ingest(ray.data.from_items(rows, override_num_blocks=12), root, **kwargs)
+        assert again.added == 0 and len(store) == n
+        # every row once, under its key, in its namespace
+        m = store.get(key="row-123", namespace="u3")
+        assert m.text == "imported memory 123"
+        assert sorted(store.namespaces()) == [f"u{i}" for i in range(5)]
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.slow
+def test_ingest_embeds_texts_from_jsonl_on_an_actor_pool(ray_local, tmp_path):
+    import json
+
+    src = tmp_path / "turns.jsonl"
+    texts = [f"the user mentioned topic number {i} during the trip" for i in range(64)]
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    root = tmp_path / "embedded"
+    report = ingest(str(src), root, shards=2, namespace="trip", batch_size=16, embed_threads=1)
+    store = ShardedStore(root)
+    try:
+        assert report.added == 64 and len(store) == 64
+        hits = store.search("the user mentioned topic number 17 during the trip", k=1, namespace="trip")
+        assert hits[0].text == texts[17]
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.slow
+def test_cli_ingest_ray_adds_each_row_once(ray_local, tmp_path, capsys):
+    import json
+
+    from clag_fast.cli import main
+
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps({"text": f"the user likes dish {i}", "id": f"r{i}", "user": f"u{i % 3}"}) + "\n"
+                           for i in range(30)))
+    root = tmp_path / "cli-root"
+    args = ["ingest", str(src), "--ray", "auto", "--store", str(root), "--key-column", "id",
+            "--namespace-column", "user"]
+    assert main(args + ["--shards", "2"]) == 0
+    assert main(args) == 0  # the stored layout is reused; every key is already there
+    out = capsys.readouterr().out
+    assert "added 30, 0 already stored" in out and "added 0, 30 already stored" in out
+    store = ShardedStore(root)
+    try:
+        assert len(store) == 30 and store.layout.shards == 2
+        assert store.get(key="r4", namespace="u1").text == "the user likes dish 4"
+    finally:
+        store.shutdown()
