@@ -275,11 +275,14 @@ def test_ingest_is_idempotent_and_resumes_after_a_failure(ray_local, tmp_path):
         ingest(ray.data.from_items(broken, override_num_blocks=12), root, **kwargs)
     store = ShardedStore(root)
     try:
-        partial = _settled_count(store)  # add_many calls already sent when the run failed still land
+        # add_many calls already sent when the run failed may still land after this count
+        # (under load, past any settling time), so the resumed run is checked by invariants
+        # that hold whenever they land: all it skipped was stored before, nothing is twice
+        partial = _settled_count(store)
         assert partial < n
         report = ingest(ray.data.from_items(rows, override_num_blocks=12), root, **kwargs)
         assert len(store) == n
-        assert report.rows == n and report.added == n - partial and report.skipped == partial
+        assert report.rows == n and report.added + report.skipped == n and partial <= report.skipped < n
         again = ingest(ray.data.from_items(rows, override_num_blocks=12), root, **kwargs)
         assert again.added == 0 and len(store) == n
         # every row once, under its key, in its namespace
