@@ -85,7 +85,10 @@ NEUTRAL_MIXED = "misc: mixed notes"
 LABEL_WORDS = 6
 MAX_LABEL_PHRASES = 3
 MAX_TAGS = 3
-MAX_MEMBERS = 300
+# Members read per cluster (the nearest its centre): 64 typical members name a big cluster as
+# well as 300 did, at a fifth of the reading (ingest into a 100k store spent a third of its
+# time labelling with 300).
+MAX_MEMBERS = 64
 MIN_MEMBERS = 2
 TYPICAL_MEMBERS = 3
 MAX_BACKGROUND = 4000
@@ -513,7 +516,11 @@ def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache
         in_ns = live[rows.namespace[live] == ns] if ns >= 0 else live
         take = in_ns
         if len(in_ns) > MAX_BACKGROUND:
-            take = in_ns[np.linspace(0, len(in_ns) - 1, MAX_BACKGROUND).astype(np.int64)]
+            # Every stride-th live row, the stride a power of two: as the store grows the
+            # sample keeps most of its rows (their phrases stay in the cache), where an evenly
+            # spaced sample would be new rows at every organisation.
+            stride = 1 << int(np.ceil(np.log2(len(in_ns) / MAX_BACKGROUND)))
+            take = in_ns[::stride]
         background[ns] = (take, len(in_ns) / max(1, len(take)))
     need = set()
     for m in members.values():
