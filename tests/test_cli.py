@@ -102,16 +102,18 @@ def _check_demo_output(out: str, slm_line: str) -> None:
 
 
 @pytest.mark.slow
-def test_demo_end_to_end_without_an_slm(capsys):
+def test_demo_end_to_end_without_an_slm(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the demo writes its cluster map into the working directory
     assert main(["demo", "--llm", "off"]) == 0
     _check_demo_output(capsys.readouterr().out, "off (vector-only organisation)")
 
 
 @pytest.mark.slow
 @pytest.mark.slm
-def test_demo_end_to_end_with_the_managed_slm(capsys):
+def test_demo_end_to_end_with_the_managed_slm(capsys, tmp_path, monkeypatch):
     from llm_fixtures import require_slm
 
+    monkeypatch.chdir(tmp_path)  # the demo writes its cluster map into the working directory
     require_slm()
     assert main(["demo", "--llm", "managed"]) == 0  # what no --llm means too (see test_store_managed_slm)
     out = capsys.readouterr().out
