@@ -383,7 +383,21 @@ class Catalog:
         return {m: (d[0], d[1], d[2], d[3], _meta_copy(d[4]), d[5]) for m, d in out.items()}
 
     def texts(self, memory_ids: Sequence[int]) -> dict[int, str]:
-        return {m: d[0] for m, d in self.details(memory_ids).items()}
+        """memory id -> text: the cached details' texts, the rest read alone (labelling reads
+        thousands of texts per organisation; their metadata is not needed)."""
+        cache = self._details
+        out: dict[int, str] = {}
+        missing = []
+        for m in memory_ids:
+            d = cache.get(m)
+            if d is None:
+                missing.append(m)
+            else:
+                out[m] = d[0]
+        for i in range(0, len(missing), _IN_CHUNK):
+            chunk = missing[i:i + _IN_CHUNK]
+            out.update(self.db.execute(f"SELECT id, text FROM memories WHERE id IN ({_ids(len(chunk))})", chunk))
+        return out
 
     def namespace_rows(self, namespace: str) -> list[tuple[int, int]]:
         return self.db.execute("SELECT id, vector_row FROM memories WHERE namespace=?", (namespace,)).fetchall()
