@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,8 @@ class ShardMap:
                 raise ValueError(f"shards must be between 1 and {MAX_SHARDS}, got {shards}")
             root.mkdir(parents=True, exist_ok=True)
             new = cls(root, shards, dim=dim or 384, embedder=True if embedder is None else embedder, llm=llm or "off")
-            tmp = root / f".{MAP_FILE}.{os.getpid()}.tmp"
+            # unique per writer: threads of one process (two front doors in one server) race too
+            tmp = root / f".{MAP_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
             tmp.write_text(json.dumps(new.document(), indent=1))
             try:
                 os.link(tmp, path)  # atomic, and fails if another process got there first
@@ -146,7 +148,7 @@ class ShardMap:
             current = ShardMap.load(self.root)
             pins = dict(current.pins, **{namespace: shard})
             updated = ShardMap(self.root, current.shards, current.dim, current.embedder, current.llm, pins)
-            tmp = self.root / f".{MAP_FILE}.{os.getpid()}.tmp"
+            tmp = self.root / f".{MAP_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
             tmp.write_text(json.dumps(updated.document(), indent=1))
             os.replace(tmp, self.root / MAP_FILE)
         return updated
