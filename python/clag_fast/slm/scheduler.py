@@ -64,7 +64,6 @@ class SLMScheduler:
         # Profiles written, by source: "slm" (an SLM answer accepted) or "vector" (the vector
         # profile, for no SLM, a failed call or an unusable answer). stats() shows them so a
         # caller can tell SLM decisions from fallbacks.
-        self._profiles_by = {"slm": 0, "vector": 0}
         cfg = state.config
         self.config = cfg.slm
         self._labels = list(cfg.labels) if cfg.labels else None
@@ -174,8 +173,8 @@ class SLMScheduler:
         org_stats = getattr(self._organizer, "stats", None)
         stats["decisions"] = dict(org_stats()["decisions"]) if callable(org_stats) else {}
         stats["profile_calls"] = int(stats["decisions"].get("profile_calls", 0))
-        with self._pending_lock:
-            stats["profiles"] = dict(self._profiles_by)
+        lc = self._label_counts  # profiles by source, from the label counters
+        stats["profiles"] = {"slm": lc["slm"], "vector": lc["vector"] + lc["neutral"]}
         stats["unavailable"] = self._llm_failed if self._llm_arg is not False else None
         return stats
 
@@ -486,9 +485,6 @@ class SLMScheduler:
             # Sizes as the labels saw them: in background mode adds keep coming while the SLM
             # answers, and a cluster that grew meanwhile must be profiled again.
             org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm, sizes_then=sizes_then)
-        with self._pending_lock:
-            self._profiles_by["slm"] += len(slm_done)
-            self._profiles_by["vector"] += len(profiles) - len(slm_done)
         if progress is not None:
             progress("profiles", len(profiles), len(todo))
         return len(profiles), len(pending_slm) if use_slm else 0

@@ -353,11 +353,10 @@ class Catalog:
         r = self.db.execute("SELECT id FROM memories WHERE namespace=? AND key=?", (namespace, key)).fetchone()
         return None if r is None else int(r[0])
 
-    def details(self, memory_ids: Sequence[int]) -> dict[int, tuple[str, str, str, float, Any, str | None]]:
-        """memory id -> (text, kind, namespace, created_at, metadata, key): cached ones from
-        memory, the rest in one statement per 10,000 ids."""
-        out: dict[int, tuple] = {}
+    def _cached_details(self, memory_ids: Sequence[int]) -> tuple[dict[int, tuple], list[list[int]]]:
+        """(cached details of ``memory_ids``, the missing ids in chunks of at most _IN_CHUNK)."""
         cache = self._details
+        out: dict[int, tuple] = {}
         missing = []
         for m in memory_ids:
             d = cache.get(m)
@@ -365,8 +364,14 @@ class Catalog:
                 missing.append(m)
             else:
                 out[m] = d
-        for i in range(0, len(missing), _IN_CHUNK):
-            chunk = missing[i:i + _IN_CHUNK]
+        return out, [missing[i:i + _IN_CHUNK] for i in range(0, len(missing), _IN_CHUNK)]
+
+    def details(self, memory_ids: Sequence[int]) -> dict[int, tuple[str, str, str, float, Any, str | None]]:
+        """memory id -> (text, kind, namespace, created_at, metadata, key): cached ones from
+        memory, the rest in one statement per 10,000 ids."""
+        out, chunks = self._cached_details(memory_ids)
+        cache = self._details
+        for chunk in chunks:
             fetched = {r[0]: r[1:] for r in self.db.execute(
                 "SELECT id, text, kind, namespace, created_at, metadata, key FROM memories "
                 f"WHERE id IN ({_ids(len(chunk))})", chunk)}
@@ -385,17 +390,9 @@ class Catalog:
     def texts(self, memory_ids: Sequence[int]) -> dict[int, str]:
         """memory id -> text: the cached details' texts, the rest read alone (labelling reads
         thousands of texts per organisation; their metadata is not needed)."""
-        cache = self._details
-        out: dict[int, str] = {}
-        missing = []
-        for m in memory_ids:
-            d = cache.get(m)
-            if d is None:
-                missing.append(m)
-            else:
-                out[m] = d[0]
-        for i in range(0, len(missing), _IN_CHUNK):
-            chunk = missing[i:i + _IN_CHUNK]
+        cached, chunks = self._cached_details(memory_ids)
+        out = {m: d[0] for m, d in cached.items()}
+        for chunk in chunks:
             out.update(self.db.execute(f"SELECT id, text FROM memories WHERE id IN ({_ids(len(chunk))})", chunk))
         return out
 
