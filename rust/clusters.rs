@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::kmeans::{self, KMeansConfig};
-use crate::quant::QuantBlock;
+use crate::quant::{CentreCodes, QuantBlock};
 
 /// Row appended but never assigned: two-stage search scans these rows directly.
 pub const PENDING: u32 = u32::MAX;
@@ -122,6 +122,9 @@ pub struct Clusters {
     pub(crate) slots: Vec<Cluster>,
     /// slots x dim, normalised centres (zero rows where `has_centre` is false).
     pub(crate) centres: Vec<f32>,
+    /// int8 copy of `centres` for stage 1 (`search::probe`); every write of a centre row
+    /// re-encodes that row.
+    centre_codes: CentreCodes,
     slot_of: HashMap<i64, usize>,
     pub(crate) next_id: i64,
     pub(crate) primary_of: Vec<u32>,
@@ -140,6 +143,7 @@ impl Clusters {
             dim,
             slots: Vec::new(),
             centres: Vec::new(),
+            centre_codes: CentreCodes::new(dim),
             slot_of: HashMap::new(),
             next_id: 0,
             primary_of: Vec::new(),
@@ -167,6 +171,9 @@ impl Clusters {
     }
     pub fn centre_matrix(&self) -> &[f32] {
         &self.centres
+    }
+    pub fn centre_codes(&self) -> &CentreCodes {
+        &self.centre_codes
     }
     pub fn has_centres(&self) -> Vec<bool> {
         self.slots.iter().map(|c| c.has_centre).collect()
@@ -294,6 +301,7 @@ impl Clusters {
         if kernels::normalize_f64_into(&v, dst) {
             self.slots[s].has_centre = true;
         }
+        self.centre_codes.set(s, &self.centres[s * dim..(s + 1) * dim]);
     }
 
     /// Drop an empty cluster (secondary links to it are removed). Error if it still has
@@ -332,8 +340,10 @@ impl Clusters {
             }
             self.slot_of.insert(moved.id, s);
             self.centres.copy_within(last * dim..(last + 1) * dim, s * dim);
+            self.centre_codes.set(s, &self.centres[s * dim..(s + 1) * dim]);
         }
         self.centres.truncate(last * dim);
+        self.centre_codes.truncate(last);
     }
 
     /// Set memberships of `rows` (deduplicated: the last occurrence wins).
@@ -671,6 +681,9 @@ impl Clusters {
         c.n_pending = pending.len();
         c.pending = pending;
         c.slots = slots;
+        for (s, row) in centres.chunks_exact(dim.max(1)).enumerate() {
+            c.centre_codes.set(s, row);
+        }
         c.centres = centres;
         Ok(c)
     }

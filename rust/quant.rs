@@ -43,15 +43,7 @@ impl QuantBlock {
         let n = rows.len();
         let mut b = QuantBlock { stride, codes: vec![0; n * stride], scales: Vec::with_capacity(n), sums: Vec::with_capacity(n) };
         for (i, row) in rows.enumerate() {
-            let amax = row.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (c, &x) in b.codes[i * stride..i * stride + dim].iter_mut().zip(row) {
-                let v = (x * inv).round().clamp(-127.0, 127.0) as i8;
-                *c = v;
-                sum += v as i32;
-            }
+            let (scale, sum) = encode_row(row, &mut b.codes[i * stride..i * stride + dim]);
             b.scales.push(scale);
             b.sums.push(sum);
         }
@@ -79,6 +71,113 @@ impl QuantBlock {
     }
 }
 
+/// `v` rounded to the nearest integer (ties to even) and clamped to [-127, 127].
+///
+/// Adding and subtracting 1.5 * 2^23 rounds any |v| < 2^22 in plain float arithmetic, which
+/// LLVM vectorises; `f32::round` is a libm call per element (a fifth of a 200k-row query's
+/// instructions went to it). The error bounds allow either rounding of ties.
+#[inline(always)]
+fn round_code(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    let v = v.clamp(-127.0, 127.0);
+    (v + MAGIC) - MAGIC
+}
+
+/// Codes of one row into `dst` (`row.len()` bytes): returns (scale, sum of codes).
+fn encode_row(row: &[f32], dst: &mut [i8]) -> (f32, i32) {
+    let amax = row.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+    let scale = amax / 127.0;
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sum = 0i32;
+    for (c, &x) in dst.iter_mut().zip(row) {
+        let v = round_code(x * inv) as i8;
+        *c = v;
+        sum += v as i32;
+    }
+    (scale, sum)
+}
+
+/// int8 codes of the cluster centres, one row per slot, kept in step with the f32 centre
+/// matrix (every write of a centre row re-encodes it: 384 multiplies).
+///
+/// Why: stage 1 scores every centre. At 1,000+ clusters the f32 matrix (1.6 MB) outgrows
+/// L2 and its scan runs at cache bandwidth (~27 us of a 35 us query at 200k memories); the
+/// codes are a quarter of that. Each approximate score comes with a rigorous error bound, so
+/// the caller can prove which centres are the true best (`search::probe`) and the probe is
+/// exactly the one the f32 scan would choose.
+pub struct CentreCodes {
+    dim: usize,
+    stride: usize,
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+    sums: Vec<i32>,
+    /// L1 norm of each centre (its share of the error bound).
+    l1: Vec<f32>,
+}
+
+impl CentreCodes {
+    pub fn new(dim: usize) -> Self {
+        CentreCodes { dim, stride: padded(dim), codes: Vec::new(), scales: Vec::new(), sums: Vec::new(), l1: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.scales.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scales.is_empty()
+    }
+
+    /// Encode `row` as slot `s` (growing by zero rows up to `s` when needed).
+    pub fn set(&mut self, s: usize, row: &[f32]) {
+        debug_assert_eq!(row.len(), self.dim);
+        if s >= self.len() {
+            self.codes.resize((s + 1) * self.stride, 0);
+            self.scales.resize(s + 1, 0.0);
+            self.sums.resize(s + 1, 0);
+            self.l1.resize(s + 1, 0.0);
+        }
+        let (scale, sum) = encode_row(row, &mut self.codes[s * self.stride..s * self.stride + self.dim]);
+        self.scales[s] = scale;
+        self.sums[s] = sum;
+        self.l1[s] = row.iter().map(|x| x.abs()).sum();
+    }
+
+    /// Keep the first `n` slots.
+    pub fn truncate(&mut self, n: usize) {
+        self.codes.truncate(n * self.stride);
+        self.scales.truncate(n);
+        self.sums.truncate(n);
+        self.l1.truncate(n);
+    }
+
+    /// Call `f(slot, approx, bound)` for the slots `valid` accepts: `|exact - approx| <=
+    /// bound`, where exact is the f32 dot product of `q` (the query `qc` encodes) and the
+    /// centre.
+    ///
+    /// The bound: with q = s_q q^ + dq and c = s_c c^ + dc (|dq_i| <= s_q / 2, |dc_i| <=
+    /// s_c / 2), exact - approx = sum dq c + sum q dc - sum dq dc, so |.| <= s_q/2 |c|_1 +
+    /// s_c/2 |q|_1 + dim s_q s_c / 4; a slack of 2e-4 covers the f32 rounding of both sides.
+    #[inline]
+    pub fn scan_bounded(&self, qc: &QueryCodes, q_l1: f32, valid: impl Fn(usize) -> bool, mut f: impl FnMut(usize, f32, f32)) {
+        assert_eq!(qc.codes.len(), self.stride, "query and centres were quantised for different dims");
+        let dot = qc.kernel;
+        let half_q = 0.5 * qc.scale;
+        let per_scale = 0.5 * q_l1 + 0.25 * self.dim as f32 * qc.scale;
+        for s in 0..self.len() {
+            if !valid(s) {
+                continue;
+            }
+            let row = &self.codes[s * self.stride..(s + 1) * self.stride];
+            // SAFETY: `kernel` was chosen for this CPU by `QueryCodes::new`; both slices are
+            // `stride` long, a multiple of 64.
+            let raw = unsafe { dot(&qc.codes, row) } - 128 * self.sums[s];
+            let approx = raw as f32 * qc.scale * self.scales[s];
+            f(s, approx, half_q * self.l1[s] + self.scales[s] * per_scale + 2e-4);
+        }
+    }
+}
+
 type DotU8I8 = unsafe fn(&[u8], &[i8]) -> i32;
 
 /// A query encoded for `QuantBlock::scan`, with the dot kernel picked for this CPU.
@@ -96,7 +195,7 @@ impl QueryCodes {
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let mut codes = vec![128u8; stride];
         for (c, &x) in codes.iter_mut().zip(q) {
-            *c = ((x * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+            *c = (round_code(x * inv) as i32 + 128) as u8;
         }
         QueryCodes { codes, scale, kernel: pick_kernel() }
     }
@@ -114,6 +213,22 @@ fn pick_kernel() -> DotU8I8 {
             }
         }
         dot_portable
+    })
+}
+
+/// True where the int8 kernel is the VNNI one: only then is an int8 scan cheaper than the
+/// AVX2 f32 one (the portable int8 loop is not).
+pub fn fast_kernel() -> bool {
+    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FAST.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            vnni_usable()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
     })
 }
 

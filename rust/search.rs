@@ -10,11 +10,13 @@
 //! Flat: every committed row (used as baseline and as fallback when there are no centres).
 //! A single flat query is split over row chunks in parallel; batches run one query per task.
 
+use std::cell::OnceCell;
+
 use rayon::prelude::*;
 
 use crate::clusters::{is_slot, Clusters};
 use crate::error::{Error, Result};
-use crate::kernels::{self, TopK};
+use crate::kernels::{self, Scored, TopK};
 use crate::quant::{self, QueryCodes};
 
 #[derive(Default)]
@@ -162,11 +164,13 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
         let (top, scanned) = if use_flat {
             flat_one(data, dim, qv, p, q == 1)
         } else {
-            let probed = probe(cl, dim, qv, p.k, p.n_probe, p.adaptive);
+            // The query's int8 codes, built once for stage 1 and stage 2 when either uses them.
+            let codes = OnceCell::new();
+            let probed = probe(cl, dim, qv, p.k, p.n_probe, p.adaptive, &codes);
             for (o, &s) in pr.iter_mut().zip(&probed) {
                 *o = cl.id_of_slot(s);
             }
-            two_stage_one(cl, data, dim, qv, p, &probed)
+            two_stage_one(cl, data, dim, qv, p, &probed, &codes)
         };
         let best = top.into_sorted();
         for (j, s) in best.iter().enumerate() {
@@ -337,7 +341,25 @@ fn flat_batch(data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Vec<(Top
 
 /// Stage 1: the `n_probe` best slots for `q`, best first (slots without a centre are
 /// skipped), cut short by the `adaptive` rule when given (`k`: the rows it must reach).
-pub fn probe(cl: &Clusters, dim: usize, q: &[f32], k: usize, n_probe: usize, adaptive: Option<Adaptive>) -> Vec<u32> {
+pub fn probe(
+    cl: &Clusters,
+    dim: usize,
+    q: &[f32],
+    k: usize,
+    n_probe: usize,
+    adaptive: Option<Adaptive>,
+    codes: &OnceCell<QueryCodes>,
+) -> Vec<u32> {
+    if cl.len() >= CODED_MIN_CENTRES && quant::fast_kernel() {
+        if let Some(v) = probe_coded(cl, dim, q, k, n_probe, adaptive, codes.get_or_init(|| QueryCodes::new(q))) {
+            return v;
+        }
+    }
+    probe_exact(cl, dim, q, k, n_probe, adaptive)
+}
+
+/// Stage 1 by f32 dot products with every centre.
+fn probe_exact(cl: &Clusters, dim: usize, q: &[f32], k: usize, n_probe: usize, adaptive: Option<Adaptive>) -> Vec<u32> {
     let cm = cl.centre_matrix();
     let mut top = TopK::new(n_probe);
     for (s, c) in cl.slots().iter().enumerate() {
@@ -346,25 +368,101 @@ pub fn probe(cl: &Clusters, dim: usize, q: &[f32], k: usize, n_probe: usize, ada
         }
     }
     let best = top.into_sorted();
-    let keep = match (adaptive, best.first()) {
-        (Some(a), Some(first)) => {
-            let floor = first.score - a.gap;
-            let need = if a.min_rows > 0 { a.min_rows } else { k };
-            // Rows stage 2 will score so far: the pending rows, then each probed list.
-            let mut rows = cl.n_pending();
-            best.iter()
-                .enumerate()
-                .take_while(|&(i, s)| {
-                    let go = i < a.min_probe || s.score >= floor || rows < need;
-                    let c = &cl.slots()[s.id as usize];
-                    rows += c.primary.len() + c.secondary.len();
-                    go
-                })
-                .count()
-        }
-        _ => best.len(),
+    let keep = match walk(cl, &best, f32::NEG_INFINITY, k, n_probe, adaptive) {
+        Walk::Keep(n) => n,
+        Walk::Unsure => unreachable!("every score is confirmed against -inf"),
     };
     best.into_iter().take(keep).map(|s| s.id).collect()
+}
+
+/// Below this many clusters the f32 centres stay in L2 and the int8 pre-scan saves nothing.
+const CODED_MIN_CENTRES: usize = 512;
+/// Centres re-scored exactly after the int8 pre-scan (beyond `min_probe`): enough for the
+/// adaptive rule to stop inside them on clustered data; a query that needs more falls back
+/// to the exact scan.
+const CODED_SHORTLIST: usize = 12;
+const CODED_MARGIN: usize = 8;
+
+enum Walk {
+    /// Probe the first n of the ranked centres.
+    Keep(usize),
+    /// The ranking is not proven far enough to decide.
+    Unsure,
+}
+
+/// The probe rule over `best` (exact scores, best first). A score above `unsure_below` is
+/// proven to hold its rank; below it a centre outside `best` might outrank it, so the walk
+/// decides only what holds whatever that centre is, else answers `Unsure`.
+fn walk(cl: &Clusters, best: &[Scored], unsure_below: f32, k: usize, n_probe: usize, adaptive: Option<Adaptive>) -> Walk {
+    let proven = |i: usize| best[i].score > unsure_below;
+    let Some(a) = adaptive else {
+        let n = n_probe.min(best.len());
+        return if (0..n).all(proven) && (n == n_probe || unsure_below == f32::NEG_INFINITY) { Walk::Keep(n) } else { Walk::Unsure };
+    };
+    let Some(first) = best.first() else { return Walk::Keep(0) };
+    if !proven(0) {
+        return Walk::Unsure;
+    }
+    let floor = first.score - a.gap;
+    let need = if a.min_rows > 0 { a.min_rows } else { k };
+    // Rows stage 2 will score so far: the pending rows, then each probed list.
+    let mut rows = cl.n_pending();
+    for (i, s) in best.iter().enumerate().take(n_probe) {
+        let stop = i >= a.min_probe && rows >= need;
+        if !proven(i) {
+            // The true i-th score is at most max(score, unsure_below): the walk stops here
+            // for sure only when even that is below the floor.
+            return if stop && s.score.max(unsure_below) < floor { Walk::Keep(i) } else { Walk::Unsure };
+        }
+        if stop && s.score < floor {
+            return Walk::Keep(i);
+        }
+        let c = &cl.slots()[s.id as usize];
+        rows += c.primary.len() + c.secondary.len();
+    }
+    let n = n_probe.min(best.len());
+    if n < n_probe && unsure_below > f32::NEG_INFINITY {
+        return Walk::Unsure; // centres outside `best` would have been probed next
+    }
+    Walk::Keep(n)
+}
+
+/// Stage 1 through the centres' int8 codes: approximate scores with error bounds, the
+/// best by upper bound re-scored exactly, and the probe rule run over those as far as the
+/// bounds prove their ranks. The result is the exact scan's (same scores, same order, same
+/// stop), or None when the shortlist cannot prove it (the caller then scans exactly).
+fn probe_coded(
+    cl: &Clusters,
+    dim: usize,
+    q: &[f32],
+    k: usize,
+    n_probe: usize,
+    adaptive: Option<Adaptive>,
+    qc: &QueryCodes,
+) -> Option<Vec<u32>> {
+    // The centres the walk may need, plus a margin that pushes the unproven boundary below
+    // the last of them (the cap-th and next centres are often within the bounds' width).
+    let m = n_probe.min(adaptive.map_or(n_probe, |a| a.min_probe + CODED_SHORTLIST)) + CODED_MARGIN;
+    let q_l1: f32 = q.iter().map(|x| x.abs()).sum();
+    // The m + 1 best upper bounds: the (m + 1)-th bounds every centre left out.
+    let mut by_upper = TopK::new(m + 1);
+    let slots = cl.slots();
+    cl.centre_codes().scan_bounded(qc, q_l1, |s| slots[s].has_centre, |s, approx, bound| {
+        by_upper.push(approx + bound, s as u32);
+    });
+    let ranked = by_upper.into_sorted();
+    let outside = if ranked.len() > m { ranked[m].score } else { f32::NEG_INFINITY };
+    let cm = cl.centre_matrix();
+    let mut best: Vec<Scored> = ranked
+        .iter()
+        .take(m)
+        .map(|c| Scored { score: kernels::dot(q, &cm[c.id as usize * dim..(c.id as usize + 1) * dim]), id: c.id })
+        .collect();
+    best.sort_unstable(); // Scored orders best first
+    match walk(cl, &best, outside, k, n_probe, adaptive) {
+        Walk::Keep(n) => Some(best[..n].iter().map(|s| s.id).collect()),
+        Walk::Unsure => None,
+    }
 }
 
 /// How many rows ahead stage 2 prefetches. Member rows are scattered over the file, so
@@ -416,7 +514,15 @@ fn scan_list(
     scanned
 }
 
-fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params, probed: &[u32]) -> (TopK, usize) {
+fn two_stage_one(
+    cl: &Clusters,
+    data: &[f32],
+    dim: usize,
+    q: &[f32],
+    p: &Params,
+    probed: &[u32],
+    query_codes: &OnceCell<QueryCodes>,
+) -> (TopK, usize) {
     let mut top = TopK::new(p.k);
     let mut scanned = 0usize;
     // Cached members are scored from their int8 codes into a shortlist that is re-scored
@@ -428,10 +534,10 @@ fn two_stage_one(cl: &Clusters, data: &[f32], dim: usize, q: &[f32], p: &Params,
     let primaries: usize = probed.iter().map(|&s| cl.slots()[s as usize].primary.len()).sum();
     let use_codes = cl.member_cache && primaries > 4 * depth;
     let mut shortlist = TopK::new(if use_codes { depth } else { 0 });
-    let codes = if use_codes { Some(QueryCodes::new(q)) } else { None };
+    let codes = if use_codes { Some(query_codes.get_or_init(|| QueryCodes::new(q))) } else { None };
     for (j, &s) in probed.iter().enumerate() {
         let c = &cl.slots()[s as usize];
-        if let Some(qc) = &codes {
+        if let Some(qc) = codes {
             let block = c.member_codes(data, dim);
             let primary = &c.primary;
             block.scan(qc, |i, approx| {
@@ -486,6 +592,57 @@ pub(crate) mod tests {
             d.chunks_exact(dim).enumerate().map(|(i, r)| (kernels::dot(q, r), i as u32)).collect();
         v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         v.into_iter().take(k).map(|x| x.1).collect()
+    }
+
+    /// Unit rows around `blobs` random centres (noise norm about `spread`).
+    fn blob_data(n: usize, blobs: usize, dim: usize, spread: f32, seed: u64) -> Vec<f32> {
+        let centres = data(blobs, dim, seed);
+        let noise = data(n, dim, seed + 1);
+        // Row i belongs to blob i % blobs.
+        let raw: Vec<f32> = (0..n * dim).map(|i| centres[((i / dim) % blobs) * dim + i % dim] + spread * noise[i]).collect();
+        kernels::normalized(&raw, dim, "blobs").unwrap()
+    }
+
+    #[test]
+    fn coded_probe_is_the_exact_probe() {
+        if !quant::fast_kernel() {
+            eprintln!("no VNNI here: probe() scans exactly, nothing to compare");
+            return;
+        }
+        let (dim, n) = (64, 30_000);
+        let mut proven = 0;
+        let mut asked = 0;
+        // Clustered data (the coded probe proves its ranking) and uniform data (centre scores
+        // close together: it often cannot, and must then say so rather than guess).
+        for (spread, seed) in [(0.6f32, 1u64), (0.0, 2)] {
+            let d = if spread > 0.0 { blob_data(n, 700, dim, spread, seed) } else { data(n, dim, seed) };
+            let mut cl = Clusters::new(dim);
+            cl.grow_rows(n);
+            cl.kmeans(600, None, 0, &d).unwrap();
+            assert!(cl.len() >= CODED_MIN_CENTRES);
+            let queries = if spread > 0.0 { blob_data(200, 700, dim, spread, seed + 10) } else { data(200, dim, seed + 10) };
+            let rules = [
+                None,
+                Some(Adaptive { min_probe: 1, gap: 0.4, min_rows: 0 }),
+                Some(Adaptive { min_probe: 1, gap: 0.05, min_rows: 0 }),
+                Some(Adaptive { min_probe: 4, gap: 0.0, min_rows: 0 }),
+                Some(Adaptive { min_probe: 1, gap: 0.0, min_rows: 500 }),
+            ];
+            for q in queries.chunks_exact(dim) {
+                for (n_probe, rule) in [1usize, 4, 16, 64].iter().flat_map(|&np| rules.iter().map(move |r| (np, *r))) {
+                    let want = probe_exact(&cl, dim, q, 10, n_probe, rule);
+                    asked += 1;
+                    if let Some(got) = probe_coded(&cl, dim, q, 10, n_probe, rule, &QueryCodes::new(q)) {
+                        assert_eq!(got, want, "n_probe {n_probe} rule {rule:?}");
+                        proven += 1;
+                    }
+                    assert_eq!(probe(&cl, dim, q, 10, n_probe, rule, &OnceCell::new()), want);
+                }
+            }
+        }
+        eprintln!("{proven} of {asked} probes proven from the codes");
+        // Most probes are decided from the codes (else the pre-scan is only a cost).
+        assert!(proven * 2 > asked, "{proven} of {asked} probes proven");
     }
 
     #[test]
