@@ -23,6 +23,43 @@ class Hit:
     key: str | None = None  # the user's key (``add(key=...)``), None when added without one
 
 
+class _HitBuilder:
+    """Builds a ``Hit`` at a quarter of the cost of its constructor.
+
+    A search builds k hits per call, and the frozen dataclass ``__init__`` (one
+    ``object.__setattr__`` per field) cost 1.2 us a hit: a tenth of the whole search at 200k
+    memories. This class has Hit's slots in Hit's order, assigns them plainly, then becomes a
+    Hit (``__class__`` assignment between classes of one slot layout), frozen from then on.
+    tests/test_results.py checks the fields stay in step with ``Hit``.
+    """
+
+    __slots__ = ("memory_id", "text", "score", "cluster_id", "cluster_summary", "cluster_tags", "kind",
+                 "namespace", "created_at", "metadata", "key")
+
+    def __init__(self, memory_id, text, score, cluster_id, cluster_summary, cluster_tags, kind, namespace,
+                 created_at, metadata, key):
+        self.memory_id = memory_id
+        self.text = text
+        self.score = score
+        self.cluster_id = cluster_id
+        self.cluster_summary = cluster_summary
+        self.cluster_tags = cluster_tags
+        self.kind = kind
+        self.namespace = namespace
+        self.created_at = created_at
+        self.metadata = metadata
+        self.key = key
+        self.__class__ = Hit  # type: ignore[assignment]
+
+
+def make_hit(memory_id: int, text: str, score: float, cluster_id: int | None, cluster_summary: str,
+             cluster_tags: list[str], kind: str, namespace: str, created_at: float,
+             metadata: dict[str, Any] | None, key: str | None) -> Hit:
+    """``Hit(...)`` with every field given, for the search path (see ``_HitBuilder``)."""
+    return _HitBuilder(memory_id, text, score, cluster_id, cluster_summary, cluster_tags, kind, namespace,
+                       created_at, metadata, key)  # type: ignore[return-value]
+
+
 class Hits(list):
     """The hits of one search, best first, plus what the search cost.
 
@@ -42,11 +79,16 @@ class Hits(list):
     latency_s: float = 0.0
     cached: bool = False
 
-    def __init__(self, hits: list[Hit] = (), **info: Any) -> None:  # type: ignore[assignment]
+    def __init__(self, hits: list[Hit] = (), *, scanned: int = 0, candidates: int = 0,  # type: ignore[assignment]
+                 clusters_probed: list[int] | None = None, mode: str = "two_stage", latency_s: float = 0.0,
+                 cached: bool = False) -> None:
         super().__init__(hits)
-        self.clusters_probed = []
-        for name, value in info.items():
-            setattr(self, name, value)
+        self.scanned = scanned
+        self.candidates = candidates
+        self.clusters_probed = [] if clusters_probed is None else clusters_probed
+        self.mode = mode
+        self.latency_s = latency_s
+        self.cached = cached
 
     @property
     def search_fraction(self) -> float:

@@ -385,7 +385,8 @@ class Catalog:
                 if len(cache) + len(fetched) > _DETAILS_CACHE:
                     cache.clear()  # bounded; a full clear is cheaper than LRU bookkeeping per hit
                 cache.update(fetched)
-        return {m: (d[0], d[1], d[2], d[3], _meta_copy(d[4]), d[5]) for m, d in out.items()}
+        # Tuples are immutable: only metadata needs a fresh copy per caller.
+        return {m: d if d[4] is None else (d[0], d[1], d[2], d[3], _meta_copy(d[4]), d[5]) for m, d in out.items()}
 
     def texts(self, memory_ids: Sequence[int]) -> dict[int, str]:
         """memory id -> text: the cached details' texts, the rest read alone (labelling reads

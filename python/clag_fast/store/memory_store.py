@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -375,6 +376,7 @@ class MemoryStore:
             placement.record_placement(state, ids, texts, placed, now)
         self._searcher.lexical.add(rows, texts, namespaces)  # after the commit; replayed from SQLite on open
         r = state.rows
+        r.settle_access()  # the replaced memories' counts are read below
         before = r.version
         created = np.full(len(ids), now)
         counts = np.zeros(len(ids))
@@ -389,6 +391,7 @@ class MemoryStore:
                    last_accessed=last_accessed, access_count=counts)
         state.fields.set(rows, meta_json)
         if len(old):
+            r.carry_access(old_rows, rows[old])
             state.index.unassign(old_rows[r.live[old_rows]])
             r.kill(old_rows)
             r.memory_id[old_rows] = -1
@@ -430,8 +433,11 @@ class MemoryStore:
                 r = state.rows
                 self._searcher.lexical.add(new_row, [text], [r.name("namespace", old_row)])
                 state.index.unassign(np.asarray([old_row]))
+                r.settle_access()
                 r.set_rows(new_row, np.asarray([memory_id]), [r.name("namespace", old_row)], [r.name("kind", old_row)],
-                           r.created_at[[old_row]], access_count=r.access_count[[old_row]])
+                           r.created_at[[old_row]], last_accessed=r.last_accessed[[old_row]],
+                           access_count=r.access_count[[old_row]])
+                r.carry_access(np.asarray([old_row]), new_row)
                 r.kill(np.asarray([old_row]))
                 r.memory_id[old_row] = -1
                 self._lexical_gc()
@@ -591,9 +597,12 @@ class MemoryStore:
         selected = None
         if qkey is not None and mode == "two_stage" and self.config.slm.select_clusters:
             selected = self._slm.select_clusters(query, qvec, n_probe or self.config.n_probe or self._searcher.auto_probe())
-        with state.lock.read():
+        nested = state.lock.acquire_read()
+        try:
             hits = self._searcher.search(qvec[None, :], k, (namespace, kind, since, until, cond), mode, n_probe,
                                          selected, None if qkey is None else [qkey], lw)[0]
+        finally:
+            state.lock.release_read(nested)
         hits.latency_s = time.perf_counter() - t0
         state.count("searches")
         state.count("search_s", hits.latency_s)
@@ -835,6 +844,13 @@ class MemoryStore:
         if q.ndim != 1 or q.shape[0] != self.config.dim:
             error = DimensionMismatchError if q.ndim == 1 else ValueError
             raise error(f"query vector must have shape ({self.config.dim},), got {q.shape}")
+        if q.dtype == np.float32 and q.flags.c_contiguous:
+            # The common case (vectors from an embedder): nothing to convert. A NaN or
+            # infinity makes the sum non-finite (cheaper than isfinite(q).all(); a huge finite
+            # vector whose sum overflows gets the full check).
+            if not math.isfinite(float(q.sum())) and not np.isfinite(q).all():
+                raise ValueError("query vector holds NaN or infinity")
+            return q
         if not np.isfinite(q).all():
             raise ValueError("query vector holds NaN or infinity")
         return self._vectors([""], q[None, :])[0]

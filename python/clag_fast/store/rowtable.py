@@ -9,9 +9,15 @@ by the store's write paths. Filters come back as boolean masks over every vector
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from clag_fast.decay import ForgettingPolicy
+
+
+#: Searches recorded before their accesses are applied to the columns in one batch.
+_ACCESS_BATCH = 256
 
 
 class RowTable:
@@ -27,9 +33,13 @@ class RowTable:
         self.created_at = np.empty(0, np.float64)
         self.last_accessed = np.empty(0, np.float64)
         self.access_count = np.empty(0, np.float64)
+        # Searches' accesses not yet written to SQLite (``state.AccessLog``).
+        self.unflushed = np.empty(0, np.int32)
         self.strength = np.empty(0, np.float32)
         self._codes: dict[str, dict[str, int]] = {"namespace": {}, "kind": {}}
         self.version = 0
+        self._accesses: list[tuple[np.ndarray, float]] = []  # recorded, not yet applied
+        self._access_lock = threading.Lock()
 
     # -- growth ------------------------------------------------------------------------
     def ensure(self, n_rows: int) -> None:
@@ -44,6 +54,7 @@ class RowTable:
                 ("created_at", 0.0),
                 ("last_accessed", np.nan),
                 ("access_count", 0.0),
+                ("unflushed", 0),
                 ("strength", 1.0),
             ):
                 old = getattr(self, name)
@@ -115,6 +126,38 @@ class RowTable:
         self.live[rows] = False
         self.touch()
 
+    # -- accesses ----------------------------------------------------------------------
+    def record_access(self, hit_rows: np.ndarray, now: float) -> None:
+        """A search returned ``hit_rows`` (distinct rows) at ``now``.
+
+        Applied to the columns in batches (``settle_access``): three numpy writes per search
+        cost more than the rest of a search's hit bookkeeping. Whoever reads
+        ``last_accessed``, ``access_count`` or ``unflushed`` settles first (``weights`` does).
+        """
+        self._accesses.append((hit_rows, now))  # list.append is atomic: searches run concurrently
+        if len(self._accesses) >= _ACCESS_BATCH:
+            self.settle_access()
+
+    def settle_access(self) -> None:
+        """Apply the recorded accesses to ``last_accessed``, ``access_count`` and ``unflushed``."""
+        with self._access_lock:
+            batch, self._accesses = self._accesses, []
+            if not batch:
+                return
+            rows = np.concatenate([b[0] for b in batch])
+            times = np.repeat(np.asarray([b[1] for b in batch]), [len(b[0]) for b in batch])
+            np.fmax.at(self.last_accessed, rows, times)  # fmax: a never-accessed row holds NaN
+            uniq, counts = np.unique(rows, return_counts=True)
+            self.access_count[uniq] += counts
+            self.unflushed[uniq] += counts.astype(self.unflushed.dtype)
+
+    def carry_access(self, old_rows: np.ndarray, new_rows: np.ndarray) -> None:
+        """A memory moved from ``old_rows`` to ``new_rows`` (an update with a new vector): its
+        accesses not yet written go with it (the old row's memory id is cleared)."""
+        self.settle_access()
+        self.unflushed[new_rows] += self.unflushed[old_rows]
+        self.unflushed[old_rows] = 0
+
     # -- reads -------------------------------------------------------------------------
     def live_rows(self) -> np.ndarray:
         return np.flatnonzero(self.live[: self.n])
@@ -139,6 +182,7 @@ class RowTable:
         return m
 
     def weights(self, policy: ForgettingPolicy, now: float) -> np.ndarray:
+        self.settle_access()
         n = self.n
         return policy.weights(
             now,

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from clag_fast.index import SearchResult
-from clag_fast.results import Hit, Hits
+from clag_fast.results import Hit, Hits, make_hit
 from clag_fast.store import filters as filters_mod
 from clag_fast.store.lexical import LexicalIndex, fuse
 from clag_fast.store.state import StoreState
@@ -145,13 +145,15 @@ class Searcher:
         res = idx.search(qvecs, k=k, n_probe=probe, mode=eff_mode, mask=mask, weights=weights, **adaptive)
         out = []
         want = min(k, candidates)
-        short = np.flatnonzero(res.counts < want) if eff_mode == "two_stage" else np.empty(0, np.int64)
+        # Python lists, not numpy ops: for one query each numpy call cost more than the loop.
+        counts, scanned = res.counts.tolist(), res.scanned.tolist()
+        short = [q for q, c in enumerate(counts) if c < want] if eff_mode == "two_stage" else []
         flat = None
-        if len(short):
+        if short:
             # A selective filter (a small namespace) can leave the probed clusters short of k
             # eligible rows: the eligible rows are few, so scanning them all is cheap.
             flat = idx.search(qvecs[short], k=k, mode="flat", mask=mask, weights=weights)
-        where = {int(q): i for i, q in enumerate(short.tolist())}
+        where = {q: i for i, q in enumerate(short)}
         for q in range(len(qvecs)):
             if q in where:
                 i = where[q]
@@ -159,7 +161,7 @@ class Searcher:
                                 mode="flat"))
                 continue
             probed = [c for c in res.probed[q].tolist() if c >= 0] if eff_mode == "two_stage" else []
-            out.append(Hits(self._hits(res, q), scanned=int(res.scanned[q]), candidates=candidates,
+            out.append(Hits(self._hits(res, q), scanned=scanned[q], candidates=candidates,
                             clusters_probed=probed, mode=eff_mode))
         return out
 
@@ -284,15 +286,13 @@ class Searcher:
         details = state.details(mids)
         profiles = state.profiles
         hits = []
+        unlabelled = ("", ())
         for mid, score, cid in zip(mids, res.scores[q, :count].tolist(), clusters):
             text, kind_, ns, created, meta, key = details[mid]
-            summary, tags = profiles.get(cid, ("", [])) if cid >= 0 else ("", [])
-            hits.append(Hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
-                            created, meta, key))
-        now = time.time()
-        rows.last_accessed[hit_rows] = now
-        rows.access_count[hit_rows] += 1
-        state.access.record(mids, clusters, now)
+            summary, tags = profiles.get(cid, unlabelled)
+            hits.append(make_hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
+                                 created, meta, key))
+        state.access.record(rows, hit_rows, clusters, time.time())
         return hits
 
     def _decay_weights(self) -> np.ndarray | None:

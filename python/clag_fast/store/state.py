@@ -55,28 +55,39 @@ class ResultCache:
 
 
 class AccessLog:
-    """Searches record use here (memory id -> (last access, count); cluster -> last hit) and
-    ``flush()`` writes it in one transaction: no SQLite write on the search path."""
+    """What searches used since the last ``flush()``, written then in one transaction: no
+    SQLite write on the search path.
+
+    Memories' accesses are counted in the row table's columns (``last_accessed``,
+    ``access_count`` and ``unflushed``, applied in batches: ``RowTable.record_access``);
+    clusters' last hit times are kept here.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.memories: dict[int, tuple[float, int]] = {}
         self.clusters: dict[int, float] = {}
 
-    def record(self, memory_ids: list[int], cluster_ids: list[int], now: float) -> None:
+    def record(self, rows: RowTable, hit_rows: np.ndarray, cluster_ids: list[int], now: float) -> None:
+        """``hit_rows``: distinct vector rows returned by one search; their clusters."""
+        rows.record_access(hit_rows, now)
         with self._lock:
-            for mid in memory_ids:
-                _, count = self.memories.get(mid, (now, 0))
-                self.memories[mid] = (now, count + 1)
-            for cid in cluster_ids:
-                if cid >= 0:
-                    self.clusters[cid] = now
+            self.clusters.update(dict.fromkeys(cluster_ids, now))
 
-    def take(self) -> tuple[dict[int, tuple[float, int]], dict[int, float]]:
+    def take(self, rows: RowTable) -> tuple[dict[int, tuple[float, int]], dict[int, float]]:
+        """(memory id -> (last access, accesses since the last take), cluster -> last hit),
+        cleared. Call under the store's write lock (no search records meanwhile)."""
+        rows.settle_access()
+        pending = np.flatnonzero(rows.unflushed[: rows.n])
+        memories: dict[int, tuple[float, int]] = {}
+        for mid, last, count in zip(rows.memory_id[pending].tolist(), rows.last_accessed[pending].tolist(),
+                                    rows.unflushed[pending].tolist()):
+            if mid >= 0:  # -1: deleted since
+                memories[mid] = (last, int(count))
+        rows.unflushed[pending] = 0
         with self._lock:
-            out = (self.memories, self.clusters)
-            self.memories, self.clusters = {}, {}
-            return out
+            clusters, self.clusters = self.clusters, {}
+        clusters.pop(-1, None)  # hits outside any cluster (pending rows)
+        return memories, clusters
 
 
 @dataclass
@@ -134,7 +145,7 @@ class StoreState:
         self.cache.clear()
 
     def flush_access(self) -> None:
-        accesses, hits = self.access.take()
+        accesses, hits = self.access.take(self.rows)
         if accesses or hits:
             self.catalog.record_access(accesses, hits)
 
