@@ -41,11 +41,13 @@ router = APIRouter(prefix="/v1", responses=_ERRORS)
 
 
 # -- dependencies --------------------------------------------------------------------------
-def service(request: Request) -> StoreService:
+# All async: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop per
+# dependency per request for what are attribute reads.
+async def service(request: Request) -> StoreService:
     return request.app.state.service
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
     """The caller's rights: from ``Authorization: Bearer <key>`` or ``X-API-Key``; everything
     when the service runs without a keys file (loopback only)."""
     ring = request.app.state.keyring
@@ -61,7 +63,7 @@ def principal(request: Request) -> Principal:
     return found
 
 
-def limits(request: Request) -> Limits:
+async def limits(request: Request) -> Limits:
     return request.app.state.service.config.limits
 
 
