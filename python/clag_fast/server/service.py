@@ -97,9 +97,10 @@ class StoreService:
         self.embedder_state = "not used (bring-your-own vectors)" if not config.embedder else "not loaded"
         self.started_at = time.time()
         limits = config.limits
-        self._executor = ThreadPoolExecutor(max_workers=4 + config.search_workers, thread_name_prefix="clag-serve")
+        self._executor = ThreadPoolExecutor(max_workers=3 + config.add_workers + config.search_workers,
+                                            thread_name_prefix="clag-serve")
         self.adds = Coalescer("add", self._add_batch, self._executor, max_items=limits.max_batch,
-                              max_pending=limits.max_pending)
+                              max_pending=limits.max_pending, workers=config.add_workers)
         self.searches = Coalescer("search", self._search_batch, self._executor, max_items=config.search_batch,
                                   max_pending=limits.max_pending, workers=config.search_workers)
         # cluster id -> namespaces of its members, for keys that read only some namespaces:
