@@ -60,8 +60,11 @@ class HotPaths:
             body = await _read_body(receive)
             state = self.app.state
             svc = state.service
+            # FastAPI's order: the JSON is read first, then the dependencies (the key), then
+            # the body is validated.
+            value = _load(body)
             who = routes.principal_of(state.keyring, _Headers(scope["headers"]))
-            value = _parse(body, adapter)
+            value = _validate(value, adapter)
             result = await handler(value, svc, who, svc.config.limits)
             payload = result.__pydantic_serializer__.to_json(result)
         except _Disconnected:
@@ -106,18 +109,27 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def _parse(body: bytes, adapter: TypeAdapter) -> Any:
-    """The body as FastAPI reads a JSON body parameter: ``json.loads``, then the model; the
-    same errors (malformed JSON, a missing body, validation errors under "body")."""
+_MISSING = object()
+
+
+def _load(body: bytes) -> Any:
+    """The body's JSON as FastAPI reads it (``json.loads``; the same malformed-JSON answers);
+    ``_MISSING`` for an empty body."""
     if not body:
-        raise validation_problem([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+        return _MISSING
     try:
-        value = json.loads(body)
+        return json.loads(body)
     except json.JSONDecodeError as e:
         raise validation_problem([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
                                    "input": {}, "ctx": {"error": e.msg}}]) from None
     except Exception:  # too deep (RecursionError), not UTF-8: FastAPI's generic answer
         raise problem(400, "malformed_json", "There was an error parsing the body") from None
+
+
+def _validate(value: Any, adapter: TypeAdapter) -> Any:
+    """The body's model, validated as FastAPI validates a body parameter (errors under "body")."""
+    if value is _MISSING:
+        raise validation_problem([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
     try:
         return adapter.validate_python(value, from_attributes=True)
     except ValidationError as e:
