@@ -50,8 +50,9 @@ class ServiceEmbedder:
     Why not the default ``Embedder()``: it runs a single text as one ONNX call split over
     every core, whose intra-op threads spin while they wait for work. In-process that buys a
     lower latency for one caller; in the service, requests already run side by side (search
-    batches, the add batch) and every spinning thread takes a core from them: measured under
-    the bench load, 8.7 ms of CPU per single-text encode against 1.4 ms on one thread. Larger
+    batches, the add batches) and every spinning thread takes a core from them: measured at a
+    load average of 8 on 2 cores, 8.7 ms of CPU per single-text encode against 1.4 ms on one
+    thread. Larger
     batches (an organisation's phrases) are still spread, one 1-thread call per core
     (``Embedder``'s own spreading, which makes no spinning calls).
     """
