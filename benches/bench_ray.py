@@ -4,25 +4,26 @@
    Serve front door over 4 shard owners vs the single-process ``clag-fast serve``, both from the
    same seeded memories. Vectors are given (bring-your-own-vector stores), so the numbers are
    the store and the distribution overhead, not the embedder. Target: ratio >= 0.7, 0 errors.
+   The clients are ``bench_service``'s: lean asyncio keep-alive connections by default
+   (``--client httpx``: threads with httpx, whose own CPU then competes with the service).
 2. Restart: SIGKILL a shard owner; seconds until it answers again (target <= 10 s).
 3. Bulk ingest: texts embedded with the ONNX MiniLM embedder on Ray Data's actor pool and
    written to the shards vs ``Embedder.encode`` in this process on the same cores (embedding
    only: the single process writes nothing). Target: ratio >= 0.9.
 
-    python benches/bench_ray.py [--ops 1500] [--clients 16] [--texts 3000]
+    python benches/bench_ray.py [--ops 1500] [--clients 16] [--texts 3000] [--client lean|httpx]
+                                [--skip-ingest]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import queue
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benches"))
 
-from bench_service import free_port, pct, sentence  # noqa: E402
+from bench_service import DRIVERS, free_port, sentence  # noqa: E402
 
 DIM = 384
 NAMESPACES = [f"tenant-{i}" for i in range(32)]
@@ -57,43 +58,19 @@ def seed_items(n: int) -> list[dict]:
             for i in range(n)]
 
 
-def drive(url: str, ops: list, clients: int) -> dict:
-    import httpx
+def vector_request(op: tuple[str, str, list[float]]) -> tuple[str, dict, str]:
+    kind, ns, vec = op
+    if kind == "add":
+        return "/v1/memories", {"text": f"added to {ns}", "vector": vec, "namespace": ns}, "ids"
+    return "/v1/search", {"vector": vec, "k": 5, "namespace": ns}, "hits"
 
-    q: queue.Queue = queue.Queue()
-    for op in ops:
-        q.put(op)
-    lat: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
 
-    def client() -> None:
-        with httpx.Client(timeout=60) as http:
-            while True:
-                try:
-                    op, ns, vec = q.get_nowait()
-                except queue.Empty:
-                    return
-                t0 = time.perf_counter()
-                if op == "add":
-                    r = http.post(f"{url}/v1/memories", json={"text": f"added to {ns}", "vector": vec, "namespace": ns})
-                else:
-                    r = http.post(f"{url}/v1/search", json={"vector": vec, "k": 5, "namespace": ns})
-                dt = time.perf_counter() - t0
-                with lock:
-                    lat.append(dt)
-                    if r.status_code != 200:
-                        errors.append(f"{r.status_code} {r.text[:100]}")
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return {"ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
-            "errors": len(errors), "first_errors": errors[:3]}
+def drive(url: str, ops: list, clients: int, driver: str = "lean") -> dict:
+    """``clients`` concurrent clients (``bench_service.DRIVERS``: lean asyncio connections by
+    default, or httpx threads) running ``ops``."""
+    r = DRIVERS[driver](url, ops, clients, vector_request)
+    r["first_errors"] = r.pop("error_examples")
+    return r
 
 
 def seed(url: str, items: list[dict]) -> None:
@@ -104,7 +81,7 @@ def seed(url: str, items: list[dict]) -> None:
         r.raise_for_status()
 
 
-def run_single(path: Path, items: list[dict], ops: list, clients: int) -> dict:
+def run_single(path: Path, items: list[dict], ops: list, clients: int, driver: str) -> dict:
     import httpx
 
     port = free_port()
@@ -121,19 +98,19 @@ def run_single(path: Path, items: list[dict], ops: list, clients: int) -> dict:
             except httpx.TransportError:
                 time.sleep(0.1)
         seed(url, items)
-        return drive(url, ops, clients)
+        return drive(url, ops, clients, driver)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
 
 
-def run_ray(root: Path, items: list[dict], ops: list, clients: int) -> tuple[dict, float]:
+def run_ray(root: Path, items: list[dict], ops: list, clients: int, driver: str) -> tuple[dict, float]:
     from clag_fast.distributed import ShardedStore, frontdoor
     from clag_fast.server import ServeConfig
 
     url = frontdoor.run(ServeConfig(store=root, port=free_port(), embedder=False, dim=DIM), shards=4)
     seed(url, items)
-    result = drive(url, ops, clients)
+    result = drive(url, ops, clients, driver)
     store = ShardedStore(root)
     shard = store.shard_of(NAMESPACES[0])
     import ray
@@ -189,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=2000, help="memories in each store before the run")
     p.add_argument("--texts", type=int, default=3000, help="texts for the bulk ingest")
     p.add_argument("--cpus", type=int, default=2)
+    p.add_argument("--client", choices=sorted(DRIVERS), default="lean",
+                   help="lean: asyncio keep-alive connections (default); httpx: threads with httpx.Client")
+    p.add_argument("--skip-ingest", action="store_true", help="only the service comparison and the restart")
     args = p.parse_args(argv)
     import ray
 
@@ -196,14 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     try:
         items, ops = seed_items(args.seed), make_ops(args.ops)
-        single = run_single(tmp / "single", items, ops, args.clients)
-        sharded, restart_s = run_ray(tmp / "sharded", items, ops, args.clients)
-        bulk = run_ingest(tmp / "bulk", args.texts, args.cpus)
+        single = run_single(tmp / "single", items, ops, args.clients, args.client)
+        sharded, restart_s = run_ray(tmp / "sharded", items, ops, args.clients, args.client)
+        bulk = None if args.skip_ingest else run_ingest(tmp / "bulk", args.texts, args.cpus)
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
     load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} cpus, load average {load:.1f}; ray {ray.__version__}")
+    print(f"machine: {os.cpu_count()} cpus, load average {load:.1f}; ray {ray.__version__}; {args.client} clients")
     print(f"{'':34} {'ops/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
     for name, r in (("single process (clag-fast serve)", single), ("Ray front door, 4 shards", sharded)):
         print(f"{name:34} {r['ops_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d}")
@@ -213,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  shard {s}: {n} memories, owner RSS {rss:.0f} MiB, directory {disk:.1f} MiB")
     print(f"service ratio Ray / single: {sharded['ops_s'] / single['ops_s']:.2f}x (target >= 0.7)")
     print(f"shard owner restart after SIGKILL: {restart_s:.1f} s (target <= 10)")
+    if bulk is None:
+        return 0
     print(f"bulk ingest: single-process embedding {bulk['single_texts_s']:.0f} texts/s, Ray Data ingest "
           f"{bulk['ray_texts_s']:.0f} texts/s ({bulk['added']} added in {bulk['ray_s']:.1f} s): "
           f"{bulk['ray_texts_s'] / bulk['single_texts_s']:.2f}x (target >= 0.9)")

@@ -8,14 +8,22 @@ Reported: throughput of both and their ratio, p50/p99 latency, errors; and the s
 start time on the existing store (until /healthz answers, and until it says the embedding
 model is loaded).
 
+The clients (``--client``): by default 16 asyncio keep-alive connections in this process,
+speaking just enough HTTP/1.1 (``LeanConnection``, ~0.13 ms of CPU per request), as agent
+backends in other processes or languages would; ``httpx``: 16 threads each with an
+``httpx.Client`` (~1 ms of CPU per request, taken from the 2 cores the server runs on). The
+CPU seconds of the server process, of the clients and of the in-process loop are printed
+per operation, with the load average: on a shared machine the ratio moves with the load.
+
 Targets (issue #15): ratio >= 1.5, p99 <= 10x p50, zero errors, start < 3 s.
 
-    python benches/bench_service.py [--ops 1200] [--clients 16] [--seed 1000]
+    python benches/bench_service.py [--ops 1200] [--clients 16] [--seed 1000] [--client lean|httpx]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import shutil
@@ -27,6 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -78,6 +87,7 @@ def run_in_process(path: Path, ops: list[tuple[str, str]]) -> dict:
     lat, errors = [], 0
     with MemoryStore.open(path, config=StoreConfig(slm="off"), llm=False) as store:
         store.search("warm up", k=1, namespace="bench")  # load the model outside the timing
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         for op, text in ops:
             t = time.perf_counter()
@@ -90,7 +100,15 @@ def run_in_process(path: Path, ops: list[tuple[str, str]]) -> dict:
                 errors += 1
             lat.append(time.perf_counter() - t)
         wall = time.perf_counter() - t0
-    return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "errors": errors}
+        cpu = time.process_time() - cpu0
+    return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "errors": errors,
+            "cpu_s": cpu}
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -129,57 +147,171 @@ class Service:
         self.proc.wait(timeout=120)
 
 
-def run_service(path: Path, ops: list[tuple[str, str]], clients: int) -> dict:
+class LeanConnection:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol for the bench:
+    a JSON POST and its answer (status, Content-Length body). A client as cheap as an agent
+    backend's in another process or language would be: the bench measures the service, and on
+    2 cores every millisecond a Python HTTP client spends is taken from the server."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: Any = None
+        self.writer: Any = None
+
+    async def post(self, path: str, body: dict) -> tuple[int, bytes]:
+        import asyncio
+
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        data = json.dumps(body).encode()
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("the service closed the connection")
+        status = int(status_line.split()[1])
+        length, close = None, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        if length is None:
+            raise ConnectionError("answer without Content-Length")
+        payload = await self.reader.readexactly(length)
+        if close:
+            self.close()
+        return status, payload
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def drive_lean(url: str, ops: list, clients: int, request: Callable[[Any], tuple[str, dict, str]]) -> dict:
+    """Run ``ops`` from ``clients`` concurrent keep-alive connections (asyncio, this process).
+    ``request(op)`` gives (path, JSON body, the key an answer must hold). An answer counts as
+    an error unless it is 200 and its JSON holds that key."""
+    import asyncio
+    from collections import deque
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    work = deque(ops)
+    lat: list[float] = []
+    by_op: dict[str, list[float]] = {}
+    errors: list[str] = []
+
+    async def client() -> None:
+        conn = LeanConnection(parts.hostname, parts.port)
+        try:
+            while work:
+                op = work.popleft()
+                path, body, expect = request(op)
+                t = time.perf_counter()
+                try:
+                    status, payload = await conn.post(path, body)
+                    ok = status == 200 and expect in json.loads(payload)
+                    detail = f"{status} {payload[:200]!r}"
+                except (OSError, ValueError, asyncio.IncompleteReadError) as e:
+                    conn.close()
+                    ok, detail = False, repr(e)
+                lat.append(time.perf_counter() - t)
+                by_op.setdefault(op[0], []).append(lat[-1])
+                if not ok:
+                    errors.append(detail)
+        finally:
+            conn.close()
+
+    async def main() -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return time.perf_counter() - t0
+
+    cpu0 = time.process_time()
+    wall = asyncio.run(main())
+    return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+            "errors": len(errors), "error_examples": errors[:3], "client_cpu_s": time.process_time() - cpu0,
+            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}}
+
+
+def drive_httpx(url: str, ops: list, clients: int, request: Callable[[Any], tuple[str, dict, str]]) -> dict:
+    """``drive_lean`` with one httpx.Client per thread, ``clients`` threads in this process
+    (the Python client's cost included: these threads share one GIL with nothing else)."""
     import httpx
 
-    service = Service(path)
     work: queue.Queue = queue.Queue()
     for op in ops:
         work.put(op)
     lat: list[float] = []
-    by_op: dict[str, list[float]] = {"add": [], "search": []}
+    by_op: dict[str, list[float]] = {}
     errors: list[str] = []
     lock = threading.Lock()
 
     def client() -> None:
-        with httpx.Client(base_url=service.url, timeout=120) as http:
+        with httpx.Client(base_url=url, timeout=120) as http:
             while True:
                 try:
-                    op, text = work.get_nowait()
+                    op = work.get_nowait()
                 except queue.Empty:
                     return
+                path, body, expect = request(op)
                 t = time.perf_counter()
                 try:
-                    if op == "add":
-                        r = http.post("/v1/memories", json={"text": text, "namespace": "bench"})
-                    else:
-                        r = http.post("/v1/search", json={"query": text, "k": 5, "namespace": "bench"})
-                    ok = r.status_code == 200
-                    detail = r.text[:200]
-                except httpx.HTTPError as e:
+                    r = http.post(path, json=body)
+                    ok = r.status_code == 200 and expect in r.json()
+                    detail = f"{r.status_code} {r.text[:200]}"
+                except (httpx.HTTPError, ValueError) as e:
                     ok, detail = False, repr(e)
                 with lock:
                     lat.append(time.perf_counter() - t)
-                    by_op[op].append(lat[-1])
+                    by_op.setdefault(op[0], []).append(lat[-1])
                     if not ok:
                         errors.append(detail)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+            "errors": len(errors), "error_examples": errors[:3], "client_cpu_s": time.process_time() - cpu0,
+            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}}
+
+
+DRIVERS = {"lean": drive_lean, "httpx": drive_httpx}
+
+
+def text_request(op: tuple[str, str]) -> tuple[str, dict, str]:
+    kind, text = op
+    if kind == "add":
+        return "/v1/memories", {"text": text, "namespace": "bench"}, "ids"
+    return "/v1/search", {"query": text, "k": 5, "namespace": "bench"}, "hits"
+
+
+def run_service(path: Path, ops: list[tuple[str, str]], clients: int, driver: str = "lean") -> dict:
+    import httpx
+
+    service = Service(path)
+    cpu0 = _cpu_of(service.proc.pid)
+    result = DRIVERS[driver](service.url, ops, clients, text_request)
+    result["server_cpu_s"] = _cpu_of(service.proc.pid) - cpu0
     stats = httpx.get(service.url + "/v1/stats").json()["service"]
     service.stop()
     # start-up on the now existing (and grown) store
     again = Service(path)
     start = {"start_s": again.start_s, "models_loaded_s": again.models_s, "healthz_at_start": again.health_at_start}
     again.stop()
-    return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
-            "errors": len(errors), "error_examples": errors[:3], "batches": stats,
-            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}, **start}
+    return {**result, "batches": stats, **start}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=1200)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seed", type=int, default=1000, help="memories in the store before the run")
+    p.add_argument("--client", choices=sorted(DRIVERS), default="lean",
+                   help="lean: 16 asyncio keep-alive connections (default); httpx: 16 threads with httpx.Client")
     args = p.parse_args(argv)
     ops = make_ops(args.ops)
+    load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
         base = Path(tmp) / "seed"
         t0 = time.perf_counter()
@@ -200,11 +335,15 @@ def main(argv: list[str] | None = None) -> int:
         local = run_in_process(Path(tmp) / "local", ops)
         print(f"in-process loop : {local['ops_s']:7.1f} ops/s  p50 {local['p50_ms']:6.1f} ms  "
               f"p99 {local['p99_ms']:6.1f} ms  errors {local['errors']}  ({local['wall_s']:.1f} s)", flush=True)
-        served = run_service(Path(tmp) / "served", ops, args.clients)
+        served = run_service(Path(tmp) / "served", ops, args.clients, args.client)
         print(f"service, {args.clients} clients: {served['ops_s']:7.1f} ops/s  p50 {served['p50_ms']:6.1f} ms  "
               f"p99 {served['p99_ms']:6.1f} ms  errors {served['errors']}  ({served['wall_s']:.1f} s)")
+        print(f"CPU per operation: server {served['server_cpu_s'] / len(ops) * 1000:.2f} ms, "
+              f"{args.client} clients {served['client_cpu_s'] / len(ops) * 1000:.2f} ms; "
+              f"in-process loop {local['cpu_s'] / len(ops) * 1000:.2f} ms")
         print(f"ratio service/loop: {served['ops_s'] / local['ops_s']:.2f}x   p99/p50: "
-              f"{served['p99_ms'] / served['p50_ms']:.1f}")
+              f"{served['p99_ms'] / served['p50_ms']:.1f}   (load average {os.getloadavg()[0]:.1f} "
+              f"after the run, {load0:.1f} before)")
         print(f"batches: {served['batches']}")
         print("service p50/p99 by operation (ms): " + ", ".join(
             f"{op} {a:.1f}/{b:.1f}" for op, (a, b) in served["by_op"].items()))

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from clag_fast._clag_fast import __version__
 from clag_fast.server import http_errors, routes
 from clag_fast.server.auth import KeyRing
+from clag_fast.server.hotpaths import HotPaths
 from clag_fast.server.models import Health
 from clag_fast.server.service import StoreService
 from clag_fast.server.settings import ServeConfig
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 def create_app(config: ServeConfig, service: StoreService | None = None,
                listening: Callable[[], bool] | None = None) -> Any:
-    """The service as an ASGI app (the body-size guard wrapped around FastAPI). The store is
+    """The service as an ASGI app (the body-size guard around ``hotpaths.HotPaths`` around
+    FastAPI). The store is
     opened here, so a locked or foreign directory fails before anything listens.
 
     listening: tells when the server accepts connections; the embedding model starts loading
@@ -69,7 +71,7 @@ def create_app(config: ServeConfig, service: StoreService | None = None,
                       embedder=svc.embedder_state, slm=slm,
                       auth="api keys" if keyring is not None else "none (loopback only)")
 
-    wrapped = http_errors.BodyLimit(app, config.limits.max_body_bytes)
+    wrapped = http_errors.BodyLimit(HotPaths(app), config.limits.max_body_bytes)
     wrapped.fastapi = app  # for tests and the OpenAPI document
     return wrapped
 

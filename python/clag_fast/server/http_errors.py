@@ -72,18 +72,38 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     return "invalid_request", "; ".join(parts) + more
 
 
+def validation_problem(errors: list[dict[str, Any]]) -> _Problem:
+    """The 400 answer to a body that failed validation (pydantic's errors, locations under
+    "body" as FastAPI reports them)."""
+    code, message = _validation_message(errors)
+    return _Problem(400, code, message)
+
+
+def error_answer(e: BaseException, where: str) -> tuple[int, str, str, dict[str, str] | None]:
+    """(status, code, message, headers) answering any exception a request raised; ``where``
+    (method and path) names the request in the log of an unexpected error."""
+    status, code, message = store_error(e)
+    if status == 500:
+        log.error("unexpected error answering %s", where, exc_info=e)
+    headers = None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif code == "shard_unavailable":  # a restarting shard is back within seconds
+        headers = {"Retry-After": "1"}
+    return status, code, message, headers
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into an ErrorBody."""
 
     @app.exception_handler(_Problem)
     async def _on_problem(request: Request, e: _Problem) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-        return error_response(e.status, e.code, e.message, headers)
+        return error_response(*error_answer(e, ""))
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, e: RequestValidationError) -> JSONResponse:
-        code, message = _validation_message(list(e.errors()))
-        return error_response(400, code, message)
+        p = validation_problem(list(e.errors()))
+        return error_response(p.status, p.code, p.message)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -91,11 +111,7 @@ def install(app: FastAPI) -> None:
         return error_response(e.status_code, codes.get(e.status_code, "http_error"), str(e.detail))
 
     async def _on_store_error(request: Request, e: Exception) -> JSONResponse:
-        status, code, message = store_error(e)
-        if status == 500:
-            log.error("unexpected error answering %s %s", request.method, request.url.path, exc_info=e)
-        # A restarting shard is back within seconds; a missing model is not worth retrying.
-        return error_response(status, code, message, {"Retry-After": "1"} if code == "shard_unavailable" else None)
+        return error_response(*error_answer(e, f"{request.method} {request.url.path}"))
 
     # The built-ins the store raises are answered by Starlette's exception middleware (which
     # does not re-raise); ``Exception`` goes to the outermost handler, which logs and answers 500.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from clag_fast.server.auth import LOCAL, Principal
+from clag_fast.server.auth import LOCAL, KeyRing, Principal
 from clag_fast.server.http_errors import problem
 from clag_fast.server.models import (
     AddResult,
@@ -41,18 +41,24 @@ router = APIRouter(prefix="/v1", responses=_ERRORS)
 
 
 # -- dependencies --------------------------------------------------------------------------
-def service(request: Request) -> StoreService:
+# All async: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop per
+# dependency per request for what are attribute reads.
+async def service(request: Request) -> StoreService:
     return request.app.state.service
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
+    """The caller's rights (see ``principal_of``)."""
+    return principal_of(request.app.state.keyring, request.headers)
+
+
+def principal_of(ring: KeyRing | None, headers: Mapping[str, str]) -> Principal:
     """The caller's rights: from ``Authorization: Bearer <key>`` or ``X-API-Key``; everything
-    when the service runs without a keys file (loopback only)."""
-    ring = request.app.state.keyring
+    when the service runs without a keys file (loopback only). ``headers``: lower-case names."""
     if ring is None:
         return LOCAL
-    key = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
+    key = headers.get("x-api-key")
+    auth = headers.get("authorization", "")
     if key is None and auth[:7].lower() == "bearer ":
         key = auth[7:].strip()
     found = ring.lookup(key)
@@ -61,7 +67,7 @@ def principal(request: Request) -> Principal:
     return found
 
 
-def limits(request: Request) -> Limits:
+async def limits(request: Request) -> Limits:
     return request.app.state.service.config.limits
 
 
@@ -186,6 +192,11 @@ async def _owned(svc: StoreService, who: Principal, memory_id: int, write: bool)
 @router.post("/memories", response_model=AddResult, summary="Add one memory or a batch")
 async def add_memories(body: NewMemory | NewMemories = Body(...), svc: StoreService = Svc, who: Principal = Who,
                        lim: Limits = Depends(limits)) -> AddResult:
+    return await handle_add(body, svc, who, lim)
+
+
+async def handle_add(body: NewMemory | NewMemories, svc: StoreService, who: Principal, lim: Limits) -> AddResult:
+    """POST /v1/memories once its body is validated (also ``hotpaths``' entry)."""
     items = body.items if isinstance(body, NewMemories) else [body]
     _check_count(len(items), lim, "memories")
     with_vec = [it.vector is not None for it in items]
@@ -337,6 +348,11 @@ def _search_options(body: Any, who: Principal, lim: Limits) -> dict[str, Any]:
 @router.post("/search", response_model=HitsOut, summary="The k memories nearest a text or vector")
 async def search(body: SearchRequest, svc: StoreService = Svc, who: Principal = Who,
                  lim: Limits = Depends(limits)) -> HitsOut:
+    return await handle_search(body, svc, who, lim)
+
+
+async def handle_search(body: SearchRequest, svc: StoreService, who: Principal, lim: Limits) -> HitsOut:
+    """POST /v1/search once its body is validated (also ``hotpaths``' entry)."""
     if (body.query is None) == (body.vector is None):
         raise problem(400, "invalid_request", "give exactly one of query (a text) or vector")
     options = _search_options(body, who, lim)

@@ -43,18 +43,65 @@ class AddPayload:
         self.namespaces, self.metadata, self.keys = namespaces, metadata, keys
 
 
+class ServiceEmbedder:
+    """The store's embedder in the service: the default ONNX MiniLM model at the store's
+    recorded precision, loaded on first use, on 1-thread ONNX sessions.
+
+    Why not the default ``Embedder()``: it runs a single text as one ONNX call split over
+    every core, whose intra-op threads spin while they wait for work. In-process that buys a
+    lower latency for one caller; in the service, requests already run side by side (search
+    batches, the add batches) and every spinning thread takes a core from them: measured at a
+    load average of 8 on 2 cores, 8.7 ms of CPU per single-text encode against 1.4 ms on one
+    thread. Larger
+    batches (an organisation's phrases) are still spread, one 1-thread call per core
+    (``Embedder``'s own spreading, which makes no spinning calls).
+    """
+
+    #: Texts from which one encode is spread over the cores.
+    SPREAD_FROM = 8
+
+    def __init__(self, precision: str) -> None:
+        from clag_fast.embed import modelfiles
+
+        self.precision = precision
+        self.name = modelfiles.DEFAULT_MODEL  # the store records it: the default embedder's
+        self.dim = int(modelfiles.manifest(self.name)["dim"])
+        self._one: Any = None
+        self._spread: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._one is None:
+                from clag_fast.embed.embedder import Embedder
+
+                spread = Embedder(self.name, precision=self.precision)
+                self._one = Embedder(self.name, precision=self.precision, threads=1)
+                self._spread = spread
+            return self._one, self._spread
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Embed ``texts`` -> float32 (n, dim), as ``Embedder.encode``."""
+        one, spread = self._one, self._spread
+        if one is None:
+            one, spread = self._load()
+        return (spread if len(texts) >= self.SPREAD_FROM else one).encode(texts)
+
+
 class StoreService:
     """Opens the store, runs the batchers and the warm-up, answers the routes' calls."""
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.store: MemoryStore | None = None
+        self.embedder: ServiceEmbedder | None = None
         self.embedder_state = "not used (bring-your-own vectors)" if not config.embedder else "not loaded"
         self.started_at = time.time()
         limits = config.limits
-        self._executor = ThreadPoolExecutor(max_workers=4 + config.search_workers, thread_name_prefix="clag-serve")
+        self._executor = ThreadPoolExecutor(max_workers=3 + config.add_workers + config.search_workers,
+                                            thread_name_prefix="clag-serve")
         self.adds = Coalescer("add", self._add_batch, self._executor, max_items=limits.max_batch,
-                              max_pending=limits.max_pending)
+                              max_pending=limits.max_pending, workers=config.add_workers)
         self.searches = Coalescer("search", self._search_batch, self._executor, max_items=config.search_batch,
                                   max_pending=limits.max_pending, workers=config.search_workers)
         # cluster id -> namespaces of its members, for keys that read only some namespaces:
@@ -79,7 +126,17 @@ class StoreService:
                 kwargs["slm"] = "off"
             cfg = StoreConfig(**kwargs)
         llm: Any = None if c.llm == "managed" else False if c.llm == "off" else c.llm
-        self.store = MemoryStore.open(c.store, config=cfg, embedder=None if c.embedder else False, llm=llm)
+        embedder: Any = False
+        if c.embedder:
+            precision = _stored_meta(c.store, "embed_precision")
+            if precision is None:
+                # A new store (or one written before precisions were recorded): let the store
+                # settle and record its precision by its own rule, as a plain open does.
+                MemoryStore.open(c.store, config=cfg, llm=False).close()
+                precision = _stored_meta(c.store, "embed_precision")
+            embedder = ServiceEmbedder(precision or "auto")
+        self.embedder = embedder or None
+        self.store = MemoryStore.open(c.store, config=cfg, embedder=embedder, llm=llm)
         return self.store
 
     async def start(self) -> None:
@@ -104,19 +161,15 @@ class StoreService:
             self.store = None
 
     def _warm_up(self) -> None:
-        """Load the ONNX sessions the store's embedder will use. They are process-wide (keyed
-        by model, precision, device, threads), so an Embedder made here with the store's
-        recorded precision loads them for the store's own, without a search that would count
-        in the store's statistics and triggers."""
-        from clag_fast.embed.embedder import Embedder
-
+        """Load the ONNX sessions of the store's embedder (directly, not through a search that
+        would count in the store's statistics and triggers)."""
         t0 = time.perf_counter()
         try:
-            embedder = Embedder(precision=_stored_meta(self.config.store, "embed_precision") or "auto")
+            assert self.embedder is not None
             # Batches of several sizes and lengths, as coalesced requests bring them: ONNX
             # Runtime grows its buffers on the first runs of each shape.
             for n in (1, 8, 32):
-                embedder.encode([" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)])
+                self.embedder.encode([" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)])
         except Exception as e:  # a missing model is reported by /healthz and by the first text request
             self.embedder_state = f"failed: {e}"
             log.warning("the embedding model did not load: %s", e)

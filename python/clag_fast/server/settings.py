@@ -47,6 +47,9 @@ class ServeConfig:
     fsync: sync vectors and the database on every write batch (power-loss safety; a process
       kill loses nothing answered either way).
     search_workers: search batches run at once (each spreads its queries over the cores).
+    add_workers: add batches run at once. Commits take the store's write lock in turn; a
+      second worker lets adds commit while another batch's add runs the store's periodic
+      re-organisation, whose cluster labelling (most of its time) holds no write lock.
     search_batch: most queries coalesced into one ``search_many`` (adds: ``limits.max_batch``).
     """
 
@@ -59,6 +62,7 @@ class ServeConfig:
     dim: int | None = None
     fsync: bool = False
     search_workers: int = 2
+    add_workers: int = 2
     search_batch: int = 256
     limits: Limits = field(default_factory=Limits)
 
