@@ -177,6 +177,10 @@ def _session(model: str, precision: str, device: str, threads: int | None):
         so.intra_op_num_threads = threads
     # One op at a time: BERT is a chain, so inter-op threads would only spin.
     so.inter_op_num_threads = 1
+    # Intra-op workers sleep between ops instead of spinning: on a loaded 2-core machine a
+    # spinning pair burnt 4.7-4.9 ms of CPU per short text against 1.9-2.2 ms without
+    # (benches/bench_service.py's in-process loop), CPU the caller's other threads need.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         # SkipLayerNorm's slowness was measured on ORT's CPU kernel; CUDA keeps the fusion.
         disabled = SESSION_DISABLED_OPTIMIZERS if providers == ["CPUExecutionProvider"] else []
