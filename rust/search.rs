@@ -250,13 +250,8 @@ fn listed_rows(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Par
         .for_each(|(qi, (((i, s), c), (cnt, scn)))| {
             let qv = &queries[qi * dim..(qi + 1) * dim];
             let mut top = TopK::new(k);
-            let mut n = 0;
-            for &r in rows {
-                if let Some(sc) = score_row(data, dim, qv, r as usize, p) {
-                    top.push(sc, r);
-                    n += 1;
-                }
-            }
+            // Filtered rows are scattered over the file: prefetch ahead as stage 2 does.
+            let n = scan_list(data, dim, qv, p, rows, |_| true, &mut top);
             let best = top.into_sorted();
             for (j, b) in best.iter().enumerate() {
                 i[j] = b.id as i64;

@@ -479,3 +479,19 @@ def test_native_stub_matches_the_module():
     stubbed = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
     public = {n for n in dir(native.VectorIndex) if not n.startswith("_")} | {"__len__"}
     assert stubbed == public
+
+
+def test_listed_rows_search_and_its_errors(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    idx = VectorIndex.open(tmp_path / "i", dim=8)
+    idx.append(x)
+    rows = np.arange(0, 300, 7)
+    for dtype in (np.uint32, np.int64):
+        res = idx.search(x[14], k=3, mode="flat", rows=rows.astype(dtype))
+        assert res.ids[0, 0] == 14 and int(res.scanned[0]) == len(rows)
+        assert set(res.ids[0].tolist()) <= set(rows.tolist())
+    with pytest.raises(ValueError, match="out of range"):
+        idx.search(x[0], k=3, mode="flat", rows=np.asarray([1, 300], np.uint32))
+    with pytest.raises(ValueError, match="must lie in"):
+        idx.search(x[0], k=3, mode="flat", rows=np.asarray([-1, 2], np.int64))

@@ -398,7 +398,9 @@ class VectorIndex:
             r = np.asarray(rows)
             if r.ndim != 1 or r.dtype.kind not in "iu":
                 raise ValueError(f"rows must be a 1-D array of row numbers, got shape {r.shape} dtype {r.dtype}")
-            if len(r) and (int(r.min()) < 0 or int(r.max()) >= n):
+            # uint32 rows (what the store passes) cannot be negative and the core refuses one
+            # past the end; other dtypes are checked here, before the cast could wrap them.
+            if r.dtype != np.uint32 and len(r) and (int(r.min()) < 0 or int(r.max()) >= n):
                 raise ValueError(f"rows must lie in [0, {n})")
             r = np.ascontiguousarray(r, dtype=np.uint32)
         return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe, min_rows, r))
