@@ -32,6 +32,7 @@ reads the store's state it is given.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -103,6 +104,11 @@ _MARKER_HEAD_RE = re.compile(r"\[[^\W\d_]\w{0,15}:\s*")
 _MARKER_RE = re.compile(r"\[[^\W\d_]\w{0,15}\]")
 
 
+# Any character ``_spaceless`` accepts (one regex search per token instead of a call per
+# character: tokenising is most of a label's cost).
+_SPACELESS_RE = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0e7f]")
+
+
 def _spaceless(ch: str) -> bool:
     """Characters of scripts written without spaces between words (CJK, Thai)."""
     o = ord(ch)
@@ -142,7 +148,7 @@ def _tokens(text: str) -> list[tuple[str, int, bool]]:
             continue
         joins = last_end >= 0 and text[last_end:m.start()].strip() == "" and m.start() > last_end
         last_end = m.end() if w == raw or raw.endswith(w) else -1
-        if not any(_spaceless(c) for c in w):
+        if _SPACELESS_RE.search(w) is None:
             out.append((w, 0, joins))
             continue
         run, prev = "", -1
@@ -162,10 +168,14 @@ def _tokens(text: str) -> list[tuple[str, int, bool]]:
     return out
 
 
+# Pure functions of a token, asked millions of times for a few thousand distinct words while
+# labelling: memoised.
+@functools.lru_cache(maxsize=1 << 16)
 def _is_number(w: str) -> bool:
     return not any(c.isalpha() for c in w)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _content(tok: str, script: int) -> bool:
     """A token that may start or end a phrase."""
     if script:
@@ -272,18 +282,21 @@ class PhraseCache:
         return len(self._items)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _named(phrase: str) -> bool:
     """Every word with a letter starts with a capital ("Kamogawa Residence", "JR Pass")."""
     words = [w for w in phrase.split() if any(c.isalpha() for c in w) and w.casefold() not in _JOINERS]
     return bool(words) and all(w[0].isupper() for w in words)
 
 
-def _surface(forms: Counter) -> str:
+def _surface(forms: dict[str, int]) -> str:
     """The most frequent written form; ties go to the one with capitals (names)."""
+    if len(forms) == 1:  # the usual case: no choice to make
+        return next(iter(forms))
     return max(forms.items(), key=lambda kv: (kv[1], sum(c.isupper() for c in kv[0]), kv[0]))[0]
 
 
-def _phrase_score(key: str, c: int, n: int, forms: dict[str, Counter], background_df: Counter | None,
+def _phrase_score(key: str, c: int, n: int, forms: dict[str, dict[str, int]], background_df: Counter | None,
                   N: int) -> float:
     """Coverage in the cluster (``c`` of ``n`` members) times rarity in the namespace."""
     if _spaceless(key[0]):
@@ -314,18 +327,27 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     if n == 0:
         return ClusterPhrases()
     df: Counter[str] = Counter()
-    forms: dict[str, Counter] = {}
+    # Written forms per key, counted in plain dicts (a Counter per phrase cost more than the
+    # ranking itself).
+    forms: dict[str, dict[str, int]] = {}
     for m in members:
+        df.update(m.keys())
         for key, form in m.items():
-            df[key] += 1
-            forms.setdefault(key, Counter())[form] += 1
+            f = forms.get(key)
+            if f is None:
+                forms[key] = {form: 1}
+            else:
+                f[form] = f.get(form, 0) + 1
     need = min(n, MIN_MEMBERS)
     N = max(n_background, n)
     scored: list[tuple[float, str]] = []
+    single: dict[str, float] = {}  # scores of phrases one member holds (reused for ``typical``)
     for key, c in df.items():
         if c < need:
             continue
         score = _phrase_score(key, c, n, forms, background_df, N)
+        if c == 1:
+            single[key] = score
         if score > 0:
             scored.append((score, key))
     scored.sort(key=lambda x: (-x[0], x[1]))
@@ -350,7 +372,8 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     # this cluster ("help", "keep" in a chat), chosen only by ``by_distinctness``.
     typical: list[Keyphrase] = []
     for m in members[:TYPICAL_MEMBERS]:
-        scores = {k: _phrase_score(k, 1, n, forms, background_df, N) for k in m if df[k] == 1}
+        scores = {k: single[k] if k in single else _phrase_score(k, 1, n, forms, background_df, N)
+                  for k in m if df[k] == 1}
         taken = 0
         for key in sorted(scores, key=lambda k: (-scores[k], k)):
             words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}

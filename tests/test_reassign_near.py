@@ -1,0 +1,69 @@
+"""Re-assignment of touched clusters' members among their cluster's nearest centres
+(``organize.reassign_near``): it agrees with re-assignment against every centre on clustered
+data, a member stranded far from its cluster's neighbourhood still finds its best cluster,
+and the database's assignments follow the index."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clag_fast.config import StoreConfig
+from clag_fast.store import MemoryStore
+from clag_fast.store import organize as org
+from store_helpers import topic_vectors
+
+# Many small clusters (well over NEAR_CENTRES), organised only when asked.
+CFG = StoreConfig(min_memories_to_cluster=50, target_cluster_size=4, max_cluster_size=16,
+                  organize_every=0, slm="off")
+
+
+def _store(tmp_path, n=3000, topics=150):
+    vecs, _ = topic_vectors(n, topics, seed=3)
+    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=False, llm=False)
+    s.add_many([f"m{i}" for i in range(n)], embeddings=vecs)
+    s.organize()
+    return s, vecs
+
+
+def _primary_and_db_agree(state):
+    rank0 = {m: c for m, r, c, _ in state.catalog.assignments() if r == 0}
+    live = state.rows.live_rows()
+    primary = state.index.cluster_of(live)
+    assert (primary >= 0).all()
+    assert all(rank0[int(m)] == int(p) for m, p in zip(state.rows.memory_id[live].tolist(), primary.tolist()))
+
+
+def test_agrees_with_exact_reassignment_on_clustered_data(tmp_path):
+    s, vecs = _store(tmp_path)
+    state = s._state
+    with state.lock.write():
+        ids = state.index.cluster_ids()
+        assert len(ids) > 2 * org.NEAR_CENTRES, "the test needs more clusters than NEAR_CENTRES"
+        rows = np.concatenate([state.index.members(c) for c in ids.tolist()])
+        exact_ids, _ = state.index.soft_assign(state.index.vectors()[rows], k=CFG.soft_k)
+        assert org.reassign_near(state, set(ids.tolist())) == len(rows)
+        got = state.index.cluster_of(rows)
+        # Coarse routing (the exact path here) and the nearest-centres path may differ on a
+        # border row; on topic data they agree almost everywhere.
+        assert (got == exact_ids[:, 0]).mean() >= 0.99
+        _primary_and_db_agree(state)
+    s.close()
+
+
+def test_a_member_far_from_its_cluster_falls_back_to_every_centre(tmp_path):
+    s, vecs = _store(tmp_path)
+    state = s._state
+    with state.lock.write():
+        ids = state.index.cluster_ids()
+        centres = state.index.centres()
+        row = 0
+        best = int(state.index.cluster_of(np.array([row]))[0])
+        # Put the row into the cluster whose centre is least like it: its own cluster is then
+        # far outside that cluster's nearest centres.
+        worst = int(ids[np.argmin(centres @ vecs[row])])
+        assert worst != best
+        state.index.assign(np.array([row]), np.array([[worst, -1, -1]]))
+        org.reassign_near(state, {worst})
+        assert int(state.index.cluster_of(np.array([row]))[0]) == best
+        _primary_and_db_agree(state)
+    s.close()
