@@ -25,6 +25,24 @@ from clag_fast.eval.data import load_dataset
 from clag_fast.store import MemoryStore
 
 
+def print_misses(store: MemoryStore) -> None:
+    """The labels nearer another cluster's centre than their own (``eval.labels.self_misses``),
+    embedded by the default embedder."""
+    from clag_fast.embed import Embedder
+    from clag_fast.eval.labels import self_misses
+
+    ids, centres = store.cluster_centres()
+    info = {c.id: c for c in store.clusters()}
+    got = [info.get(c) for c in ids.tolist()]
+    # Every centre competes (as in self@1); only clusters with 2+ members are scored.
+    summaries = [c.summary if c is not None and c.size >= 2 else "" for c in got]
+    misses = self_misses(summaries, centres, Embedder().encode)
+    print(f"self@1 misses: {len(misses)} of {sum(bool(s) for s in summaries)} labelled clusters with 2+ members")
+    for i, j, margin in misses:
+        a, b = got[i], got[j]
+        print(f"  {margin:+.3f}  [{a.size}] {a.summary} | {', '.join(a.tags)}   nearer [{b.size}] {b.summary}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", help="LoCoMo-format JSON (the demo conversation is one)")
@@ -32,6 +50,8 @@ def main() -> None:
     p.add_argument("--llm", choices=["off", "managed"], default="off")
     p.add_argument("--context", default=None, help="task context passed to organize()")
     p.add_argument("--show", type=int, default=20, help="print the labels of the N largest clusters")
+    p.add_argument("--misses", action="store_true",
+                   help="print the clusters failing self@1: label, size, margin, the nearer cluster's label and size")
     args = p.parse_args()
     sample = load_dataset(args.data)[args.sample]
     texts = [t.memory_text() for t in sample.turns]
@@ -49,6 +69,8 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             for c in store.clusters()[: args.show]:
                 print(f"{c.size:>4}  {c.summary} | {', '.join(c.tags)}")
+            if args.misses:
+                print_misses(store)
             stats = store.stats()
             out = {
                 "sample": sample.sample_id, "memories": len(texts), "llm": args.llm,

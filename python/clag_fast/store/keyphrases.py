@@ -72,7 +72,8 @@ STOPWORDS = frozenset(
     "sometimes often usually today tomorrow yesterday time times day days "
     "three four five six seven eight nine ten everyone everybody someone somebody anyone anybody "
     "nobody wants makes keeps gets gonna wanna gotta recently lately probably honestly "
-    "anyway anyways".split()
+    "anyway anyways absolutely agree agreed keep keeps kept keeping feel feels felt hoping "
+    "noticed seeing try trying must've could've should've would've".split()
 )
 
 # The only stopwords a three-word phrase may hold in its middle.
@@ -90,7 +91,8 @@ MAX_TAGS = 3
 # time labelling with 300).
 MAX_MEMBERS = 64
 MIN_MEMBERS = 2
-TYPICAL_MEMBERS = 3
+TYPICAL_MEMBERS = 8
+TYPICAL_PHRASES = 2
 MAX_BACKGROUND = 4000
 
 # A word: letters/digits, inner apostrophes, dots, colons, hyphens, slashes kept
@@ -359,7 +361,7 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
             typical.append(Keyphrase(_surface(forms[key]), round(scores[key], 4), 1, round(1 / n, 3)))
             used |= words
             taken += 1
-            if taken == 2:
+            if taken == TYPICAL_PHRASES:
                 break
     return ClusterPhrases(chosen, neutral, typical=typical)
 
@@ -408,33 +410,73 @@ def margins(vecs: np.ndarray, own: Sequence[int], centres: np.ndarray) -> np.nda
     return mine - other
 
 
-def _variants(phrases: list[str]) -> list[list[str]]:
-    """Labels to try from the best three ``phrases``: each alone, each pair, all three."""
-    top = phrases[:MAX_LABEL_PHRASES]
-    tries = [[p] for p in top] + [[a, b] for x, a in enumerate(top) for b in top[x + 1:]] + [top]
-    out: list[list[str]] = []
-    for t in tries:
-        head = label(phrases, t)[0].split(" · ")
-        if head not in out:
-            out.append(head)
-    return out
+# Label variants embedded for real per cluster and round, beyond its single phrases: the
+# best by the estimate below. Four is what the fixed variants (three pairs and the triple of
+# the top three phrases) cost before; the estimate lets them be the four most promising of
+# all pairs and triples of the best ``SHORTLIST`` phrases.
+TRIES = 4
+SHORTLIST = 6
+WEAK_SHORTLIST = 10
+WEAK_TRIES = 16
+
+
+def _combos(n: int) -> list[tuple[int, ...]]:
+    """Pairs and triples of ``range(n)``, in order."""
+    return ([(a, b) for a in range(n) for b in range(a + 1, n)]
+            + [(a, b, c) for a in range(n) for b in range(a + 1, n) for c in range(b + 1, n)])
+
+
+class _Vectors:
+    """Embeddings of short texts, each embedded once per ``by_distinctness`` call; batches
+    go to ``embed`` whole (one call per round, not per cluster)."""
+
+    def __init__(self, embed: Callable[[list[str]], np.ndarray]) -> None:
+        self.embed = embed
+        self.known: dict[str, np.ndarray] = {}
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        new = [t for t in dict.fromkeys(texts) if t not in self.known]
+        if new:
+            got = np.asarray(self.embed(new), np.float32)
+            if got.shape[0] != len(new):
+                raise ValueError(f"the embedder returned {got.shape[0]} vectors for {len(new)} texts")
+            self.known.update(zip(new, got))
+        return np.stack([self.known[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
+
+
+def _estimate(vecs: np.ndarray, weights: np.ndarray, combos: list[tuple[int, ...]]) -> np.ndarray:
+    """The embedding of "a · b · c" estimated from those of its phrases: their mean weighted
+    by word count, normalised (mean pooling over the label's tokens is close to that). Used
+    only to choose which variants to embed; the chosen label's margin is always measured."""
+    out = np.zeros((len(combos), vecs.shape[1]), np.float32)
+    for i, cb in enumerate(combos):
+        out[i] = (vecs[list(cb)] * weights[list(cb), None]).sum(axis=0)
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
 
 def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
-            centres: np.ndarray, embed: Callable[[list[str]], np.ndarray]) -> dict[int, float]:
+            centres: np.ndarray, vectors: _Vectors, extend: dict[int, list[str]] | None = None,
+            shortlist: int | None = None, tries: int | None = None) -> dict[int, float]:
     """For each cluster: order its ``pools`` phrases by margin (``margins``) into its
-    candidates and choose as ``head`` the label variant with the best margin. Returns that
-    margin per cluster."""
+    candidates and choose as ``head`` the label with the best margin among its single phrases
+    and the ``TRIES`` pairs and triples of its ``SHORTLIST`` best phrases whose estimated
+    margin (``_estimate``) is best; with ``extend``, also that head plus each one of its pool's
+    phrases (a second look for clusters no label pointed at). Returns that margin per
+    cluster."""
+    shortlist = SHORTLIST if shortlist is None else shortlist
+    tries = TRIES if tries is None else tries
     todo = [c for c in pools if pools[c]]
     texts = [k.text for c in todo for k in pools[c]]
     if not texts:
         return {}
-    m = margins(embed(texts), [slot[c] for c in todo for _ in pools[c]], centres)
+    vecs = vectors(texts)
+    m = margins(vecs, [slot[c] for c in todo for _ in pools[c]], centres)
     at = 0
     variants: list[tuple[int, list[str], float | None]] = []
     for c in todo:
         pool = pools[c]
         mine = m[at:at + len(pool)].tolist()
+        pv = vecs[at:at + len(pool)]
         at += len(pool)
         single = {k.text: x for k, x in zip(pool, mine)}
         # Rank by margin, the document-count rank breaking near-ties (within 0.02).
@@ -442,17 +484,40 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
         ranked_pool = [pool[j] for j in order]
         rest = [k for k in found[c].candidates if k not in ranked_pool]
         found[c].candidates = ranked_pool + rest
-        for head in _variants(found[c].phrases()):
+        phrases = found[c].phrases()
+        tried: list[list[str]] = []
+        for k in ranked_pool:
+            tried.append([k.text])
+        short = order[:shortlist]
+        combos = _combos(len(short))
+        if combos:
+            weights = np.array([len(pool[j].text.split()) for j in short], np.float32)
+            est = margins(_estimate(pv[short], weights, combos), [slot[c]] * len(combos), centres)
+            for i in np.argsort(-est, kind="stable").tolist():
+                head = label(phrases, [pool[short[j]].text for j in combos[i]])[0].split(" · ")
+                if head not in tried:
+                    tried.append(head)
+                    if len(tried) - len(pool) >= tries:
+                        break
+        for p in (extend or {}).get(c, []):
+            for k in ranked_pool[:shortlist * 2]:
+                if k.text in p:
+                    continue
+                head = label(phrases, [*p, k.text])[0].split(" · ")
+                if head not in tried and len(head) > len(p):
+                    tried.append(head)
+        for head in tried:
             variants.append((c, head, single.get(head[0]) if len(head) == 1 else None))
     need = [j for j, v in enumerate(variants) if v[2] is None]
-    vm = margins(embed([" · ".join(variants[j][1]) for j in need]), [slot[variants[j][0]] for j in need],
+    vm = margins(vectors([" · ".join(variants[j][1]) for j in need]), [slot[variants[j][0]] for j in need],
                  centres).tolist() if need else []
     got = dict(zip(need, vm))
-    best: dict[int, tuple[float, float, int]] = {}
+    best: dict[int, tuple[tuple[bool, float], float, int]] = {}
     for j, (c, h, single_m) in enumerate(variants):
         margin = single_m if single_m is not None else got[j]
-        # Longer labels say more: one more phrase wins unless it blurs the label (margin -0.01).
-        score = margin + 0.01 * len(h)
+        # A label that points at its cluster beats one that does not; among those, longer
+        # labels say more: one more phrase wins unless it blurs the label (margin -0.01).
+        score = (margin > 0, margin + 0.01 * len(h))
         if c not in best or score > best[c][0]:
             best[c] = (score, margin, j)
     for c, (_, _, j) in best.items():
@@ -468,19 +533,27 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
 
     Document counts find the phrases a cluster's members share; the embedding says which of
     them a reader (and the answer prompt) would take for *this* cluster: "deer" and "bow" say
-    Nara, "works" says nothing. A cluster whose shared phrases all point elsewhere ("help",
-    "keep" in a chat) tries again with its typical members' own phrases added. Costs one
-    embedding per candidate and four per label (twice for those clusters). Returns the
-    chosen label's margin per cluster (<= 0: even the best label points elsewhere).
+    Nara, "works" says nothing. Which pairs and triples are worth embedding is estimated from
+    the phrases' own embeddings (``_estimate``), so the label is chosen among all combinations
+    of the best phrases, not only those of the top three. A cluster whose label still points
+    elsewhere ("help", "keep" in a chat) gets a second look: its remaining candidates and its
+    typical members' own phrases, and its best label extended by one phrase. Costs one
+    embedding per candidate and ``TRIES`` per label, about twice that for those clusters.
+    Returns the chosen label's margin per cluster (<= 0: even the best label points
+    elsewhere).
     """
     slot = {int(c): i for i, c in enumerate(ids)}
     live = {c: ph for c, ph in found.items() if c in slot and ph.candidates and ph.neutral is None}
-    got = _choose(live, {c: ph.candidates[:top] for c, ph in live.items()}, slot, centres, embed)
-    weak = {c: live[c].candidates[:top] + live[c].typical for c, margin in got.items()
-            if margin <= 0 and live[c].typical}
+    vectors = _Vectors(embed)
+    got = _choose(live, {c: ph.candidates[:top] for c, ph in live.items()}, slot, centres, vectors)
+    weak = [c for c, margin in got.items() if margin <= 0]
     if weak:
-        # Only the clusters still without a label that points at them.
-        got.update(_choose(live, weak, slot, centres, embed))
+        # Only the clusters still without a label that points at them; phrases embedded in the
+        # first round are not embedded again.
+        pools = {c: live[c].candidates + [k for k in live[c].typical if k not in live[c].candidates] for c in weak}
+        heads = {c: list(live[c].head or []) for c in weak}
+        again = _choose(live, pools, slot, centres, vectors, extend=heads, shortlist=WEAK_SHORTLIST, tries=WEAK_TRIES)
+        got.update(again)
     return got
 
 
