@@ -127,8 +127,8 @@ def measure(clusters: Sequence[ClusterLabel], centres: np.ndarray,
 def self_misses(summaries: Sequence[str], centres: np.ndarray,
                 embed: Callable[[list[str]], np.ndarray]) -> list[tuple[int, int, float]]:
     """The labels that fail self@1: ``(i, j, margin)`` for each ``summaries[i]`` whose
-    embedding is nearer centre ``j`` than its own ``centres[i]``, ``margin`` (< 0) the cosine
-    to its own centre minus that to ``j``; worst first. Empty and neutral summaries are
+    embedding is nearest centre ``j``, not its own ``centres[i]``, ``margin`` (<= 0) the
+    cosine to its own centre minus that to ``j``; worst first. Empty and neutral summaries are
     skipped. For reading which clusters' labels point elsewhere (``benches/eval_labels.py
     --misses``)."""
     centres = np.asarray(centres, np.float32)
@@ -140,11 +140,9 @@ def self_misses(summaries: Sequence[str], centres: np.ndarray,
     sims = np.asarray(embed([summaries[i] for i in todo]), np.float32) @ centres.T
     out = []
     for row, i in zip(sims, todo):
-        own = float(row[i])
-        row[i] = -np.inf
-        j = int(np.argmax(row))
-        if float(row[j]) > own:
-            out.append((i, j, own - float(row[j])))
+        j = int(np.argmax(row))  # as ``measure`` decides: ties go to the first centre
+        if j != i:
+            out.append((i, j, float(row[i] - row[j])))
     return sorted(out, key=lambda x: x[2])
 
 
