@@ -251,10 +251,20 @@ class ClusterPhrases:
     candidates: list[Keyphrase] = field(default_factory=list)
     neutral: str | None = None
     head: list[str] | None = None  # the label's phrases when chosen (``by_distinctness``)
-    typical: list[Keyphrase] = field(default_factory=list)  # one typical member's own phrases
+    # Finds ``typical`` when first asked (``rank`` sets it): only clusters no label points at
+    # need them, and finding them for every cluster cost a fifth more than ranking.
+    find_typical: Callable[[], list[Keyphrase]] | None = field(default=None, repr=False, compare=False)
+    _typical: list[Keyphrase] | None = field(default=None, init=False, repr=False, compare=False)
 
     def phrases(self, n: int | None = None) -> list[str]:
         return [k.text for k in self.candidates[:n]]
+
+    @property
+    def typical(self) -> list[Keyphrase]:
+        """Phrases of the most typical members that no other member holds (``rank``)."""
+        if self._typical is None:
+            self._typical = self.find_typical() if self.find_typical is not None else []
+        return self._typical
 
 
 class PhraseCache:
@@ -355,20 +365,25 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     # Phrases of the most typical members (callers pass members nearest the centre first) that
     # no other member holds: the fallback when the shared phrases are too common to point at
     # this cluster ("help", "keep" in a chat), chosen only by ``by_distinctness``.
-    typical: list[Keyphrase] = []
-    for m in members[:TYPICAL_MEMBERS]:
-        scores = {k: _phrase_score(k, 1, n, forms, background_df, N) for k in m if df[k] == 1}
-        taken = 0
-        for key in sorted(scores, key=lambda k: (-scores[k], k)):
-            words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
-            if scores[key] <= 0 or any(w in used for w in words):
-                continue
-            typical.append(Keyphrase(_surface(forms[key]), round(scores[key], 4), 1, round(1 / n, 3)))
-            used |= words
-            taken += 1
-            if taken == TYPICAL_PHRASES:
-                break
-    return ClusterPhrases(chosen, neutral, typical=typical)
+
+    def find_typical() -> list[Keyphrase]:
+        typical: list[Keyphrase] = []
+        taken_words = set(used)
+        for m in members[:TYPICAL_MEMBERS]:
+            scores = {k: _phrase_score(k, 1, n, forms, background_df, N) for k in m if df[k] == 1}
+            taken = 0
+            for key in sorted(scores, key=lambda k: (-scores[k], k)):
+                words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+                if scores[key] <= 0 or any(w in taken_words for w in words):
+                    continue
+                typical.append(Keyphrase(_surface(forms[key]), round(scores[key], 4), 1, round(1 / n, 3)))
+                taken_words |= words
+                taken += 1
+                if taken == TYPICAL_PHRASES:
+                    break
+        return typical
+
+    return ClusterPhrases(chosen, neutral, find_typical=find_typical)
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
