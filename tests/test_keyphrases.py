@@ -116,6 +116,19 @@ def test_one_idea_one_phrase():
     assert "Kyoto hotel" in got and "Kyoto" not in got and "hotel" not in got
 
 
+def test_typical_phrases_are_the_nearest_members_own_found_when_asked():
+    members = ["Kyoto hotel with a view of Nishiki Market", "Kyoto hotel kitchen, pottery class booked",
+               "Kyoto hotel, late checkout requested"]
+    got = kp.rank([kp.extract(t) for t in members], *background(members, TRAINS, FOOD))
+    assert got.phrases(1) == ["Kyoto hotel"]
+    assert got._typical is None  # not computed by rank: only clusters no label points at ask
+    typical = [k.text for k in got.typical]
+    assert "Nishiki Market" in typical and any("pottery class" in t for t in typical)
+    assert not {"Kyoto hotel", "Kyoto", "hotel"} & set(typical)  # shared, or a word the label has
+    assert all(k.count == 1 for k in got.typical)
+    assert len(typical) <= kp.TYPICAL_PHRASES * len(members)
+
+
 def test_members_without_shared_content_get_a_neutral_label():
     replies = ["ok", "Ok!", "👍", "thanks", "lol", "yes yes"]
     got = kp.rank([kp.extract(t) for t in replies])
