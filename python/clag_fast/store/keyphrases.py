@@ -431,9 +431,9 @@ def margins(vecs: np.ndarray, own: Sequence[int], centres: np.ndarray) -> np.nda
 
 
 # Label variants embedded for real per cluster, beyond its single phrases: the best by the
-# estimate (``_estimate``). Four is what the fixed variants (three pairs and the triple of
-# the top three phrases) cost before; the estimate lets them be the four most promising of
-# all pairs and triples of the best ``SHORTLIST`` phrases. Clusters no label points at get
+# estimate (``_estimate``). Four costs what embedding the three pairs and the triple of the
+# top three phrases would; the estimate makes them the four most promising of all pairs and
+# triples of the best ``SHORTLIST`` phrases. Clusters no label points at get
 # a wider look (``WEAK_*``): on ten LoCoMo conversations self@1 0.954 with it, 0.933 with
 # the first look's settings (every cluster's label recomputed on the final clusters).
 TRIES = 4
@@ -497,7 +497,7 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
     ranked: dict[int, tuple[list[int], dict[str, float]]] = {}
     est_vecs: list[np.ndarray] = []
     est_own: list[int] = []
-    est_of: list[tuple[int, int, tuple[int, ...]]] = []  # (cluster, pool offset, combo)
+    est_of: list[tuple[int, tuple[int, ...]]] = []  # (cluster, combo of pool positions)
     at = 0
     for c in todo:
         pool = pools[c]
@@ -511,11 +511,11 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
             weights = np.array([len(pool[j].text.split()) for j in short], np.float32)
             est_vecs.append(_estimate(vecs[at:at + len(pool)][short], weights, combos))
             est_own += [slot[c]] * len(combos)
-            est_of += [(c, 0, tuple(short[j] for j in cb)) for cb in combos]
+            est_of += [(c, tuple(short[j] for j in cb)) for cb in combos]
         at += len(pool)
     est = margins(np.concatenate(est_vecs), est_own, centres) if est_vecs else np.zeros(0)
     by_cluster: dict[int, list[tuple[float, tuple[int, ...]]]] = {}
-    for (c, _, cb), x in zip(est_of, est.tolist()):
+    for (c, cb), x in zip(est_of, est.tolist()):
         by_cluster.setdefault(c, []).append((x, cb))
     variants: list[tuple[int, list[str], float | None]] = []
     for c in todo:
