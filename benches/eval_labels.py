@@ -1,5 +1,5 @@
 """Cluster label quality on one conversation (issue #16): copies, groundedness, self@1, SLM
-parse failures and profile calls per memory.
+parse failures (apart from failed calls) and profile calls per memory.
 
 The conversation's turns are added 32 at a time (the store's defaults: background SLM work),
 then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are measured with
@@ -9,6 +9,7 @@ then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are mea
         --context "an agent planning a two-week trip to Japan for a user and their partner"
     python benches/eval_labels.py ../shared/data/locomo10.json --sample 2 --llm off
 
+``--misses`` lists the clusters whose label fails self@1 and the cluster it points at.
 Results: BENCHMARKS.md, "Cluster labels".
 """
 
@@ -16,13 +17,55 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from clag_fast.config import StoreConfig
+from clag_fast.errors import LLMHTTPError, LLMTimeout, LLMUnreachable
 from clag_fast.eval.data import load_dataset
 from clag_fast.store import MemoryStore
+
+
+class SLMFailures(logging.Handler):
+    """Counts the organiser's failed SLM decisions by kind: ``parse`` (an answer came but was
+    unusable: not JSON, outside the schema, no offered phrase) apart from ``call`` (timeout,
+    unreachable, HTTP error: the server's side, not the prompt's). The organiser logs every
+    failure (repeats at DEBUG); its ``organizer_errors`` counter adds both kinds."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.counts: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith("SLM %s failed") or len(record.args or ()) < 2:
+            return
+        decision, err = record.args[0], record.args[1]
+        kind = "call" if isinstance(err, (LLMTimeout, LLMUnreachable, LLMHTTPError)) else "parse"
+        self.counts[f"{decision}:{kind}"] += 1
+
+    def parse(self) -> int:
+        return sum(v for k, v in self.counts.items() if k.endswith(":parse"))
+
+
+def print_misses(store: MemoryStore) -> None:
+    """The labels nearer another cluster's centre than their own (``eval.labels.self_misses``),
+    embedded by the default embedder."""
+    from clag_fast.embed import Embedder
+    from clag_fast.eval.labels import self_misses
+
+    ids, centres = store.cluster_centres()
+    info = {c.id: c for c in store.clusters()}
+    got = [info.get(c) for c in ids.tolist()]
+    # Every centre competes (as in self@1); only clusters with 2+ members are scored.
+    summaries = [c.summary if c is not None and c.size >= 2 else "" for c in got]
+    misses = self_misses(summaries, centres, Embedder().encode)
+    print(f"self@1 misses: {len(misses)} of {sum(bool(s) for s in summaries)} labelled clusters with 2+ members")
+    for i, j, margin in misses:
+        a, b = got[i], got[j]
+        print(f"  {margin:+.3f}  [{a.size}] {a.summary} | {', '.join(a.tags)}   nearer [{b.size}] {b.summary}")
 
 
 def main() -> None:
@@ -32,7 +75,13 @@ def main() -> None:
     p.add_argument("--llm", choices=["off", "managed"], default="off")
     p.add_argument("--context", default=None, help="task context passed to organize()")
     p.add_argument("--show", type=int, default=20, help="print the labels of the N largest clusters")
+    p.add_argument("--misses", action="store_true",
+                   help="print the clusters failing self@1: label, size, margin, the nearer cluster's label and size")
     args = p.parse_args()
+    failures = SLMFailures()
+    org_log = logging.getLogger("clag_fast.slm.organizer")
+    org_log.addHandler(failures)
+    org_log.setLevel(logging.DEBUG)
     sample = load_dataset(args.data)[args.sample]
     texts = [t.memory_text() for t in sample.turns]
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,13 +98,16 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             for c in store.clusters()[: args.show]:
                 print(f"{c.size:>4}  {c.summary} | {', '.join(c.tags)}")
+            if args.misses:
+                print_misses(store)
             stats = store.stats()
             out = {
                 "sample": sample.sample_id, "memories": len(texts), "llm": args.llm,
                 "seconds": round(seconds, 1), "topics": report.get("topics", []),
                 "quality": store.label_quality(), "labels": stats["labels"],
                 "llm_calls": stats["llm"].get("calls", 0),
-                "parse_failures": stats["llm"].get("organizer_errors", 0),
+                "organizer_errors": stats["llm"].get("organizer_errors", 0),
+                "parse_failures": failures.parse(), "slm_failures": dict(failures.counts),
                 "profile_calls": stats["llm"]["profile_calls"],
                 "profile_calls_per_memory": round(stats["llm"]["profile_calls"] / len(texts), 4),
             }

@@ -116,6 +116,19 @@ def test_one_idea_one_phrase():
     assert "Kyoto hotel" in got and "Kyoto" not in got and "hotel" not in got
 
 
+def test_typical_phrases_are_the_nearest_members_own_found_when_asked():
+    members = ["Kyoto hotel with a view of Nishiki Market", "Kyoto hotel kitchen, pottery class booked",
+               "Kyoto hotel, late checkout requested"]
+    got = kp.rank([kp.extract(t) for t in members], *background(members, TRAINS, FOOD))
+    assert got.phrases(1) == ["Kyoto hotel"]
+    assert got._typical is None  # not computed by rank: only clusters no label points at ask
+    typical = [k.text for k in got.typical]
+    assert "Nishiki Market" in typical and any("pottery class" in t for t in typical)
+    assert not {"Kyoto hotel", "Kyoto", "hotel"} & set(typical)  # shared, or a word the label has
+    assert all(k.count == 1 for k in got.typical)
+    assert len(typical) <= kp.TYPICAL_PHRASES * len(members)
+
+
 def test_members_without_shared_content_get_a_neutral_label():
     replies = ["ok", "Ok!", "👍", "thanks", "lol", "yes yes"]
     got = kp.rank([kp.extract(t) for t in replies])
@@ -189,6 +202,82 @@ def test_by_distinctness_prefers_phrases_that_point_at_their_own_centre():
     assert kp.phrases_label(found[1]) == ("Kyoto hotel", ["trip"])
     m = kp.margins(embed(["Kyoto hotel", "trip"]), [0, 0], centres)
     assert m[0] > 0 > m[1]
+
+
+def axes_embed(vocab: list[str]):
+    """Texts -> unit sums of one axis per known content word (a stand-in embedder we own)."""
+    def embed(texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), len(vocab)), np.float32)
+        for i, t in enumerate(texts):
+            for w in set(kp.content_words(t)):
+                if w in vocab:
+                    out[i, vocab.index(w)] = 1.0
+        n = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.where(n == 0, 1, n)
+    return embed
+
+
+def pair_only_case():
+    """A cluster only the pair "kyoto · hotel" points at: each word alone is nearer a rival
+    centre made of it, and the three phrases with the best single margins (trip, plans,
+    booking: a rival holds all three) point elsewhere in every combination."""
+    vocab = ["kyoto", "hotel", "trip", "plans", "booking"]
+    embed = axes_embed(vocab)
+    own = np.array([0.6, 0.6, 0.3, 0.3, 0.3], np.float32)
+    centres = np.stack([own / np.linalg.norm(own), embed(["kyoto"])[0], embed(["hotel"])[0],
+                        embed(["trip plans booking"])[0]])
+    cands = [kp.Keyphrase(t, 1.0 - 0.1 * i, 3, 1.0) for i, t in enumerate(["trip", "plans", "booking", "kyoto", "hotel"])]
+    return embed, centres, {1: kp.ClusterPhrases(list(cands))}
+
+
+def test_by_distinctness_finds_the_pair_that_points_at_the_cluster_beyond_the_top_three():
+    embed, centres, found = pair_only_case()
+    singles = kp.margins(embed(["trip", "plans", "booking", "kyoto", "hotel"]), [0] * 5, centres)
+    assert (singles < 0).all() and singles[:3].min() > singles[3:].max()  # the trap: singles rank the rivals' words first
+    got = kp.by_distinctness(found, [1, 2, 3, 4], centres, embed)
+    summary, _ = kp.phrases_label(found[1])
+    assert got[1] > 0 and {"kyoto", "hotel"} <= set(summary.split(" · "))
+    assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(got[1], abs=1e-5)
+
+
+def test_by_distinctness_embeds_each_text_once_and_stays_within_its_budget():
+    texts_seen: list[str] = []
+    calls = []
+    embed0, centres, found = pair_only_case()
+
+    def embed(texts):
+        calls.append(len(texts))
+        texts_seen.extend(texts)
+        return embed0(texts)
+
+    vocab = ["kyoto", "hotel", "trip", "jr", "pass"]
+    easy = bag_embed(vocab)
+    centres2 = easy(["kyoto hotel hotel", "jr pass trip trip"])
+    found2 = {1: kp.ClusterPhrases([kp.Keyphrase("Kyoto hotel", 1.0, 3, 1.0), kp.Keyphrase("trip", 0.9, 3, 1.0)]),
+              2: kp.ClusterPhrases([kp.Keyphrase("JR Pass", 1.0, 3, 1.0)])}
+    kp.by_distinctness(found2, [1, 2], centres2, lambda t: (calls.append(len(t)), texts_seen.extend(t), easy(t))[2])
+    # Clusters whose label points at them at once: one round, one embedding per phrase, at
+    # most TRIES label variants each, two embedder calls in all.
+    assert len(calls) == 2 and len(texts_seen) == len(set(texts_seen)) <= 3 + 2 * kp.TRIES
+    calls.clear()
+    texts_seen.clear()
+    kp.by_distinctness(found, [1, 2, 3, 4], centres, embed)
+    assert len(texts_seen) == len(set(texts_seen))  # the second look re-embeds nothing
+    assert len(calls) <= 4
+
+
+def test_a_label_that_points_at_its_cluster_wins_over_a_longer_one_that_does_not():
+    # "trip" adds a phrase (worth +0.01 of margin) but tips the label towards the rival,
+    # by less than that: margins +0.005 alone, -0.002 with "trip".
+    vocab = ["kyoto", "hotel", "trip"]
+    embed = axes_embed(vocab)
+    own = np.array([0.15, 0.15, 0.1], np.float32)
+    rival = np.array([0.8, 0.8, 0.55], np.float32)
+    centres = np.stack([own / np.linalg.norm(own), rival / np.linalg.norm(rival)])
+    found = {1: kp.ClusterPhrases([kp.Keyphrase("Kyoto hotel", 1.0, 3, 1.0), kp.Keyphrase("trip", 0.9, 3, 1.0)])}
+    got = kp.by_distinctness(found, [1, 2], centres, embed)
+    assert found[1].head == ["Kyoto hotel"] and got[1] > 0
+    assert kp.margins(embed(["Kyoto hotel · trip"]), [0], centres)[0] <= 0
 
 
 # ----------------------------------------------------------------------------- in a store

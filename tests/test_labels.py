@@ -11,7 +11,7 @@ from llm_fixtures import completion, dead_url, fake_server, managed_server, real
 
 from clag_fast.cli import main
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.labels import ClusterLabel, groundedness, is_copy, measure
+from clag_fast.eval.labels import ClusterLabel, groundedness, is_copy, measure, self_misses
 from clag_fast.slm.client import LLMClient
 from clag_fast.slm.organizer import ClusterBrief, Organizer
 from clag_fast.store import MemoryStore
@@ -96,6 +96,20 @@ def test_measure_on_hand_built_clusters():
     assert "self_at_1" not in measure(clusters, centres, None)
     with pytest.raises(ValueError, match="5 clusters but 2 centres"):
         measure(clusters, centres[:2], None)
+
+
+def test_self_misses_name_the_labels_nearer_another_centre():
+    summaries = ["Kyoto hotel · kitchen", "Kyoto hotel", "ramen · Osaka", kp.NEUTRAL_LABEL, ""]
+    members = [GROUPS["hotel"], GROUPS["rail"], GROUPS["food"], ["ok", "ok!"], ["one member"]]
+    centres = bag_embed([" ".join(m) for m in members])
+    got = self_misses(summaries, centres, bag_embed)
+    # The rail cluster's label names the hotel cluster; neutral and empty labels claim nothing.
+    assert [(i, j) for i, j, _ in got] == [(1, 0)] and got[0][2] < 0
+    clusters = [ClusterLabel(k, s, [], m) for k, (s, m) in enumerate(zip(summaries, members))]
+    q = measure(clusters[:3], centres[:3], bag_embed)
+    assert q["self_at_1"] == pytest.approx(1 - len(self_misses(summaries[:3], centres[:3], bag_embed)) / 3)
+    with pytest.raises(ValueError, match="5 summaries but 2 centres"):
+        self_misses(summaries, centres[:2], bag_embed)
 
 
 # ----------------------------------------------------------------------------- labels in a store

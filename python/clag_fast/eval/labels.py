@@ -29,7 +29,7 @@ import numpy as np
 
 from clag_fast.store.keyphrases import NEUTRAL_LABEL, NEUTRAL_MIXED, content_words
 
-__all__ = ["ClusterLabel", "measure", "is_copy", "groundedness", "plot_cluster_map", "COPY_RUN"]
+__all__ = ["ClusterLabel", "measure", "self_misses", "is_copy", "groundedness", "plot_cluster_map", "COPY_RUN"]
 
 COPY_RUN = 8
 _WORD_RE = re.compile(r"\w+")
@@ -122,6 +122,28 @@ def measure(clusters: Sequence[ClusterLabel], centres: np.ndarray,
             hits = int(sum(int(n) == i for n, i in zip(nearest.tolist(), labelled)))
         out["self_at_1"] = hits / len(claims)
     return out
+
+
+def self_misses(summaries: Sequence[str], centres: np.ndarray,
+                embed: Callable[[list[str]], np.ndarray]) -> list[tuple[int, int, float]]:
+    """The labels that fail self@1: ``(i, j, margin)`` for each ``summaries[i]`` whose
+    embedding is nearest centre ``j``, not its own ``centres[i]``, ``margin`` (<= 0) the
+    cosine to its own centre minus that to ``j``; worst first. Empty and neutral summaries are
+    skipped. For reading which clusters' labels point elsewhere (``benches/eval_labels.py
+    --misses``)."""
+    centres = np.asarray(centres, np.float32)
+    if len(centres) != len(summaries):
+        raise ValueError(f"{len(summaries)} summaries but {len(centres)} centres")
+    todo = [i for i, s in enumerate(summaries) if s and not _neutral(s)]
+    if not todo or len(centres) < 2:
+        return []
+    sims = np.asarray(embed([summaries[i] for i in todo]), np.float32) @ centres.T
+    out = []
+    for row, i in zip(sims, todo):
+        j = int(np.argmax(row))  # as ``measure`` decides: ties go to the first centre
+        if j != i:
+            out.append((i, j, float(row[i] - row[j])))
+    return sorted(out, key=lambda x: x[2])
 
 
 def plot_cluster_map(store, path) -> int:
