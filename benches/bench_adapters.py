@@ -3,10 +3,13 @@
 For each adapter (LangChain, LangGraph, LlamaIndex, mem0, A-MEM) a store of ``--n`` memories
 is written through the adapter (clustered unit vectors, ``--dim`` wide, short texts), then the
 same ``--queries`` queries are run through the adapter and straight on its ``MemoryStore``
-(same k, namespace and scope filter the adapter applies), alternating query by query so both
-see the same machine state. Embedding is a table lookup (texts and queries map to
-precomputed vectors), so the ratio is the adapter's own cost: result conversion, filters and
-bookkeeping. The retrieval cache is off (``cache_size=0``) so every search runs.
+(same k, namespace, kind and scope filter the adapter applies, same search mode), alternating
+query by query so both see the same machine state. Embedding is a table lookup (texts and
+queries map to precomputed vectors), and the direct search embeds its query the way the
+adapter does (through the same LangChain ``Embeddings`` / LangGraph embed function, or the
+list LlamaIndex puts in ``query_embedding``, or the store's embedder for mem0 / A-MEM), so
+the ratio is the adapter's own cost: result conversion, filters and bookkeeping. The
+retrieval cache is off (``cache_size=0``) so every search runs.
 
     PYTHONPATH=python .venv/bin/python benches/bench_adapters.py --n 10000 --queries 300
 """
@@ -89,16 +92,17 @@ def bench_langchain(root: Path, texts, vecs, queries, qvecs, cfg) -> tuple[float
     for i in range(0, len(texts), 2000):
         vs.add_texts(texts[i:i + 2000], [{"i": j} for j in range(i, min(i + 2000, len(texts)))],
                      ids=[f"d{j}" for j in range(i, min(i + 2000, len(texts)))])
-    store = vs.store
+    store, emb = vs.store, vs.embedding
     try:
         return p50_pair(lambda j: vs.similarity_search_with_score(queries[j], k=K),
-                        lambda j: store.search(qvecs[j], K, namespace=vs.collection_name), len(queries))
+                        lambda j: store.search(emb.embed_query(queries[j]), K, namespace=vs.collection_name,
+                                               mode=vs.search_mode), len(queries))
     finally:
         vs.close()
 
 
 def bench_langgraph(root: Path, texts, vecs, queries, qvecs, cfg) -> tuple[float, float]:
-    from clag_fast.integrations.langgraph import ClagStore
+    from clag_fast.integrations.langgraph import KIND, ClagStore
 
     table = {**dict(zip(texts, vecs)), **dict(zip(queries, qvecs))}
     index = {"dims": vecs.shape[1], "embed": lambda ts: [table[t].tolist() for t in ts], "fields": ["text"]}
@@ -107,10 +111,11 @@ def bench_langgraph(root: Path, texts, vecs, queries, qvecs, cfg) -> tuple[float
 
     for i in range(0, len(texts), 2000):
         lg.batch([PutOp(("docs", "u1"), f"d{j}", {"text": texts[j], "i": j}) for j in range(i, min(i + 2000, len(texts)))])
-    store = lg.store
-    try:
+    store, emb = lg.store, lg.embeddings
+    try:  # the adapter searches its items' vectors only: the store kind KIND
         return p50_pair(lambda j: lg.search(("docs", "u1"), query=queries[j], limit=K),
-                        lambda j: store.search(qvecs[j], K, namespace="docs.u1"), len(queries))
+                        lambda j: store.search(emb.embed_query(queries[j]), K, namespace="docs.u1", kind=KIND,
+                                               mode=lg.search_mode), len(queries))
     finally:
         lg.close()
 
@@ -129,7 +134,8 @@ def bench_llamaindex(root: Path, texts, vecs, queries, qvecs, cfg) -> tuple[floa
     qlists = [v.tolist() for v in qvecs]
     try:
         return p50_pair(lambda j: vs.query(VectorStoreQuery(query_embedding=qlists[j], similarity_top_k=K)),
-                        lambda j: store.search(qvecs[j], K, namespace=vs.namespace), len(queries))
+                        lambda j: store.search(qlists[j], K, namespace=vs.namespace, mode=vs.search_mode),
+                        len(queries))
     finally:
         vs.close()
 
