@@ -198,8 +198,9 @@ class ClagStore(BaseStore):
         if touched:
             self._refresh(touched, now)
         if puts:
-            texts = self._put_texts(puts)
-            self._write(puts, self.embeddings.embed_documents(texts) if texts else [])
+            per_put = self._put_texts(puts)
+            texts = [t for ts in per_put for t in ts]
+            self._write(puts, per_put, self.embeddings.embed_documents(texts) if texts else [])
         if now is not None:
             self._sweep_if_due(now)
         return results
@@ -215,9 +216,10 @@ class ClagStore(BaseStore):
         if touched:
             await loop.run_in_executor(None, self._refresh, touched, now)
         if puts:
-            texts = self._put_texts(puts)
+            per_put = self._put_texts(puts)
+            texts = [t for ts in per_put for t in ts]
             embedded = await self.embeddings.aembed_documents(texts) if texts else []
-            await loop.run_in_executor(None, self._write, puts, embedded)
+            await loop.run_in_executor(None, self._write, puts, per_put, embedded)
         if now is not None:
             await loop.run_in_executor(None, self._sweep_if_due, now)
         return results
@@ -257,9 +259,11 @@ class ClagStore(BaseStore):
         TTL the reads refresh. ``now``: the time expiry is judged at (None: no item has a TTL)."""
         results: list[Result] = []
         touched: list[tuple[str, str, dict]] = []
+        got = self._get_all([op for op in ops if isinstance(op, GetOp)])
         for op in ops:
             if isinstance(op, GetOp):
-                results.append(self._get(op, now, touched if op.refresh_ttl else None))
+                results.append(self._get(got.get((_ns_name(op.namespace), op.key)), now,
+                                         touched if op.refresh_ttl else None))
             elif isinstance(op, SearchOp):
                 results.append(self._search(op, qvecs.get(op.query) if op.query else None, now,
                                             touched if op.refresh_ttl else None))
@@ -269,11 +273,17 @@ class ClagStore(BaseStore):
                 results.append(None)
         return results, touched
 
-    def _get(self, op: GetOp, now: float | None, touched: list | None) -> Item | None:
-        found = self._store.get_many(keys=[op.key], namespace=_ns_name(op.namespace))
-        if not found or found[0].kind not in (KIND, RAW_KIND):
+    def _get_all(self, gets: list[GetOp]) -> dict[tuple[str, str], Any]:
+        """The stored memories of a batch's gets, one store call per namespace."""
+        by_ns: dict[str, list[str]] = {}
+        for op in gets:
+            by_ns.setdefault(_ns_name(op.namespace), []).append(op.key)
+        return {(name, m.key): m for name, keys in by_ns.items()
+                for m in self._store.get_many(keys=list(dict.fromkeys(keys)), namespace=name)}
+
+    def _get(self, m: Any, now: float | None, touched: list | None) -> Item | None:
+        if m is None or m.kind not in (KIND, RAW_KIND):
             return None
-        m = found[0]
         if now is not None:
             if self._expired(m.metadata, now):
                 return None
@@ -410,9 +420,9 @@ class ClagStore(BaseStore):
                         pass  # deleted since it was read
 
     # -- writing -------------------------------------------------------------------------
-    def _put_texts(self, puts: dict[tuple[tuple[str, ...], str], PutOp]) -> list[str]:
-        """The texts embedded for the puts, in put order."""
-        return [t for op in puts.values() for t in self._texts_of(op)]
+    def _put_texts(self, puts: dict[tuple[tuple[str, ...], str], PutOp]) -> list[list[str]]:
+        """The texts embedded for each put, in put order."""
+        return [self._texts_of(op) for op in puts.values()]
 
     def _texts_of(self, op: PutOp) -> list[str]:
         """The texts at the indexed paths of a put's value, one vector each (as InMemoryStore)."""
@@ -433,24 +443,27 @@ class ClagStore(BaseStore):
                     out[(name, m.key)] = int(m.metadata[PARTS_FIELD])
         return out
 
-    def _write(self, puts: dict[tuple[tuple[str, ...], str], PutOp], embedded: list[Any]) -> None:
+    def _write(self, puts: dict[tuple[tuple[str, ...], str], PutOp], per_put: list[list[str]],
+               embedded: list[Any]) -> None:
+        """Write the puts: ``per_put`` their texts (``_put_texts``), ``embedded`` the vectors
+        of those texts in order."""
         with self._write_lock:
-            self._write_locked(puts, embedded)
+            self._write_locked(puts, per_put, embedded)
 
-    def _write_locked(self, puts: dict[tuple[tuple[str, ...], str], PutOp], embedded: list[Any]) -> None:
+    def _write_locked(self, puts: dict[tuple[tuple[str, ...], str], PutOp], per_put: list[list[str]],
+                      embedded: list[Any]) -> None:
         stamp = time.time()
         now = datetime.fromtimestamp(stamp, timezone.utc).isoformat()
         old_parts = self._old_parts(puts) if self.embeddings else {}
         vectors = iter(embedded)
         texts, vecs, names, metas, keys, kinds = [], [], [], [], [], []
         deletes: dict[str, list[str]] = {}
-        for (ns, key), op in puts.items():
+        for ((ns, key), op), item_texts in zip(puts.items(), per_put):
             name = _ns_name(ns)
             old = old_parts.get((name, key), 0)
             if op.value is None:
                 deletes.setdefault(name, []).extend([key] + [_part_key(key, i) for i in range(1, old + 1)])
                 continue
-            item_texts = self._texts_of(op)
             base = dict(op.value)
             base.update({f"{LEVEL_FIELD}{i}": label for i, label in enumerate(ns)})
             base.update({CREATED_FIELD: now, UPDATED_FIELD: now})
