@@ -70,7 +70,8 @@ def add_data(batches: int, size: int, vecs: np.ndarray) -> list[tuple[list[str],
     out = []
     for b in range(batches):
         near = rng.integers(0, len(vecs), size)
-        v = vecs[near] + 0.3 * rng.standard_normal((size, vecs.shape[1])).astype(np.float32)
+        # Noise of norm ~0.3 around a unit vector (per coordinate 0.3 / sqrt(dim)): cosine ~0.96.
+        v = vecs[near] + (0.3 / np.sqrt(vecs.shape[1])) * rng.standard_normal((size, vecs.shape[1])).astype(np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
         out.append(([f"added note {b}.{i} near memory {near[i]}" for i in range(size)], v.astype(np.float32)))
     return out

@@ -36,8 +36,9 @@ characters and free of ``PART_SEP``; namespaces have at most ``MAX_DEPTH`` label
 TTL (``InMemoryStore`` has none; this follows LangGraph's ``BaseStore`` contract as its
 Postgres store does): ``put(..., ttl=minutes)`` (or ``TTLConfig.default_ttl``) stores an
 expiry time with the item and its further vectors. Reads never return an expired item, even
-before it is deleted; a read that meets one, ``list_namespaces``, ``sweep_ttl()`` and every
-``sweep_interval_minutes`` delete expired items. A get or search that returns an item with a
+before it is deleted. Expired items are deleted lazily (no background thread): at the end of
+a batch whose reads met one, or that ends ``sweep_interval_minutes`` or more after the last
+sweep, by ``list_namespaces`` (so an expired namespace is not listed) and by ``sweep_ttl()``. A get or search that returns an item with a
 TTL restarts its clock (``refresh_ttl``, default ``TTLConfig.refresh_on_read`` or True); to
 spare a write per read, a refresh is skipped while less than 1% of the TTL (at least a
 second) has passed since the last one, so an item may expire up to that much early. Stores
