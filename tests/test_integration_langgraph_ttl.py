@@ -285,3 +285,26 @@ def _shape(result):
     if isinstance(result, list):
         return [(i.namespace, i.key, i.value, None if i.score is None else round(i.score, 5)) for i in result]
     return (result.namespace, result.key, result.value)
+
+
+def test_a_refresh_never_writes_back_a_value_replaced_since_the_read(tmp_path, clock):
+    """abatch runs reads and writes in threads: a put may land between a read and the TTL
+    refresh it causes. The refresh re-reads under the write lock and changes only the expiry."""
+    s = ClagStore(index=INDEX, path=tmp_path / "s")
+    try:
+        s.put(("docs",), "k", {"text": "old value"}, ttl=10)
+        seen = stored(s, "docs", "k")  # what a read saw
+        clock.advance(5)
+        s.put(("docs",), "k", {"text": "new value"}, ttl=10)
+        s.put(("docs",), "p", {"text": "permanent"}, ttl=10)
+        permanent_seen = stored(s, "docs", "p")
+        s.put(("docs",), "p", {"text": "permanent"})  # TTL dropped since the read
+        clock.advance(5)
+        s._refresh([("docs", "k", seen), ("docs", "p", permanent_seen)], clock.now)
+        now_k = stored(s, "docs", "k")
+        assert now_k["text"] == "new value"
+        assert now_k[lg_mod.EXPIRES_FIELD] == pytest.approx(clock.now + 600.0, rel=0, abs=1e-3)
+        assert lg_mod.EXPIRES_FIELD not in stored(s, "docs", "p")
+        assert s.get(("docs",), "k").value == {"text": "new value"}
+    finally:
+        s.close()

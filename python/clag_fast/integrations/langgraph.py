@@ -38,12 +38,13 @@ Postgres store does): ``put(..., ttl=minutes)`` (or ``TTLConfig.default_ttl``) s
 expiry time with the item and its further vectors. Reads never return an expired item, even
 before it is deleted. Expired items are deleted lazily (no background thread): at the end of
 a batch whose reads met one, or that ends ``sweep_interval_minutes`` or more after the last
-sweep, by ``list_namespaces`` (so an expired namespace is not listed) and by ``sweep_ttl()``. A get or search that returns an item with a
-TTL restarts its clock (``refresh_ttl``, default ``TTLConfig.refresh_on_read`` or True); to
-spare a write per read, a refresh is skipped while less than 1% of the TTL (at least a
-second) has passed since the last one, so an item may expire up to that much early. Stores
-without TTL items pay nothing for this: the first TTL put leaves a marker memory in the store
-namespace ``MARKER_NAMESPACE`` (LangGraph refuses a root label "langgraph" in puts).
+sweep, by ``list_namespaces`` (so an expired namespace is not listed) and by ``sweep_ttl()``.
+A get or search that returns an item with a TTL restarts its clock (``refresh_ttl``,
+default ``TTLConfig.refresh_on_read`` or True); to spare a write per read, a refresh is
+skipped while less than 1% of the TTL (at least a second) has passed since the last one, so
+an item may expire up to that much early. Stores without TTL items pay nothing for this:
+the first TTL put leaves a marker memory in the store namespace ``MARKER_NAMESPACE``
+(LangGraph refuses a root label "langgraph" in puts), and only stores holding it check expiry.
 """
 
 from __future__ import annotations
@@ -399,26 +400,28 @@ class ClagStore(BaseStore):
             self.sweep_ttl()
 
     def _refresh(self, touched: list[tuple[str, str, dict]], now: float) -> None:
-        """Restart the TTL clock of items a read returned (their vectors' rows too)."""
+        """Restart the TTL clock of items a read returned (their further vectors' rows too).
+        ``touched``: (store namespace, item key, the metadata the read saw)."""
+        due: dict[str, list[str]] = {}
+        for name, key, meta in touched:
+            if _refresh_due(meta, now):
+                due.setdefault(name, []).append(key)
+        if not due:
+            return
         with self._write_lock:
-            done = set()
-            for name, key, meta in touched:
-                ttl_s = 60.0 * meta[TTL_FIELD]
-                expires = now + ttl_s
-                if (name, key) in done or expires - meta[EXPIRES_FIELD] < max(1.0, 0.01 * ttl_s):
-                    continue
-                done.add((name, key))
-                base = {k: v for k, v in meta.items() if k != INDEXED_FIELD and k != OWNER_FIELD}
-                base[EXPIRES_FIELD] = expires
-                indexed = True if meta.get(INDEXED_FIELD) == PART else meta.get(INDEXED_FIELD)
-                rows = [(key, dict(base, **{INDEXED_FIELD: indexed}))]
-                rows += [(_part_key(key, i), dict(base, **{INDEXED_FIELD: PART, OWNER_FIELD: key}))
-                         for i in range(1, int(base.get(PARTS_FIELD) or 0) + 1)]
-                for k, metadata in rows:
-                    try:
-                        self._store.update(key=k, namespace=name, metadata=metadata)
-                    except KeyError:
-                        pass  # deleted since it was read
+            # Re-read under the lock: a put since the read may have replaced the value or
+            # dropped the TTL, and only the expiry time may change here.
+            for name, keys in due.items():
+                for m in self._store.get_many(keys=list(dict.fromkeys(keys)), namespace=name):
+                    if not _refresh_due(m.metadata, now):
+                        continue
+                    parts = int(m.metadata.get(PARTS_FIELD) or 0)
+                    rows = [m] + (self._store.get_many(keys=[_part_key(m.key, i) for i in range(1, parts + 1)],
+                                                       namespace=name) if parts else [])
+                    expires = now + 60.0 * m.metadata[TTL_FIELD]
+                    for row in rows:
+                        self._store.update(key=row.key, namespace=name,
+                                           metadata=dict(row.metadata, **{EXPIRES_FIELD: expires}))
 
     # -- writing -------------------------------------------------------------------------
     def _put_texts(self, puts: dict[tuple[tuple[str, ...], str], PutOp]) -> list[list[str]]:
@@ -594,6 +597,16 @@ def _ns_tuple(name: str) -> tuple[str, ...]:
 
 def _part_key(key: str, i: int) -> str:
     return f"{key}{PART_SEP}{i}"
+
+
+def _refresh_due(metadata: dict, now: float) -> bool:
+    """Whether a read at ``now`` restarts an item's TTL: it has one, and 1% of it (at least a
+    second) has passed since the last restart."""
+    ttl = metadata.get(TTL_FIELD)
+    if ttl is None:
+        return False
+    ttl_s = 60.0 * ttl
+    return now + ttl_s - metadata[EXPIRES_FIELD] >= max(1.0, 0.01 * ttl_s)
 
 
 def _check_ttl(ttl: Any) -> None:
