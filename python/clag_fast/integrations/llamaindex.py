@@ -266,9 +266,10 @@ def _and(*conds: dict | None) -> dict | None:
 def _node_metadata(node: BaseNode) -> dict:
     # Only the fields that differ from their defaults: a smaller JSON body for the store to
     # decode per hit, and fewer fields to validate when the node is rebuilt (same node back).
-    body = node.model_dump(mode="json", exclude_defaults=True)
-    for field in ("class_name", "embedding", "text", "text_resource"):  # the memory holds text and vector
-        body.pop(field, None)
+    # The memory holds text and vector: excluded here, not serialised and dropped (a 384-float
+    # embedding was most of a node's serialisation cost).
+    body = node.model_dump(mode="json", exclude_defaults=True, exclude=_NOT_IN_BODY)
+    body.pop("class_name", None)  # added by LlamaIndex's serializer whatever is excluded
     meta = dict(node.metadata)
     ref = node.ref_doc_id or "None"
     meta.update({"ref_doc_id": ref, "doc_id": ref, "document_id": ref, NODE_ID_FIELD: node.node_id,
@@ -297,6 +298,7 @@ def _node(m: Any) -> BaseNode:
 
 # Node classes built without their __init__: TextNode's (llama-index-core 0.14) and IndexNode,
 # which inherits it. ImageNode has an __init__ of its own and goes through model_validate.
+_NOT_IN_BODY = {"embedding", "text", "text_resource"}
 _PLAIN_INIT = {TextNode} | ({IndexNode} if IndexNode.__init__ is TextNode.__init__ else set())
 _init_model = BaseModel.__init__
 
