@@ -442,7 +442,11 @@ class ClagStore(BaseStore):
             by_ns.setdefault(_ns_name(ns), []).append(key)
         out = {}
         for name, keys in by_ns.items():
-            for m in self._store.get_many(keys=keys, namespace=name):
+            # Most items have one vector: ask first which keys have a first further vector (a
+            # key lookup that usually finds nothing), and read only those items' counts.
+            firsts = self._store.get_many(keys=[_part_key(k, 1) for k in keys], namespace=name)
+            owners = [m.key.partition(PART_SEP)[0] for m in firsts]
+            for m in self._store.get_many(keys=owners, namespace=name) if owners else []:
                 if (m.metadata or {}).get(PARTS_FIELD):
                     out[(name, m.key)] = int(m.metadata[PARTS_FIELD])
         return out
