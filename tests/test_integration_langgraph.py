@@ -344,6 +344,26 @@ def test_duplicate_puts_in_one_batch_keep_the_last(lg):
     assert len(lg.search(("a",), limit=10)) == 1
 
 
+def test_a_batch_of_gets_answers_each_get_as_inmemorystore(tmp_path):
+    """Gets of one batch are read with one store call per namespace: repeated keys, missing
+    keys and namespaces, and a put in the same batch (read before it) answer as in InMemoryStore."""
+    ours, theirs = ClagStore(index=INDEX, path=tmp_path / "g"), InMemoryStore(index=INDEX)
+    try:
+        setup = [PutOp(("a",), "k1", {"text": "tea a k1"}), PutOp(("a",), "k2", {"text": "tea a k2"}),
+                 PutOp(("a", "b"), "k1", {"text": "tea a.b k1"}), PutOp(("d",), "r1", {"text": "raw"}, index=False)]
+        ours.batch(setup)
+        theirs.batch(setup)
+        ops = [GetOp(("a",), "k2"), GetOp(("a", "b"), "k1"), GetOp(("a",), "k2"), GetOp(("a",), "k3"),
+               GetOp(("nowhere",), "k1"), PutOp(("a",), "k1", {"text": "changed"}), GetOp(("a",), "k1"),
+               GetOp(("d",), "r1")]
+        got, want = ours.batch(ops), theirs.batch(ops)
+        assert [None if r is None else (r.namespace, r.key, r.value) for r in got] == \
+               [None if r is None else (r.namespace, r.key, r.value) for r in want]
+        assert got[6].value == {"text": "tea a k1"} and got[3] is None and got[4] is None
+    finally:
+        ours.close()
+
+
 def test_reserved_fields_and_bad_keys_are_refused_and_nothing_is_written(lg):
     with pytest.raises(ValueError, match="__lg_ns"):
         lg.batch([PutOp(("a",), "ok", {"text": "fine"}), PutOp(("a",), "bad", {"__lg_ns": "x"})])

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("llama_index.core")
 from llama_index.core import StorageContext, VectorStoreIndex  # noqa: E402
 from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
-from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode  # noqa: E402
+from llama_index.core.schema import IndexNode, NodeRelationship, RelatedNodeInfo, TextNode  # noqa: E402
 from llama_index.core.vector_stores import SimpleVectorStore  # noqa: E402
 from llama_index.core.vector_stores.types import (  # noqa: E402
     FilterCondition,
@@ -126,6 +126,63 @@ def test_query_get_nodes_and_delete(li):
     assert [n.node_id for n in li.get_nodes(node_ids=["n0", "n1"])] == ["n0"]
     li.clear()
     assert li.get_nodes(node_ids=["n0", "n4"]) == []
+
+
+def odd_nodes() -> list:
+    """Nodes whose fields are not all defaults: relationships of each kind, templates,
+    excluded keys, character offsets, an IndexNode."""
+    a = TextNode(text="Dana's bag is blue", id_="x0", metadata={"topic": "travel", "tags": ["bag"]},
+                 excluded_llm_metadata_keys=["tags"], metadata_separator=" | ", text_template="T: {content}",
+                 start_char_idx=3, end_char_idx=21,
+                 relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id="doc-x", metadata={"p": 1}),
+                                NodeRelationship.NEXT: RelatedNodeInfo(node_id="x1"),
+                                NodeRelationship.CHILD: [RelatedNodeInfo(node_id="c1"), RelatedNodeInfo(node_id="c2")]})
+    b = TextNode(text="Dana naps after lunch", id_="x1")
+    c = IndexNode(text="summary of Dana's week", id_="x2", index_id="week-index", metadata={"topic": "summary"})
+    embed = HashEmbedding()
+    for n in (a, b, c):
+        n.embedding = embed.get_text_embedding(n.get_content())
+    return [a, b, c]
+
+
+def test_nodes_come_back_equal_to_the_nodes_added(tmp_path):
+    store = ClagVectorStore(path=tmp_path / "rt")
+    try:
+        added = odd_nodes()
+        store.add(added)
+        want = {n.node_id: n.model_dump(exclude={"embedding"}) for n in added}
+        got = store.get_nodes(node_ids=list(want))
+        assert [type(n) for n in got] == [TextNode, TextNode, IndexNode]
+        assert {n.node_id: n.model_dump(exclude={"embedding"}) for n in got} == want
+        assert [n.hash for n in got] == [n.hash for n in added]
+        for n in added:
+            result = store.query(VectorStoreQuery(query_embedding=n.embedding, similarity_top_k=1))
+            assert result.ids == [n.node_id]
+            assert result.nodes[0].model_dump(exclude={"embedding"}) == want[n.node_id]
+            assert result.nodes[0].get_content(metadata_mode="llm") == n.get_content(metadata_mode="llm")
+    finally:
+        store.close()
+
+
+def test_nodes_stored_with_every_field_read_back(tmp_path):
+    """Stores written before nodes were stored without their default fields read back the same."""
+    from clag_fast.integrations import llamaindex as li_mod
+
+    store = ClagVectorStore(path=tmp_path / "old")
+    try:
+        node = odd_nodes()[0]
+        store.add([node])
+        body = node.model_dump(mode="json")
+        body.pop("class_name")
+        body.update(embedding=None, text="")
+        meta = dict(node.metadata, ref_doc_id="doc-x", doc_id="doc-x", document_id="doc-x",
+                    **{li_mod.NODE_ID_FIELD: node.node_id, li_mod.NODE_FIELD: body, li_mod.TYPE_FIELD: "TextNode"})
+        store.client.add(node.get_content(), key=node.node_id, namespace=store.namespace, metadata=meta,
+                         embedding=np.asarray(node.embedding, np.float32))
+        [got] = store.get_nodes(node_ids=[node.node_id])
+        assert got.model_dump(exclude={"embedding"}) == node.model_dump(exclude={"embedding"})
+    finally:
+        store.close()
 
 
 def test_readding_a_node_id_replaces_it(li):

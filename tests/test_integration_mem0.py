@@ -75,6 +75,23 @@ def test_get_all_pages(m):
     assert got == [f"fact {i}" for i in range(7)] and third["next_cursor"] is None
 
 
+def test_history_of_a_memory_never_updated_and_of_one_stored_with_its_add_event(m):
+    mid = m.add("I like tea", user_id="u1", infer=False)["results"][0]["id"]
+    first, again = m.history(mid), m.history(mid)
+    assert [(h["event"], h["old_memory"], h["new_memory"], h["memory_id"]) for h in first] == \
+        [("ADD", None, "I like tea", mid)]
+    assert first == again and first[0]["created_at"] == m.get(mid)["created_at"]
+    # A memory whose metadata holds its ADD event (as adds once wrote it) is not given a second.
+    from clag_fast.compat import mem0 as mem0_mod
+
+    event = {"id": "e1", "memory_id": "old1", "old_memory": None, "new_memory": "I like coffee", "event": "ADD",
+             "created_at": "2026-01-01T00:00:00+00:00", "updated_at": "2026-01-01T00:00:00+00:00", "is_deleted": 0}
+    m.store.add("I like coffee", key="old1", namespace=m.namespace,
+                metadata={"user_id": "u1", "hash": "h", "created_at": event["created_at"],
+                          "updated_at": event["created_at"], mem0_mod.HISTORY_FIELD: [event]})
+    assert m.history("old1") == [event]
+
+
 def test_update_history_delete(m):
     mid = m.add("I live in Berlin", user_id="u1", metadata={"k": 1}, infer=False)["results"][0]["id"]
     before = m.get(mid)

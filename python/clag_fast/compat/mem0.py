@@ -120,8 +120,10 @@ class Memory:
                 continue
             seen.add(digest)
             key = str(uuid.uuid4())
+            # No history list on add: its ADD event is derived at read (history()), so the
+            # metadata stays flat, which the store decodes once and caches for searches.
             meta = {**copy.deepcopy(base), **scope, "role": msg["role"], "hash": digest, "created_at": now,
-                    "updated_at": now, HISTORY_FIELD: [_event(key, None, text, "ADD", now)]}
+                    "updated_at": now}
             if msg.get("name"):
                 meta["actor_id"] = msg["name"]
             texts.append(text)
@@ -210,7 +212,18 @@ class Memory:
     def history(self, memory_id: str) -> list[dict[str, Any]]:
         """The memory's ADD / UPDATE events, oldest first ([] for an unknown id)."""
         found = self._store.get_many(keys=[_check_id(memory_id)], namespace=self.namespace)
-        return list((found[0].metadata or {}).get(HISTORY_FIELD, [])) if found else []
+        if not found:
+            return []
+        meta = found[0].metadata or {}
+        events = list(meta.get(HISTORY_FIELD, []))
+        if not events or events[0]["event"] != "ADD":
+            # Stored since adds keep no list: the ADD event is the memory's creation, with the
+            # text it had then (the first update's old text, or the text now).
+            first = events[0]["old_memory"] if events else found[0].text
+            add = _event(memory_id, None, first, "ADD", meta.get("created_at"))
+            add["id"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"clag_fast:mem0:add:{memory_id}"))  # stable across calls
+            events.insert(0, add)
+        return events
 
     # -- internals -----------------------------------------------------------------------
     def _memory(self, memory_id: str) -> Any:
