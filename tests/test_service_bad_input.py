@@ -94,16 +94,23 @@ def test_a_bad_request_in_a_batch_of_concurrent_adds_fails_alone(service):
     spaces: only the store checks it) fails alone, the others are stored."""
     import concurrent.futures as cf
 
+    import threading
+
     v = topic_vectors(40, 2, seed=9)[0]
+    # Requests leave together (a barrier per round of 20): the server answers one add faster
+    # than a client thread sends the next, so unsynchronised threads may never share a batch.
+    start = threading.Barrier(20)
 
     def add(i):
         item = {"text": f"batch {i}", "vector": v[i].tolist(), "namespace": "batch"}
         if i % 10 == 3:
             item["text"] = "   "  # refused by add_many, after the batch was formed
-        return httpx.post(service.url + "/v1/memories", content=json.dumps(item).encode(), timeout=60)
+        body = json.dumps(item).encode()
+        start.wait(timeout=60)
+        return httpx.post(service.url + "/v1/memories", content=body, timeout=60)
 
     batches = httpx.get(service.url + "/v1/stats").json()["service"]["add_batches"]
-    with cf.ThreadPoolExecutor(16) as pool:
+    with cf.ThreadPoolExecutor(20) as pool:
         answers = list(pool.map(add, range(40)))
     # the 40 adds shared batches, so the refused ones were in batches with good ones
     assert httpx.get(service.url + "/v1/stats").json()["service"]["add_batches"] - batches < 40
