@@ -460,6 +460,10 @@ fn probe_coded(
     }
 }
 
+/// The k that `Index::warm` prepares for: a cluster whose members outnumber four shortlists of
+/// this k is scanned through its int8 copy (see `two_stage_one`).
+pub const WARM_K: usize = 10;
+
 /// How many rows ahead stage 2 prefetches. Member rows are scattered over the file, so
 /// each one starts with a cache miss; asking for row i + 2 while scoring row i overlaps
 /// those misses with the dot products.
@@ -475,6 +479,24 @@ fn prefetch_row(data: &[f32], dim: usize, r: usize) {
         while off < dim {
             // SAFETY: prefetch is only a hint; the address lies inside `row`.
             unsafe { _mm_prefetch(row.as_ptr().add(off) as *const i8, _MM_HINT_T0) };
+            off += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, dim, r);
+}
+
+/// `prefetch_row` into L2 (for many rows at once: L1 would evict them before use).
+#[inline(always)]
+fn prefetch_row_l2(data: &[f32], dim: usize, r: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let row = &data[r * dim..(r + 1) * dim];
+        let mut off = 0;
+        while off < dim {
+            // SAFETY: prefetch is only a hint; the address lies inside `row`.
+            unsafe { _mm_prefetch(row.as_ptr().add(off) as *const i8, _MM_HINT_T1) };
             off += 16;
         }
     }
@@ -562,7 +584,14 @@ fn two_stage_one(
             }
         }
     }
-    for s in shortlist.into_sorted() {
+    let shortlist = shortlist.into_sorted();
+    // The shortlist's rows are scattered over the memory map and were not read yet: ask for
+    // all of them into L2 first, so their misses overlap instead of coming one row at a time
+    // (a cold cluster's re-scoring was most of a query's time).
+    for s in &shortlist {
+        prefetch_row_l2(data, dim, s.id as usize);
+    }
+    for s in shortlist {
         // The mask was applied when the row entered the shortlist.
         let exact = kernels::dot(q, &data[s.id as usize * dim..(s.id as usize + 1) * dim]);
         top.push(if let Some(w) = p.weights { exact * w[s.id as usize] } else { exact }, s.id);

@@ -495,3 +495,19 @@ def test_listed_rows_search_and_its_errors(tmp_path):
         idx.search(x[0], k=3, mode="flat", rows=np.asarray([1, 300], np.uint32))
     with pytest.raises(ValueError, match="must lie in"):
         idx.search(x[0], k=3, mode="flat", rows=np.asarray([-1, 2], np.int64))
+
+
+def test_warm_builds_member_copies_without_changing_results(tmp_path):
+    rng = np.random.default_rng(8)
+    centres = rng.standard_normal((4, 16)).astype(np.float32)
+    x = (centres[rng.integers(0, 4, 2000)] + 0.3 * rng.standard_normal((2000, 16))).astype(np.float32)
+    idx = VectorIndex.open(tmp_path / "w", dim=16)
+    idx.append(x)
+    idx.kmeans(4)
+    before = idx.search(x[:20], k=10, n_probe=1)
+    assert idx.warm() == 4  # every cluster holds ~500 rows: all worth an int8 copy
+    after = idx.search(x[:20], k=10, n_probe=1)
+    assert np.array_equal(before.ids, after.ids) and np.array_equal(before.scores, after.scores)
+    idx.close()
+    with pytest.raises(OSError):
+        idx.warm()

@@ -176,6 +176,12 @@ class VectorIndex:
             return f"VectorIndex({self.path!r}, closed)"
         return f"VectorIndex({self.path!r}, dim={self.dim}, rows={len(self)}, clusters={len(self.cluster_ids())})"
 
+    def warm(self) -> int:
+        """Build the int8 copies of cluster members that two-stage search scans, for every
+        cluster large enough to use one (otherwise the first search probing a cluster builds
+        it). Safe while other threads search; returns how many clusters have one."""
+        return self._ix.warm()
+
     def flush(self) -> None:
         """Make everything durable: new rows synced to disk first, then the cluster state
         written to a temp file, fsynced and renamed over ``clusters.bin``."""

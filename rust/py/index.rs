@@ -135,6 +135,10 @@ impl PyVectorIndex {
         Ok(unsafe { PyArray2::borrow_from_array(&view, guard.into_any()) })
     }
 
+    fn warm(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(py.detach(|| self.with(|ix| Ok(ix.warm())))?)
+    }
+
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         Ok(py.detach(|| self.with_mut(|ix| ix.flush()))?)
     }
