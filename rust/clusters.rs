@@ -78,7 +78,7 @@ fn merge_sorted(list: &mut Vec<u32>, add: &mut Vec<u32>) {
     }
     add.sort_unstable();
     add.dedup();
-    if list.last().map_or(true, |&l| l < add[0]) {
+    if list.last().is_none_or(|&l| l < add[0]) {
         list.append(add);
     } else {
         list.append(add);

@@ -102,6 +102,7 @@ pub fn probes(groups: usize) -> usize {
 /// As `kernels::top_centres`, through `coarse` (see the module docs): for every row of `rows`
 /// (n x dim, normalised) its best `k` valid centres among the groups it probes, best first,
 /// ids are slot indices; padding -1 / -inf.
+#[allow(clippy::too_many_arguments)] // the same arguments as kernels::top_centres, plus the groups
 pub fn top_centres(
     rows: &[f32],
     centres: &[f32],

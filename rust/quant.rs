@@ -54,6 +54,10 @@ impl QuantBlock {
         self.scales.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.scales.is_empty()
+    }
+
     /// Call `f(i, approx_score)` for every row, in order.
     #[inline]
     pub fn scan(&self, q: &QueryCodes, mut f: impl FnMut(usize, f32)) {
@@ -254,7 +258,7 @@ pub unsafe fn dot_portable(a: &[u8], b: &[i8]) -> i32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn dot_vnni(a: &[u8], b: &[i8]) -> i32 {
     use std::arch::x86_64::*;
-    debug_assert!(a.len() == b.len() && a.len() % 64 == 0);
+    debug_assert!(a.len() == b.len() && a.len().is_multiple_of(64));
     let mut acc0 = _mm512_setzero_si512();
     let mut acc1 = _mm512_setzero_si512();
     let n = a.len() / 64;

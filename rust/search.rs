@@ -34,6 +34,10 @@ pub struct Params<'a> {
     /// Score exactly these rows (an exact search of a small filtered set): no stage 1, no
     /// scan of the other rows. `mask` and `weights` still apply.
     pub rows: Option<&'a [u32]>,
+    /// The vectors of `rows`, contiguous (row i of this block is row `rows[i]`): a caller that
+    /// searches the same rows again and again gathers them once, and each search then streams
+    /// one block instead of reading rows scattered over the file.
+    pub rows_vectors: Option<&'a [f32]>,
 }
 
 /// Adaptive probing: the clusters are ranked by centre score s_1 >= s_2 >= ... and probed in
@@ -127,6 +131,16 @@ pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Res
     if let Some(rows) = params.rows {
         if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n_rows) {
             return Err(Error::Value(format!("row {bad} is out of range for an index of {n_rows} rows")));
+        }
+    }
+    if let Some(block) = params.rows_vectors {
+        let n = params.rows.map(|r| r.len());
+        if n.is_none() || Some(block.len()) != n.map(|n| n * dim) {
+            return Err(Error::Value(format!(
+                "rows_vectors must hold one {dim}-float vector per listed row ({} rows listed, {} floats given)",
+                n.unwrap_or(0),
+                block.len()
+            )));
         }
     }
     if let Some(m) = params.mask {
@@ -250,8 +264,22 @@ fn listed_rows(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Par
         .for_each(|(qi, (((i, s), c), (cnt, scn)))| {
             let qv = &queries[qi * dim..(qi + 1) * dim];
             let mut top = TopK::new(k);
-            // Filtered rows are scattered over the file: prefetch ahead as stage 2 does.
-            let n = scan_list(data, dim, qv, p, rows, |_| true, &mut top);
+            let n = match p.rows_vectors {
+                Some(block) => {
+                    let mut n = 0;
+                    for (i, &r) in rows.iter().enumerate() {
+                        if p.mask.is_some_and(|m| m[r as usize] == 0) {
+                            continue;
+                        }
+                        let s = kernels::dot(qv, &block[i * dim..(i + 1) * dim]);
+                        top.push(p.weights.map_or(s, |w| s * w[r as usize]), r);
+                        n += 1;
+                    }
+                    n
+                }
+                // Filtered rows are scattered over the file: prefetch ahead as stage 2 does.
+                None => scan_list(data, dim, qv, p, rows, |_| true, &mut top),
+            };
             let best = top.into_sorted();
             for (j, b) in best.iter().enumerate() {
                 i[j] = b.id as i64;
@@ -693,6 +721,14 @@ pub(crate) mod tests {
         let bad = [300u32];
         let oob = Params { k: 5, n_probe: 1, flat: true, rows: Some(&bad), ..Default::default() };
         assert!(search(&cl, &data, dim, &q, &oob).is_err());
+        // The same rows from a gathered copy: the same answer.
+        let block: Vec<f32> = rows.iter().flat_map(|&r| data[r as usize * dim..(r as usize + 1) * dim].to_vec()).collect();
+        let gathered = Params { rows_vectors: Some(&block), ..listed };
+        let c = search(&cl, &data, dim, &q, &gathered).unwrap();
+        assert_eq!(c.ids, a.ids);
+        assert_eq!(c.scores, a.scores);
+        let short = Params { rows_vectors: Some(&block[dim..]), ..listed };
+        assert!(search(&cl, &data, dim, &q, &short).is_err());
     }
 
     #[test]
@@ -705,7 +741,7 @@ pub(crate) mod tests {
             c.grow_rows(n);
             c
         };
-        let p = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None };
+        let p = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None };
         let r = search(&cl, &d, dim, &q, &p).unwrap();
         for qi in 0..3 {
             let want = brute(&d, dim, &q[qi * dim..(qi + 1) * dim], 10);
@@ -718,7 +754,7 @@ pub(crate) mod tests {
         assert_eq!(&r1.ids[..], &r.ids[..10]);
         // k larger than the store.
         let small = &d[..5 * dim];
-        let p = Params { k: 8, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None };
+        let p = Params { k: 8, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None };
         let r = search(&cl, small, dim, &q[..dim], &p).unwrap();
         assert_eq!(r.counts[0], 5);
         assert_eq!(r.ids[5..], [-1, -1, -1]);
@@ -745,8 +781,8 @@ pub(crate) mod tests {
         let q = data(4, dim, 7);
         let mask: Vec<u8> = (0..n).map(|r| (r % 3 != 0) as u8).collect();
         let w: Vec<f32> = (0..n).map(|r| 0.5 + (r % 5) as f32 * 0.1).collect();
-        let flat = Params { k: 20, n_probe: 1, adaptive: None, flat: true, mask: Some(&mask), weights: Some(&w), rows: None };
-        let all = Params { k: 20, n_probe: 10, adaptive: None, flat: false, mask: Some(&mask), weights: Some(&w), rows: None };
+        let flat = Params { k: 20, n_probe: 1, adaptive: None, flat: true, mask: Some(&mask), weights: Some(&w), rows: None, rows_vectors: None };
+        let all = Params { k: 20, n_probe: 10, adaptive: None, flat: false, mask: Some(&mask), weights: Some(&w), rows: None, rows_vectors: None };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert_eq!(a.ids, b.ids);
@@ -757,7 +793,7 @@ pub(crate) mod tests {
         cl.member_cache = true;
         assert_eq!(b.scanned[0], mask.iter().filter(|&&m| m != 0).count() as i64);
         // Pending rows (2900..3000) are findable in two-stage mode with one probe.
-        let one = Params { k: 1, n_probe: 1, adaptive: None, flat: false, mask: None, weights: None, rows: None };
+        let one = Params { k: 1, n_probe: 1, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None };
         let r = search(&cl, &d, dim, &d[2950 * dim..2951 * dim], &one).unwrap();
         assert_eq!(r.ids[0], 2950);
         assert_eq!(r.clusters[0], -1);
@@ -773,8 +809,8 @@ pub(crate) mod tests {
         cl.grow_rows(n);
         cl.kmeans(4, None, 0, &d).unwrap();
         let q = data(8, dim, 9);
-        let flat = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None };
-        let all = Params { k: 10, n_probe: 4, adaptive: None, flat: false, mask: None, weights: None, rows: None };
+        let flat = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None };
+        let all = Params { k: 10, n_probe: 4, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert!(cl.slots().iter().all(|c| c.cache.get().is_some()), "codes path not taken");
@@ -864,7 +900,7 @@ pub(crate) mod tests {
     fn bad_params_are_errors() {
         let cl = Clusters::new(4);
         let q = [1.0, 0.0, 0.0, 0.0];
-        let mk = |k, n_probe| Params { k, n_probe, adaptive: None, flat: false, mask: None, weights: None, rows: None };
+        let mk = |k, n_probe| Params { k, n_probe, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None };
         assert!(search(&cl, &[], 4, &q, &mk(0, 1)).is_err());
         assert!(search(&cl, &[], 4, &q, &mk(1, 0)).is_err());
         let r = search(&cl, &[], 4, &q, &mk(3, 1)).unwrap();
@@ -873,7 +909,7 @@ pub(crate) mod tests {
         let one = [1.0, 0.0, 0.0, 0.0];
         let mut c1 = Clusters::new(4);
         c1.grow_rows(1);
-        let p = Params { k: 1, n_probe: 1, adaptive: None, flat: true, mask: None, weights: Some(&w), rows: None };
+        let p = Params { k: 1, n_probe: 1, adaptive: None, flat: true, mask: None, weights: Some(&w), rows: None, rows_vectors: None };
         assert!(search(&c1, &one, 4, &q, &p).is_err());
     }
 }

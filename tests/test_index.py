@@ -511,3 +511,19 @@ def test_warm_builds_member_copies_without_changing_results(tmp_path):
     idx.close()
     with pytest.raises(OSError):
         idx.warm()
+
+
+def test_listed_rows_from_a_gathered_copy_match_and_are_checked(tmp_path):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((500, 8)).astype(np.float32)
+    idx = VectorIndex.open(tmp_path / "g", dim=8)
+    idx.append(x)
+    rows = np.arange(3, 500, 11).astype(np.uint32)
+    block = idx.vectors()[rows]
+    a = idx.search(x[:5], k=4, mode="flat", rows=rows)
+    b = idx.search(x[:5], k=4, mode="flat", rows=rows, rows_vectors=block)
+    assert np.array_equal(a.ids, b.ids) and np.allclose(a.scores, b.scores, atol=1e-6)
+    with pytest.raises(ValueError, match="rows_vectors"):
+        idx.search(x[0], k=4, mode="flat", rows=rows, rows_vectors=block[1:])
+    with pytest.raises(ValueError, match="needs rows"):
+        idx.search(x[0], k=4, mode="flat", rows_vectors=block)

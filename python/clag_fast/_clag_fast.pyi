@@ -60,6 +60,7 @@ class VectorIndex:
         min_probe: int = 1,
         min_rows: int = 0,
         rows: npt.NDArray[np.uint32] | None = None,
+        rows_vectors: npt.NDArray[np.float32] | None = None,
     ) -> tuple[
         npt.NDArray[np.int64],
         npt.NDArray[np.float32],

@@ -346,6 +346,7 @@ class VectorIndex:
         min_probe: int = 1,
         min_rows: int | None = None,
         rows: Any = None,
+        rows_vectors: Any = None,
     ) -> SearchResult:
         """Top-``k`` rows by cosine for each query ((dim,) or (q, dim)).
 
@@ -367,7 +368,11 @@ class VectorIndex:
         ``mask``: bool[len] (True = eligible). ``weights``: float32[len], finite, >= 0; each
         score is multiplied by its row's weight before ranking. ``rows``: score exactly these
         row numbers (an exact search of a small filtered set: their dot products only, no
-        stage 1; ``mask``/``weights`` still apply). Results are always 2-D.
+        stage 1; ``mask``/``weights`` still apply). ``rows_vectors``: the vectors of ``rows``,
+        gathered contiguous (``vectors()[rows]``), for a caller that searches the same rows
+        repeatedly: each search then streams one block instead of rows scattered over the
+        file (rows never change once written, so such a copy cannot go stale). Results are
+        always 2-D.
         """
         if mode not in ("two_stage", "flat"):
             raise ValueError(f"mode must be 'two_stage' or 'flat', got {mode!r}")
@@ -409,5 +414,11 @@ class VectorIndex:
             if r.dtype != np.uint32 and len(r) and (int(r.min()) < 0 or int(r.max()) >= n):
                 raise ValueError(f"rows must lie in [0, {n})")
             r = np.ascontiguousarray(r, dtype=np.uint32)
-        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe, min_rows, r))
+        rv = None
+        if rows_vectors is not None:
+            if r is None:
+                raise ValueError("rows_vectors needs rows (the row numbers its vectors belong to)")
+            rv = _as_matrix(rows_vectors, self.dim, "rows_vectors")
+        return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe, min_rows, r,
+                                             rv))
 

@@ -268,7 +268,7 @@ impl PyVectorIndex {
 
     /// Returns (ids, scores, clusters, counts, scanned, probed). `probe_gap` given: adaptive
     /// probing (at least `min_probe`, at most `n_probe` clusters; see `search::Adaptive`).
-    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None, probe_gap=None, min_probe=1, min_rows=0, rows=None))]
+    #[pyo3(signature = (queries, k=10, n_probe=4, flat=false, mask=None, weights=None, probe_gap=None, min_probe=1, min_rows=0, rows=None, rows_vectors=None))]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn search<'py>(
         &self,
@@ -283,6 +283,7 @@ impl PyVectorIndex {
         min_probe: usize,
         min_rows: usize,
         rows: Option<PyReadonlyArray1<'py, u32>>,
+        rows_vectors: Option<PyReadonlyArray2<'py, f32>>,
     ) -> PyResult<(
         Bound<'py, PyArray2<i64>>,
         Bound<'py, PyArray2<f32>>,
@@ -308,7 +309,11 @@ impl PyVectorIndex {
             Some(a) => Some(slice(a, "rows")?),
             None => None,
         };
-        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: r };
+        let rv = match &rows_vectors {
+            Some(a) => Some(slice2(a, "rows_vectors")?),
+            None => None,
+        };
+        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: r, rows_vectors: rv };
         let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
         Ok((
             Array2::from_shape_vec((nq, k), r.ids).expect("shape").into_pyarray(py),

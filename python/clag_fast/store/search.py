@@ -40,6 +40,8 @@ LEXICAL_CLUSTERS = 1
 #: at 100k rows a 1% filter's masked scan cost 3x the dot products it needed
 #: (benches/bench_filters.py).
 SUBSET_ROWS = 8192
+#: Gathered vectors the filter cache may hold (a 1% filter of 100k memories at dim 384: 1.5 MB).
+SUBSET_CACHE_BYTES = 64 << 20
 
 
 class Searcher:
@@ -233,23 +235,28 @@ class Searcher:
         return Hits(self._hits(res, 0), scanned=min(scanned, candidates), candidates=candidates,
                     clusters_probed=probed, mode=mode)
 
-    def _subset(self, filters: tuple, mask: np.ndarray) -> np.ndarray:
-        """The eligible rows (uint32, ascending), cached like ``eligible``."""
-        rows = self._subsets.get(filters)
-        if rows is None:
+    def _subset(self, filters: tuple, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The eligible rows (uint32, ascending) and their vectors gathered contiguous,
+        cached like ``eligible`` (within ``SUBSET_CACHE_BYTES`` of gathered vectors)."""
+        hit = self._subsets.get(filters)
+        if hit is None:
             rows = np.flatnonzero(mask).astype(np.uint32)
+            hit = (rows, self.state.index.vectors()[rows])
             with self._subsets_lock:  # searches run concurrently under the read lock
-                if len(self._subsets) > 64:
+                size = sum(v.nbytes for _, v in self._subsets.values())
+                if len(self._subsets) >= 64 or size + hit[1].nbytes > SUBSET_CACHE_BYTES:
                     self._subsets.clear()
-                self._subsets[filters] = rows
-        return rows
+                self._subsets[filters] = hit
+        return hit
 
     def _subset_search(self, qvecs: np.ndarray, k: int, filters: tuple, mask: np.ndarray,
                        weights: np.ndarray | None) -> SearchResult:
         """Exact top-k over the few eligible rows: the native search scores exactly the
-        listed rows (their dot products alone, no pass over every row's mask), measured
-        in benches/bench_filters.py."""
-        return self.state.index.search(qvecs, k=k, mode="flat", weights=weights, rows=self._subset(filters, mask))
+        listed rows (their dot products alone, no pass over every row's mask), from a
+        contiguous copy of their vectors gathered once per filter and write (scattered rows
+        cost 1.5x a flat store of just those rows; benches/bench_filters.py)."""
+        rows, block = self._subset(filters, mask)
+        return self.state.index.search(qvecs, k=k, mode="flat", weights=weights, rows=rows, rows_vectors=block)
 
     def _lexical_clusters(self, best_rows: np.ndarray, exclude: set[int], n: int) -> list[int]:
         """The ``n`` clusters (outside ``exclude``) whose best member matches the query best:
