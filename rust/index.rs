@@ -230,27 +230,26 @@ impl Index {
         self.cl.merge(keep, absorb, self.vf.rows())
     }
 
-    /// Search; `queries` (q x dim, any non-zero scale) are normalised first.
     /// Build the int8 member copies stage 2 scans (otherwise built by the first search that
-    /// probes each cluster, a first-query tail) for every cluster large enough to use them,
-    /// one cluster after another (a background caller leaves the other core to searches).
-    /// Returns the number of clusters whose copy exists afterwards.
+    /// probes each cluster with enough rows in all: a first-query tail) for every cluster
+    /// with members, one cluster after another (a background caller leaves the other core
+    /// to searches). Returns the number of clusters whose copy exists afterwards.
     pub fn warm(&self) -> usize {
         if !self.cl.member_cache {
             return 0;
         }
         let (data, dim) = (self.vf.rows(), self.dim());
-        let worth = 4 * crate::quant::rescore_depth(search::WARM_K);
         self.cl
             .slots()
             .iter()
-            .filter(|c| c.primary.len() > worth)
+            .filter(|c| !c.primary.is_empty())
             .map(|c| {
                 c.member_codes(data, dim);
             })
             .count()
     }
 
+    /// Search; `queries` (q x dim, any non-zero scale) are normalised first.
     pub fn search(&self, queries: &[f32], p: &Params) -> Result<Results> {
         let q = kernels::normalized(queries, self.dim(), "queries")?;
         search::search(&self.cl, self.vf.rows(), self.dim(), &q, p)

@@ -488,10 +488,6 @@ fn probe_coded(
     }
 }
 
-/// The k that `Index::warm` prepares for: a cluster whose members outnumber four shortlists of
-/// this k is scanned through its int8 copy (see `two_stage_one`).
-pub const WARM_K: usize = 10;
-
 /// How many rows ahead stage 2 prefetches. Member rows are scattered over the file, so
 /// each one starts with a cache miss; asking for row i + 2 while scoring row i overlaps
 /// those misses with the dot products.
