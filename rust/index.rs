@@ -230,23 +230,24 @@ impl Index {
         self.cl.merge(keep, absorb, self.vf.rows())
     }
 
-    /// Build the int8 member copies stage 2 scans (otherwise built by the first search that
-    /// probes each cluster with enough rows in all: a first-query tail) for every cluster
-    /// with members, one cluster after another (a background caller leaves the other core
-    /// to searches). Returns the number of clusters whose copy exists afterwards.
-    pub fn warm(&self) -> usize {
-        if !self.cl.member_cache {
-            return 0;
+    /// Build the int8 member copy stage 2 scans for the cluster in `slot` (otherwise built by
+    /// the first search that probes it with enough rows in all: a first-query tail). Returns
+    /// whether the slot exists and has members. `Index::len_slots` bounds `slot`; callers
+    /// warming every cluster take the lock per slot, so writers are not held up for the
+    /// whole pass.
+    pub fn warm_slot(&self, slot: usize) -> bool {
+        match self.cl.slots().get(slot) {
+            Some(c) if self.cl.member_cache && !c.primary.is_empty() => {
+                c.member_codes(self.vf.rows(), self.dim());
+                true
+            }
+            _ => false,
         }
-        let (data, dim) = (self.vf.rows(), self.dim());
-        self.cl
-            .slots()
-            .iter()
-            .filter(|c| !c.primary.is_empty())
-            .map(|c| {
-                c.member_codes(data, dim);
-            })
-            .count()
+    }
+
+    /// Number of cluster slots (see `warm_slot`).
+    pub fn len_slots(&self) -> usize {
+        self.cl.len()
     }
 
     /// Search; `queries` (q x dim, any non-zero scale) are normalised first.

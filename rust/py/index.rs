@@ -135,8 +135,20 @@ impl PyVectorIndex {
         Ok(unsafe { PyArray2::borrow_from_array(&view, guard.into_any()) })
     }
 
+    /// Build every cluster's int8 member copy, taking the lock once per cluster so that a
+    /// write waits for one cluster at most, not for the whole pass.
     fn warm(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(py.detach(|| self.with(|ix| Ok(ix.warm())))?)
+        Ok(py.detach(|| -> Result<usize, Error> {
+            let mut built = 0;
+            let mut slot = 0;
+            while slot < self.with(|ix| Ok(ix.len_slots()))? {
+                if self.with(|ix| Ok(ix.warm_slot(slot)))? {
+                    built += 1;
+                }
+                slot += 1;
+            }
+            Ok(built)
+        })?)
     }
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
