@@ -138,7 +138,7 @@ def embed(texts: list[str], cache_dir: Path, batch: int = 128) -> np.ndarray:
 
 METHODS = ("minmax", "zscore", "bound", "rrf")
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(1, 10))
-POOL = 50  # == store.search.HYBRID_POOL
+POOL = 30  # == store.search.HYBRID_POOL
 
 
 def _recall(ranked: np.ndarray, rel: set[int], k: int) -> float:
