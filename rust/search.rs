@@ -237,16 +237,17 @@ pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Para
 
 #[inline]
 fn score_row(data: &[f32], dim: usize, q: &[f32], r: usize, p: &Params) -> Option<f32> {
-    if let Some(m) = p.mask {
-        if m[r] == 0 {
-            return None;
-        }
+    score_vector(&data[r * dim..(r + 1) * dim], q, r, p)
+}
+
+/// Row `r`'s score from its vector `v` (wherever it is held), under `p`'s mask and weights.
+#[inline]
+fn score_vector(v: &[f32], q: &[f32], r: usize, p: &Params) -> Option<f32> {
+    if p.mask.is_some_and(|m| m[r] == 0) {
+        return None;
     }
-    let s = kernels::dot(q, &data[r * dim..(r + 1) * dim]);
-    Some(match p.weights {
-        Some(w) => s * w[r],
-        None => s,
-    })
+    let s = kernels::dot(q, v);
+    Some(p.weights.map_or(s, |w| s * w[r]))
 }
 
 /// Exact search over the listed rows only (queries in parallel): a filter that leaves a few
@@ -267,13 +268,11 @@ fn listed_rows(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Par
             let n = match p.rows_vectors {
                 Some(block) => {
                     let mut n = 0;
-                    for (i, &r) in rows.iter().enumerate() {
-                        if p.mask.is_some_and(|m| m[r as usize] == 0) {
-                            continue;
+                    for (&r, v) in rows.iter().zip(block.chunks_exact(dim)) {
+                        if let Some(s) = score_vector(v, qv, r as usize, p) {
+                            top.push(s, r);
+                            n += 1;
                         }
-                        let s = kernels::dot(qv, &block[i * dim..(i + 1) * dim]);
-                        top.push(p.weights.map_or(s, |w| s * w[r as usize]), r);
-                        n += 1;
                     }
                     n
                 }
@@ -493,34 +492,27 @@ fn probe_coded(
 /// those misses with the dot products.
 const PREFETCH_AHEAD: usize = 2;
 
-#[inline(always)]
-fn prefetch_row(data: &[f32], dim: usize, r: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let row = &data[r * dim..(r + 1) * dim];
-        let mut off = 0;
-        while off < dim {
-            // SAFETY: prefetch is only a hint; the address lies inside `row`.
-            unsafe { _mm_prefetch(row.as_ptr().add(off) as *const i8, _MM_HINT_T0) };
-            off += 16;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, dim, r);
-}
+#[cfg(target_arch = "x86_64")]
+const L1: i32 = std::arch::x86_64::_MM_HINT_T0;
+#[cfg(target_arch = "x86_64")]
+const L2: i32 = std::arch::x86_64::_MM_HINT_T1;
+#[cfg(not(target_arch = "x86_64"))]
+const L1: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const L2: i32 = 0;
 
-/// `prefetch_row` into L2 (for many rows at once: L1 would evict them before use).
+/// Ask for row `r` into the cache level `HINT` names (`_MM_HINT_T0`: L1, for the row scored
+/// next; `_MM_HINT_T1`: L2, for many rows at once, which L1 would evict before use).
 #[inline(always)]
-fn prefetch_row_l2(data: &[f32], dim: usize, r: usize) {
+fn prefetch_row<const HINT: i32>(data: &[f32], dim: usize, r: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        use std::arch::x86_64::_mm_prefetch;
         let row = &data[r * dim..(r + 1) * dim];
         let mut off = 0;
         while off < dim {
             // SAFETY: prefetch is only a hint; the address lies inside `row`.
-            unsafe { _mm_prefetch(row.as_ptr().add(off) as *const i8, _MM_HINT_T1) };
+            unsafe { _mm_prefetch::<HINT>(row.as_ptr().add(off) as *const i8) };
             off += 16;
         }
     }
@@ -542,7 +534,7 @@ fn scan_list(
     let mut scanned = 0;
     for (i, &r) in list.iter().enumerate() {
         if let Some(&next) = list.get(i + PREFETCH_AHEAD) {
-            prefetch_row(data, dim, next as usize);
+            prefetch_row::<L1>(data, dim, next as usize);
         }
         if !keep(r) {
             continue;
@@ -613,7 +605,7 @@ fn two_stage_one(
     // all of them into L2 first, so their misses overlap instead of coming one row at a time
     // (a cold cluster's re-scoring was most of a query's time).
     for s in &shortlist {
-        prefetch_row_l2(data, dim, s.id as usize);
+        prefetch_row::<L2>(data, dim, s.id as usize);
     }
     for s in shortlist {
         // The mask was applied when the row entered the shortlist.

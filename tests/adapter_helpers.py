@@ -23,3 +23,22 @@ class HashEncoder:
             v = np.random.default_rng(seed).standard_normal(self.dim)
             out[i] = v / np.linalg.norm(v)
         return out
+
+
+#: LangGraph's index configs for the adapter tests: 8-dim hash vectors of one or two fields.
+LG_DIMS = 8
+
+
+def hash_embed(texts: list[str]) -> list[list[float]]:
+    """A LangGraph embed function: a fixed random vector per text (seeded by its hash):
+    deterministic, and distinct texts get clearly different similarities."""
+    out = []
+    for t in texts:
+        seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
+        out.append(np.random.default_rng(seed).standard_normal(LG_DIMS).tolist())
+    return out
+
+
+LG_INDEX = {"dims": LG_DIMS, "embed": hash_embed, "fields": ["text"]}
+# Two fields: one vector per field in both stores, searches max-pool over them.
+LG_INDEX2 = {"dims": LG_DIMS, "embed": hash_embed, "fields": ["text", "alt"]}

@@ -24,7 +24,6 @@ fewer fields (only a delete clears them), which ClagStore does not copy.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import tempfile
 from typing import TypedDict
 
@@ -48,22 +47,9 @@ from langgraph.store.memory import InMemoryStore  # noqa: E402
 
 from clag_fast.integrations.langgraph import ClagStore  # noqa: E402
 
-DIMS = 8
+from adapter_helpers import LG_DIMS, LG_INDEX, LG_INDEX2, hash_embed  # noqa: E402
 
-
-def hash_embed(texts: list[str]) -> list[list[float]]:
-    """A fixed random vector per text (seeded by its hash): deterministic, and distinct texts
-    get clearly different similarities."""
-    out = []
-    for t in texts:
-        seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
-        out.append(np.random.default_rng(seed).standard_normal(DIMS).tolist())
-    return out
-
-
-INDEX = {"dims": DIMS, "embed": hash_embed, "fields": ["text"]}
-# Two fields: one vector per field in both stores, searches max-pool over them.
-INDEX2 = {"dims": DIMS, "embed": hash_embed, "fields": ["text", "alt"]}
+DIMS, INDEX, INDEX2 = LG_DIMS, LG_INDEX, LG_INDEX2
 
 # -- operation generator --------------------------------------------------------------------
 NAMESPACES = [("a",), ("a", "b"), ("a", "c"), ("d",), ("a", "b", "e")]

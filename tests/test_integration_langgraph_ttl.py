@@ -9,10 +9,8 @@ expiry and refresh are checked exactly, without sleeping.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 
-import numpy as np
 import pytest
 
 pytest.importorskip("langgraph")
@@ -22,19 +20,9 @@ from langgraph.store.memory import InMemoryStore  # noqa: E402
 from clag_fast.integrations import langgraph as lg_mod  # noqa: E402
 from clag_fast.integrations.langgraph import ClagStore  # noqa: E402
 
-DIMS = 8
+from adapter_helpers import LG_INDEX, LG_INDEX2  # noqa: E402
 
-
-def hash_embed(texts: list[str]) -> list[list[float]]:
-    out = []
-    for t in texts:
-        seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
-        out.append(np.random.default_rng(seed).standard_normal(DIMS).tolist())
-    return out
-
-
-INDEX = {"dims": DIMS, "embed": hash_embed, "fields": ["text"]}
-INDEX2 = {"dims": DIMS, "embed": hash_embed, "fields": ["text", "alt"]}
+INDEX, INDEX2 = LG_INDEX, LG_INDEX2
 
 
 class Clock:
