@@ -59,6 +59,23 @@ def test_confusion_needs_a_full_window_of_low_scores():
     assert t.due() is None
 
 
+def test_on_search_says_exactly_when_confusion_holds():
+    # The search path polls due() only when on_search returns True: the two must agree on
+    # every sequence, resets included.
+    import random
+
+    rng = random.Random(3)
+    t = trig()
+    agreed = 0
+    for step in range(2_000):
+        if rng.random() < 0.01:
+            t.reset()
+        holds = t.on_search(rng.choice([0.1, 0.2, 0.29, 0.3, 0.6, None]))
+        assert holds == (t.due() == "confusion"), step
+        agreed += holds
+    assert agreed > 10  # the sequence did reach the trigger
+
+
 def test_drift_when_recent_affinity_falls():
     t = trig()
     for a in (0.6, 0.6, 0.6, 0.6):

@@ -228,16 +228,16 @@ class SLMScheduler:
     def after_search(self, best_score: float) -> None:
         if self._state.read_only:
             return
-        self._triggers.on_search(best_score)
-        reason = self._triggers.due()
-        if reason == "confusion":
+        # due() can only say "confusion" when on_search says it holds; a search that leaves it
+        # unset needs no look at the other triggers (they act on the next write).
+        if self._triggers.on_search(best_score) and self._triggers.due() == "confusion":
             self._triggers.reset()
             if self._jobs is not None:
-                self._submit(("organize", None, reason))
+                self._submit(("organize", None, "confusion"))
             else:
                 # Without a worker, a search never blocks on re-organisation: the next write
                 # runs it.
-                self._deferred = reason
+                self._deferred = "confusion"
 
     # -- jobs ------------------------------------------------------------------------------
     def _submit(self, job: tuple) -> None:

@@ -48,6 +48,7 @@ class Triggers:
         self._adds = 0
         self._explicit = False
         self._searches: deque[float] = deque(maxlen=self.config.confusion_window)
+        self._low_streak = 0  # consecutive searches below confusion_threshold, the latest last
         self._affinities: deque[float] = deque(maxlen=2 * self.config.drift_window)
 
     def on_add(self, affinity: float | None = None, n: int = 1) -> None:
@@ -76,13 +77,18 @@ class Triggers:
             self._adds += len(a)
             self._affinities.extend(finite.tolist())
 
-    def on_search(self, best_score: float | None) -> None:
-        """Record a search's best score (None or -inf when it found nothing: maximal confusion)."""
+    def on_search(self, best_score: float | None) -> bool:
+        """Record a search's best score (None or -inf when it found nothing: maximal confusion).
+        Returns whether the confusion trigger holds now (the last ``confusion_window`` searches
+        all below the threshold), so a search path polls :meth:`due` only then: ``due`` reads
+        the whole drift window, a cost every search would pay for a trigger adds move."""
         s = float("-inf") if best_score is None else float(best_score)
         if math.isnan(s):
             raise ValueError("best_score must not be NaN")
         with self._lock:
             self._searches.append(s)
+            self._low_streak = self._low_streak + 1 if s < self.config.confusion_threshold else 0
+            return self._low_streak >= self.config.confusion_window
 
     def request(self) -> None:
         """Ask for a re-organisation now (the explicit trigger)."""
@@ -117,6 +123,7 @@ class Triggers:
             self._adds = 0
             self._explicit = False
             self._searches.clear()
+            self._low_streak = 0
             self._affinities.clear()
 
     def snapshot(self) -> dict[str, Any]:

@@ -163,7 +163,7 @@ class Searcher:
                 out.append(Hits(self._hits(flat, i), scanned=int(flat.scanned[i]), candidates=candidates,
                                 mode="flat"))
                 continue
-            probed = [c for c in res.probed[q].tolist() if c >= 0] if eff_mode == "two_stage" else []
+            probed = _probed(res.probed[q].tolist()) if eff_mode == "two_stage" else []
             out.append(Hits(self._hits(res, q), scanned=scanned[q], candidates=candidates,
                             clusters_probed=probed, mode=eff_mode))
         return out
@@ -195,7 +195,7 @@ class Searcher:
         if m.terms == 0 or len(m.rows) == 0:
             return None
         scanned = int(res.scanned[0])
-        probed = [c for c in res.probed[0].tolist() if c >= 0] if mode == "two_stage" else []
+        probed = _probed(res.probed[0].tolist()) if mode == "two_stage" else []
         extra = [m.rows]
         if mode == "two_stage":
             lex_clusters = self._lexical_clusters(m.rows, set(probed), LEXICAL_CLUSTERS)
@@ -286,21 +286,21 @@ class Searcher:
     def _hits(self, res, q: int) -> list[Hit]:
         """Hits for query ``q`` of a native result, with texts and labels; records the access."""
         state = self.state
-        rows = state.rows
         count = int(res.counts[q])
+        if count == 0:
+            return []
         hit_rows = res.ids[q, :count]
-        mids = rows.memory_id[hit_rows].tolist()
+        mids = state.rows.memory_id[hit_rows].tolist()
         clusters = res.clusters[q, :count].tolist()
-        details = state.details(mids)
         profiles = state.profiles
-        hits = []
         unlabelled = ("", ())
-        for mid, score, cid in zip(mids, res.scores[q, :count].tolist(), clusters):
-            text, kind_, ns, created, meta, key = details[mid]
+        hits = []
+        for mid, score, cid, (text, kind_, ns, created, meta, key) in zip(
+                mids, res.scores[q, :count].tolist(), clusters, state.catalog.details_list(mids)):
             summary, tags = profiles.get(cid, unlabelled)
             hits.append(make_hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
                                  created, meta, key))
-        state.access.record(rows, hit_rows, clusters, time.time())
+        state.access.record(state.rows, hit_rows, clusters, time.time())
         return hits
 
     def _decay_weights(self) -> np.ndarray | None:
@@ -321,3 +321,9 @@ class Searcher:
         w = rows.weights(policy, now)
         self._weights = (rows.version, now, w)
         return w
+
+
+def _probed(padded: list[int]) -> list[int]:
+    """The probed clusters of one native result row (best first, padded with -1 to the cap:
+    a default search's cap is 5% of the clusters, so the padding is most of the row)."""
+    return padded[:padded.index(-1)] if padded and padded[-1] < 0 else padded
