@@ -65,10 +65,37 @@ def vector_request(op: tuple[str, str, list[float]]) -> tuple[str, dict, str]:
     return "/v1/search", {"vector": vec, "k": 5, "namespace": ns}, "hits"
 
 
-def drive(url: str, ops: list, clients: int, driver: str = "lean") -> dict:
+def tree_cpu_s(root: int, include_root: bool = True) -> float:
+    """CPU seconds (user + system) used so far by the live processes under ``root`` (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(pid)] = int(fields[1])
+        cpu[int(pid)] = (int(fields[11]) + int(fields[12])) / tick
+    total = cpu.get(root, 0.0) if include_root else 0.0
+    for pid in cpu:
+        p = parent.get(pid)
+        while p and p != root:
+            p = parent.get(p)
+        if p == root and pid != root:
+            total += cpu[pid]
+    return total
+
+
+def drive(url: str, ops: list, clients: int, driver: str = "lean", server_cpu=None) -> dict:
     """``clients`` concurrent clients (``bench_service.DRIVERS``: lean asyncio connections by
-    default, or httpx threads) running ``ops``."""
+    default, or httpx threads) running ``ops``. ``server_cpu``: returns the server side's CPU
+    seconds so far (reported per operation: on a shared machine the ops/s ratio also depends
+    on how many threads each side has runnable, its CPU per operation does not)."""
+    before = server_cpu() if server_cpu else 0.0
     r = DRIVERS[driver](url, ops, clients, vector_request)
+    if server_cpu:
+        r["cpu_ms_op"] = 1000 * (server_cpu() - before) / len(ops)
     r["first_errors"] = r.pop("error_examples")
     return r
 
@@ -98,19 +125,20 @@ def run_single(path: Path, items: list[dict], ops: list, clients: int, driver: s
             except httpx.TransportError:
                 time.sleep(0.1)
         seed(url, items)
-        return drive(url, ops, clients, driver)
+        return drive(url, ops, clients, driver, lambda: tree_cpu_s(proc.pid))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
 
 
-def run_ray(root: Path, items: list[dict], ops: list, clients: int, driver: str) -> tuple[dict, float]:
+def run_ray(root: Path, items: list[dict], ops: list, clients: int, driver: str, direct: bool) -> tuple[dict, float]:
     from clag_fast.distributed import ShardedStore, frontdoor
     from clag_fast.server import ServeConfig
 
-    url = frontdoor.run(ServeConfig(store=root, port=free_port(), embedder=False, dim=DIM), shards=4)
+    url = frontdoor.run(ServeConfig(store=root, port=free_port(), embedder=False, dim=DIM), shards=4, direct=direct)
     seed(url, items)
-    result = drive(url, ops, clients, driver)
+    # the Ray cluster's processes (all started by this process's ray.init), not the clients
+    result = drive(url, ops, clients, driver, lambda: tree_cpu_s(os.getpid(), include_root=False))
     store = ShardedStore(root)
     shard = store.shard_of(NAMESPACES[0])
     import ray
@@ -135,7 +163,7 @@ def run_ray(root: Path, items: list[dict], ops: list, clients: int, driver: str)
     restart_s = time.perf_counter() - t0
     from ray import serve
 
-    serve.delete("clag_fast")
+    serve.shutdown()  # the next front door may run Serve in the other mode
     store.shutdown()
     return result, restart_s
 
@@ -247,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="lean: asyncio keep-alive connections (default); httpx: threads with httpx.Client")
     p.add_argument("--skip-ingest", action="store_true", help="only the service comparison and the restart")
     p.add_argument("--skip-service", action="store_true", help="only the bulk ingest")
+    p.add_argument("--modes", default="direct",
+                   help="front door modes to run, comma-separated: direct (replicas answer HTTP; the default) "
+                        "and/or proxy (through Serve's HTTP proxy)")
     p.add_argument("--kill-at", type=float, default=0.5,
                    help="kill a second ingest's driver once this fraction is stored, then resume it (0: skip)")
     args = p.parse_args(argv)
@@ -257,10 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     try:
         items, ops = seed_items(args.seed), make_ops(args.ops)
-        single = sharded = None
+        single, ray_runs = None, {}
         if not args.skip_service:
             single = run_single(tmp / "single", items, ops, args.clients, args.client)
-            sharded, restart_s = run_ray(tmp / "sharded", items, ops, args.clients, args.client)
+            for mode in args.modes.split(","):
+                ray_runs[mode] = run_ray(tmp / f"sharded-{mode}", items, ops, args.clients, args.client,
+                                         direct=mode == "direct")
         bulk = None if args.skip_ingest else run_ingest(tmp / "bulk", args.texts, args.cpus, args.kill_at or None)
     finally:
         ray.shutdown()
@@ -269,15 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} cpus, load average {load0:.1f} at the start, {load:.1f} at the end; "
           f"ray {ray.__version__}; {args.client} clients")
     if single is not None:
-        print(f"{'':34} {'ops/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
-        for name, r in (("single process (clag-fast serve)", single), ("Ray front door, 4 shards", sharded)):
-            print(f"{name:34} {r['ops_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d}")
+        print(f"{'':38} {'ops/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'CPU ms/op':>10}")
+        rows = [("single process (clag-fast serve)", single)]
+        rows += [(f"Ray front door, 4 shards, {mode}", r) for mode, (r, _) in ray_runs.items()]
+        for name, r in rows:
+            print(f"{name:38} {r['ops_s']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d} "
+                  f"{r['cpu_ms_op']:10.2f}")
             for e in r["first_errors"]:
                 print("   ", e)
-        for s, n, rss, disk in sharded["shards"]:
-            print(f"  shard {s}: {n} memories, owner RSS {rss:.0f} MiB, directory {disk:.1f} MiB")
-        print(f"service ratio Ray / single: {sharded['ops_s'] / single['ops_s']:.2f}x (target >= 0.7)")
-        print(f"shard owner restart after SIGKILL: {restart_s:.1f} s (target <= 10)")
+        for mode, (sharded, restart_s) in ray_runs.items():
+            for s, n, rss, disk in sharded["shards"]:
+                print(f"  {mode}: shard {s}: {n} memories, owner RSS {rss:.0f} MiB, directory {disk:.1f} MiB")
+            print(f"service ratio Ray ({mode}) / single: {sharded['ops_s'] / single['ops_s']:.2f}x (target >= 0.7); "
+                  f"shard owner restart after SIGKILL: {restart_s:.1f} s (target <= 10)")
     if bulk is None:
         return 0
     print(f"bulk ingest of {args.texts} texts: single-process embedding {bulk['single_texts_s']:.0f} texts/s, "
