@@ -4,15 +4,22 @@
    Serve front door over 4 shard owners vs the single-process ``clag-fast serve``, both from the
    same seeded memories. Vectors are given (bring-your-own-vector stores), so the numbers are
    the store and the distribution overhead, not the embedder. Target: ratio >= 0.7, 0 errors.
+   ``--modes``: the front door's replicas answering HTTP themselves (``direct``, the default)
+   and/or through Serve's HTTP proxy (``proxy``); Serve restarts between them. Besides ops/s,
+   the server side's CPU per operation (the serve process; every Ray process), which depends
+   less on how the machine's other load shares the cores among the two sides' threads.
    The clients are ``bench_service``'s: lean asyncio keep-alive connections by default
    (``--client httpx``: threads with httpx, whose own CPU then competes with the service).
 2. Restart: SIGKILL a shard owner; seconds until it answers again (target <= 10 s).
-3. Bulk ingest: texts embedded with the ONNX MiniLM embedder on Ray Data's actor pool and
-   written to the shards vs ``Embedder.encode`` in this process on the same cores (embedding
-   only: the single process writes nothing). Target: ratio >= 0.9.
+3. Bulk ingest: texts from a JSONL file embedded with the ONNX MiniLM embedder on Ray Data's
+   actor pool and written to the shards vs, in this process on the same cores,
+   ``Embedder.encode`` alone (the target's baseline) and encode + ``add_many`` into one store.
+   Target: ratio >= 0.9. Then (``--kill-at``) a second ingest whose driver process is SIGKILLed
+   once that fraction is stored, and the same ingest again: it must end with exactly
+   ``--texts`` memories, each key once.
 
     python benches/bench_ray.py [--ops 1500] [--clients 16] [--texts 3000] [--client lean|httpx]
-                                [--skip-ingest]
+                                [--modes direct,proxy] [--kill-at 0.5] [--skip-ingest | --skip-service]
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ Nothing of the API is re-implemented: each replica builds the service's own Fast
 ``DistributedService``, the service with a ``ShardedStore`` in place of the local store.
 Replicas hold no state (the shard owners do), so Serve may run as many as the load needs.
 
+By default (``run``) the replica answers HTTP on the API's port itself, with Ray Serve's
+throughput settings (``serve_env``): Serve's HTTP proxy, a second process hop per request
+that cost more CPU than the whole single-process service, is out of the path.
+
 Run it from Python (``run``), from the CLI (``clag-fast serve --ray auto --store ROOT``), or
 with Serve's own CLI through the app builder:
 
@@ -213,7 +217,10 @@ def run(config: ServeConfig, *, address: str | None = "auto", shards: int | None
     ``direct`` (default): the replicas answer HTTP on ``config.port`` themselves, with Serve's
     throughput settings (``serve_env``); off: Serve's HTTP proxy listens there and forwards.
     The first front door of a Ray cluster fixes the Serve controller's mode: a later ``run``
-    in the other mode is refused (restart Serve, ``serve.shutdown()``, to switch)."""
+    in the other mode is refused (restart Serve, ``serve.shutdown()``, to switch). With
+    ``direct`` each replica of a node has its own port (``config.port``, ``config.port + 1``,
+    ...): several replicas need a load balancer in front (or ``direct=False``, where Serve's
+    proxy spreads requests over them at ~2.5x the CPU per request)."""
     import ray
     from ray import serve
 
