@@ -40,36 +40,47 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benches"))
 
-from bench_service import DRIVERS, free_port, sentence  # noqa: E402
+from bench_service import DRIVERS, free_port, question, sentence  # noqa: E402
 
 DIM = 384
 NAMESPACES = [f"tenant-{i}" for i in range(32)]
 
 
-def make_ops(n: int, seed: int = 7) -> list[tuple[str, str, list[float]]]:
+def make_ops(n: int, seed: int = 7, texts: bool = False) -> list[tuple[str, str, object]]:
+    """(kind, namespace, vector) per operation; with ``texts`` a sentence to add or a question
+    to search instead of the vector (the owners embed)."""
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[tuple[str, str, object]] = []
     for i in range(n):
         v = rng.normal(size=DIM).astype(np.float32)
         v /= np.linalg.norm(v)
         op = "add" if rng.random() < 0.3 else "search"
-        out.append((op, str(rng.choice(NAMESPACES)), v.tolist()))
+        ns = str(rng.choice(NAMESPACES))
+        out.append((op, ns, (sentence(rng) if op == "add" else question(rng)) if texts else v.tolist()))
     return out
 
 
-def seed_items(n: int) -> list[dict]:
+def seed_items(n: int, texts: bool = False) -> list[dict]:
     rng = np.random.default_rng(1)
     v = rng.normal(size=(n, DIM)).astype(np.float32)
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    return [{"text": sentence(rng), "vector": v[i].tolist(), "namespace": NAMESPACES[i % len(NAMESPACES)]}
-            for i in range(n)]
+    items = [{"text": sentence(rng), "vector": v[i].tolist(), "namespace": NAMESPACES[i % len(NAMESPACES)]}
+             for i in range(n)]
+    if texts:
+        for item in items:
+            del item["vector"]
+    return items
 
 
-def vector_request(op: tuple[str, str, list[float]]) -> tuple[str, dict, str]:
-    kind, ns, vec = op
+def request(op: tuple[str, str, object]) -> tuple[str, dict, str]:
+    kind, ns, payload = op
+    if isinstance(payload, str):
+        if kind == "add":
+            return "/v1/memories", {"text": payload, "namespace": ns}, "ids"
+        return "/v1/search", {"query": payload, "k": 5, "namespace": ns}, "hits"
     if kind == "add":
-        return "/v1/memories", {"text": f"added to {ns}", "vector": vec, "namespace": ns}, "ids"
-    return "/v1/search", {"vector": vec, "k": 5, "namespace": ns}, "hits"
+        return "/v1/memories", {"text": f"added to {ns}", "vector": payload, "namespace": ns}, "ids"
+    return "/v1/search", {"vector": payload, "k": 5, "namespace": ns}, "hits"
 
 
 def tree_cpu_s(root: int, include_root: bool = True) -> float:
@@ -100,7 +111,7 @@ def drive(url: str, ops: list, clients: int, driver: str = "lean", server_cpu=No
     seconds so far (reported per operation: on a shared machine the ops/s ratio also depends
     on how many threads each side has runnable, its CPU per operation does not)."""
     before = server_cpu() if server_cpu else 0.0
-    r = DRIVERS[driver](url, ops, clients, vector_request)
+    r = DRIVERS[driver](url, ops, clients, request)
     if server_cpu:
         r["cpu_ms_op"] = 1000 * (server_cpu() - before) / len(ops)
     r["first_errors"] = r.pop("error_examples")
@@ -115,14 +126,15 @@ def seed(url: str, items: list[dict]) -> None:
         r.raise_for_status()
 
 
-def run_single(path: Path, items: list[dict], ops: list, clients: int, driver: str) -> dict:
+def run_single(path: Path, items: list[dict], ops: list, clients: int, driver: str, texts: bool = False) -> dict:
     import httpx
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    embedder = [] if texts else ["--no-embedder", "--dim", str(DIM)]
     proc = subprocess.Popen([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(path), "--port", str(port),
-                             "--llm", "off", "--no-embedder", "--dim", str(DIM)], env=env,
+                             "--llm", "off", *embedder], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
@@ -138,11 +150,13 @@ def run_single(path: Path, items: list[dict], ops: list, clients: int, driver: s
         proc.wait(timeout=60)
 
 
-def run_ray(root: Path, items: list[dict], ops: list, clients: int, driver: str, direct: bool) -> tuple[dict, float]:
+def run_ray(root: Path, items: list[dict], ops: list, clients: int, driver: str, direct: bool,
+            texts: bool = False) -> tuple[dict, float]:
     from clag_fast.distributed import ShardedStore, frontdoor
     from clag_fast.server import ServeConfig
 
-    url = frontdoor.run(ServeConfig(store=root, port=free_port(), embedder=False, dim=DIM), shards=4, direct=direct)
+    config = ServeConfig(store=root, port=free_port(), embedder=texts, dim=None if texts else DIM)
+    url = frontdoor.run(config, shards=4, direct=direct)
     seed(url, items)
     # the Ray cluster's processes (all started by this process's ray.init), not the clients
     result = drive(url, ops, clients, driver, lambda: tree_cpu_s(os.getpid(), include_root=False))
@@ -282,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="lean: asyncio keep-alive connections (default); httpx: threads with httpx.Client")
     p.add_argument("--skip-ingest", action="store_true", help="only the service comparison and the restart")
     p.add_argument("--skip-service", action="store_true", help="only the bulk ingest")
+    p.add_argument("--payload", choices=("vector", "text"), default="vector",
+                   help="vector: 384-d vectors given (default); text: sentences and questions the servers embed")
     p.add_argument("--modes", default="direct",
                    help="front door modes to run, comma-separated: direct (replicas answer HTTP; the default) "
                         "and/or proxy (through Serve's HTTP proxy)")
@@ -294,20 +310,21 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=args.cpus, include_dashboard=False, namespace="clag_fast", log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     try:
-        items, ops = seed_items(args.seed), make_ops(args.ops)
+        texts = args.payload == "text"
+        items, ops = seed_items(args.seed, texts), make_ops(args.ops, texts=texts)
         single, ray_runs = None, {}
         if not args.skip_service:
-            single = run_single(tmp / "single", items, ops, args.clients, args.client)
+            single = run_single(tmp / "single", items, ops, args.clients, args.client, texts)
             for mode in args.modes.split(","):
                 ray_runs[mode] = run_ray(tmp / f"sharded-{mode}", items, ops, args.clients, args.client,
-                                         direct=mode == "direct")
+                                         direct=mode == "direct", texts=texts)
         bulk = None if args.skip_ingest else run_ingest(tmp / "bulk", args.texts, args.cpus, args.kill_at or None)
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cpus, load average {load0:.1f} at the start, {load:.1f} at the end; "
-          f"ray {ray.__version__}; {args.client} clients")
+          f"ray {ray.__version__}; {args.client} clients; {args.payload} payloads")
     if single is not None:
         print(f"{'':38} {'ops/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'CPU ms/op':>10}")
         rows = [("single process (clag-fast serve)", single)]
