@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -16,6 +17,8 @@ import pytest
 from clag_fast import MemoryStore, StoreConfig
 from clag_fast.server import ServeConfig
 from service_helpers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ray = pytest.importorskip("ray")
 
@@ -145,6 +148,47 @@ def test_routing_is_stable_across_a_front_door_restart(sharded, port):
         assert httpx.get(f"{url}/v1/stats", timeout=30).json()["memories"] == len(names)
     finally:
         serve.delete("clag_fast")
+
+
+def _listener(port: int) -> str:
+    """The command line of the process listening on 127.0.0.1:``port`` (from /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # 0A: LISTEN
+                    inodes.add(f"socket:[{cols[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    return f.read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return ""
+
+
+def test_front_door_replica_answers_http_itself(sharded, port):
+    """Direct ingress (the default): the API's port is the replica's own socket, so a request
+    crosses no proxy process; the Serve controller's mode is fixed by its first front door."""
+    root = sharded.layout.root
+    config = ServeConfig(store=root, port=port, embedder=False, dim=DIM)
+    from ray import serve
+
+    url = frontdoor.run(config, shards=4)
+    try:
+        assert "ServeReplica" in _listener(port) and "clag_fast_front_door" in _listener(port)
+        r = httpx.post(f"{url}/v1/memories", json={"text": "direct", "vector": [0.2] * DIM, "namespace": "d"},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+        with pytest.raises(RuntimeError, match="already runs with direct ingress"):
+            frontdoor.run(config, shards=4, direct=False)
+    finally:
+        serve.delete("clag_fast")
+    with pytest.raises(ValueError, match="no room"):
+        frontdoor.serve_env(65535, replicas=2)
 
 
 def test_two_front_doors_racing_get_one_owner(sharded):
@@ -291,6 +335,82 @@ def test_ingest_is_idempotent_and_resumes_after_a_failure(ray_local, tmp_path):
         assert sorted(store.namespaces()) == [f"u{i}" for i in range(5)]
     finally:
         store.shutdown()
+
+
+_KILLED_DRIVER = """
+import sys, time
+import numpy as np
+import ray
+from clag_fast.distributed import ingest
+
+def slow_source(batch):
+    time.sleep(0.3)  # a slow reader: the run is still going when the test kills it
+    return batch
+
+ray.init(address=sys.argv[1], namespace="clag_fast", log_to_driver=False)
+n, dim = int(sys.argv[3]), int(sys.argv[4])
+vecs = np.random.default_rng(7).normal(size=(n, dim)).astype(np.float32)
+vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)  # the test's own rows (_rows): same keys, same vectors
+rows = [{"id": f"row-{i}", "text": f"imported memory {i}", "user": f"u{i % 5}", "vec": vecs[i]} for i in range(n)]
+ds = ray.data.from_items(rows, override_num_blocks=n // 50).map_batches(slow_source, batch_size=50)
+ingest(ds, sys.argv[2], shards=3, dim=dim, key_column="id", namespace_column="user", vector_column="vec",
+       batch_size=50)
+"""
+
+
+@pytest.mark.slow
+def test_ingest_whose_driver_is_killed_resumes_to_exactly_every_row(ray_local, tmp_path):
+    """SIGKILL of the ingest's driver process mid-run (its pipeline dies with it; the detached
+    owners keep what they committed, and writes already sent may still land), then the same
+    ingest again: every row stored exactly once."""
+    import subprocess
+    import sys
+
+    import ray.data
+
+    root, n = tmp_path / "killed", 1500
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "python"), os.environ.get("PYTHONPATH"))
+                                                      if p))
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_DRIVER, ray.get_runtime_context().gcs_address, str(root),
+                             str(n), str(DIM)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    at_kill = 0
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if (root / "cluster.json").exists():
+                at_kill = len(ShardedStore(root))
+                if at_kill >= n // 4:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, f"the driver ended by itself: {err.decode()[-2000:]}"
+    store = ShardedStore(root)
+    try:
+        assert n // 4 <= at_kill < n
+        rows = _rows(n)
+        report = ingest(ray.data.from_items(rows, override_num_blocks=n // 50), root, dim=DIM, key_column="id",
+                        namespace_column="user", vector_column="vec", batch_size=50)
+        assert len(store) == n
+        assert report.rows == n and report.added + report.skipped == n and report.skipped >= at_kill
+        keys = [m.key for ns in store.namespaces() for m in _listed(store, ns)]
+        assert len(keys) == n and len(set(keys)) == n
+        assert store.get(key="row-1234", namespace="u4").text == "imported memory 1234"
+    finally:
+        store.shutdown()
+
+
+def _listed(store: ShardedStore, namespace: str) -> list:
+    items, cursor = [], None
+    while True:
+        page = store.memories(namespace=namespace, limit=500, cursor=cursor)
+        items += page.items
+        cursor = page.next_cursor
+        if cursor is None:
+            return items
 
 
 @pytest.mark.slow

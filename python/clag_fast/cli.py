@@ -235,7 +235,9 @@ def _ray_opts(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--ray", metavar="ADDRESS", default=None,
                     help="run on a Ray cluster ('auto': the local one): --store is then a sharded store's root")
     sp.add_argument("--shards", type=int, default=None, help="with --ray: shards of a new sharded store (default 4)")
-    sp.add_argument("--replicas", type=int, default=1, help="with --ray (serve): front door replicas")
+    sp.add_argument("--replicas", type=int, default=1,
+                    help="with --ray (serve): front door replicas, each answering on its own port "
+                         "(PORT, PORT+1, ...; put a load balancer in front of several)")
 
 
 def _ray_shards(args: argparse.Namespace) -> int | None:

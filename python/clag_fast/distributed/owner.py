@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from clag_fast.distributed.shardmap import ShardMap, decode_id, encode_id
+from clag_fast.embed.service_embedder import ServiceEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,20 @@ RAY_NAMESPACE = "clag_fast"
 # lock; searches run together, writes one at a time), and a search must not wait behind a
 # long add batch of another tenant.
 MAX_CONCURRENCY = 8
+
+
+def _recorded_precision(path: Any) -> str | None:
+    """The embedding precision a store recorded (None: a new store, or none recorded yet)."""
+    from clag_fast.store.catalog import Catalog
+
+    db = path / "memories.db"
+    if not db.exists() or db.stat().st_size == 0:
+        return None
+    catalog = Catalog(db, read_only=True)
+    try:
+        return catalog.meta("embed_precision")
+    finally:
+        catalog.close()
 
 
 class ShardOwner:
@@ -44,7 +59,17 @@ class ShardOwner:
         path.parent.mkdir(parents=True, exist_ok=True)
         config = StoreConfig(dim=layout.dim, slm="off") if layout.llm == "off" else StoreConfig(dim=layout.dim)
         llm: Any = False if layout.llm == "off" else None if layout.llm == "managed" else layout.llm
-        self.store = MemoryStore.open(path, config=config, embedder=None if layout.embedder else False, llm=llm)
+        embedder: Any = None if layout.embedder else False
+        if layout.embedder and layout.dim == ServiceEmbedder.model_dim():
+            # As in the HTTP service: 1-thread ONNX sessions. Several owners share a node's
+            # cores with each other and with the front door, so one text is one core's work.
+            # (A store of another width keeps the default embedder, unused: it gets vectors.)
+            precision = _recorded_precision(path)
+            if precision is None:  # a new shard: the store records its precision by its own rule
+                MemoryStore.open(path, config=config, llm=False).close()
+                precision = _recorded_precision(path)
+            embedder = ServiceEmbedder(precision or "auto")
+        self.store = MemoryStore.open(path, config=config, embedder=embedder, llm=llm)
         log.info("shard %d: opened %s (%d memories)", shard, path, len(self.store))
 
     # -- ids -------------------------------------------------------------------------------
