@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from clag_fast import FilterError, MemoryStore, StoreConfig
 from clag_fast.eval.runner import HashingEmbedder
+from clag_fast.store import filters as filters_mod
 from store_helpers import topic_vectors
 
 CFG = StoreConfig(min_memories_to_cluster=40, organize_every=0, slm="off")
@@ -296,3 +297,23 @@ def test_mutating_a_hits_metadata_never_changes_the_store(tmp_path):
         got = {h.text: h.metadata for h in s.search(x[0] + x[1], k=4, mode="flat")}
         assert got["a"] == {"n": 1} and got["b"] == {"n": 2, "deep": {"x": [1]}} and got["c"] is None
         assert s.get(s.search(x[1], k=1, mode="flat")[0].memory_id).metadata == {"n": 2, "deep": {"x": [1]}}
+
+
+@pytest.mark.parametrize("value", [7, 7.0, True, False, 1, 0, 1.5, -0.0, "", "a", None, 2**70, np.int64(3),
+                                   np.float32(0.5), np.bool_(True)])
+def test_a_one_field_filter_parses_like_its_eq_form(value):
+    # {"f": v} has a fast path in parse(); {"f": {"$eq": v}} takes the general one
+    fast, general = filters_mod.parse({"f": value}), filters_mod.parse({"f": {"$eq": value}})
+    assert fast == general
+    assert type(fast[3][1]) is type(general[3][1])
+
+
+def test_one_field_filters_keep_bools_and_numbers_apart(filled):
+    s, metas, vecs = filled
+    q = next(iter(vecs.values()))
+    for value in (True, 1, 1.0, False, 0, "a", None):
+        got = {h.memory_id for h in s.search(q, k=400, mode="flat", where={"a": value})}
+        assert got == {m for m, meta in metas.items() if ref(meta, {"a": value})}, value
+    for where in ({"a": math.inf}, {"a": -math.nan}, {"$x": 1}, {"": 1}, {"a": [1]}):
+        with pytest.raises(FilterError):
+            s.search(q, k=3, where=where)

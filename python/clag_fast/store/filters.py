@@ -44,6 +44,12 @@ def parse(where: Any) -> Node | None:
     """The canonical form of a ``where`` filter (None for None); FilterError when malformed."""
     if where is None:
         return None
+    if type(where) is dict and len(where) == 1:
+        # The common filter, one field equal to a plain value, without the general walk
+        # (a third of a microsecond out of a 1% filtered search's 70).
+        ((key, value),) = where.items()
+        if type(key) is str and key and key[0] != "$" and type(value) in _PLAIN:
+            return ("cmp", key, "$eq", _scalar(value, key, "where", "$eq"))
     return _parse(where, "where")
 
 
@@ -88,7 +94,18 @@ def _operand(op: str, v: Any, field: str, path: str) -> Any:
     return value
 
 
+#: Value types the fast paths of ``parse`` and ``_scalar`` take by exact type.
+_PLAIN = frozenset((str, int, float, bool))
+
+
 def _scalar(v: Any, field: str, path: str, op: str) -> tuple[int, Any]:
+    t = type(v)
+    if t is str:
+        return (STRING, v)
+    if t is int:
+        return (NUMBER, as_float(v))
+    if t is float and math.isfinite(v):
+        return (NUMBER, v)
     if v is None:
         return (NULL, None)
     if isinstance(v, (bool, np.bool_)):

@@ -242,7 +242,7 @@ class Searcher:
         hit = self._subsets.get(filters)
         if hit is None:
             rows = np.flatnonzero(mask).astype(np.uint32)
-            hit = (rows, self.state.index.vectors()[rows])
+            hit = (rows, self.state.index.gather(rows))
             with self._subsets_lock:  # searches run concurrently under the read lock
                 size = sum(v.nbytes for _, v in self._subsets.values())
                 if len(self._subsets) >= 64 or size + hit[1].nbytes > SUBSET_CACHE_BYTES:
