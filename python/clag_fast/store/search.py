@@ -290,7 +290,8 @@ class Searcher:
         count = int(res.counts[q])
         hit_rows = res.ids[q, :count]
         mids = rows.memory_id[hit_rows].tolist()
-        clusters = res.clusters[q, :count].tolist()
+        cluster_ids = res.clusters[q, :count]
+        clusters = cluster_ids.tolist()
         details = state.details(mids)
         profiles = state.profiles
         hits = []
@@ -300,7 +301,7 @@ class Searcher:
             summary, tags = profiles.get(cid, unlabelled)
             hits.append(make_hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
                                  created, meta, key))
-        state.access.record(rows, hit_rows, clusters, time.time())
+        state.access.record(rows, hit_rows, cluster_ids, time.time())
         return hits
 
     def _decay_weights(self) -> np.ndarray | None:
