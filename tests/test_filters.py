@@ -308,6 +308,21 @@ def test_a_one_field_filter_parses_like_its_eq_form(value):
     assert type(fast[3][1]) is type(general[3][1])
 
 
+def test_remembered_one_field_filters_keep_their_types():
+    # parse() remembers one-field filters by (field, type, value): True, 1 and 1.0 are equal
+    # and hash alike in Python but are different filters here
+    values = [1, True, 1.0, 0, False, 0.0, "1", 2**64, float(2**64)]
+    for _ in range(2):
+        for v in values:
+            assert filters_mod.parse({"f": v}) == filters_mod.parse({"f": {"$eq": v}}), v
+            assert filters_mod.parse({"g": v}) != filters_mod.parse({"f": v})
+    assert len({filters_mod.parse({"f": v}) for v in (1, True, "1")}) == 3
+    for bad in (math.nan, math.inf):
+        for _ in range(2):
+            with pytest.raises(FilterError, match="non-finite"):
+                filters_mod.parse({"f": bad})
+
+
 def test_one_field_filters_keep_bools_and_numbers_apart(filled):
     s, metas, vecs = filled
     q = next(iter(vecs.values()))
