@@ -332,3 +332,42 @@ def test_one_field_filters_keep_bools_and_numbers_apart(filled):
     for where in ({"a": math.inf}, {"a": -math.nan}, {"$x": 1}, {"": 1}, {"a": [1]}):
         with pytest.raises(FilterError):
             s.search(q, k=3, where=where)
+
+
+def test_filtered_searches_stay_exact_while_the_subset_cache_evicts(tmp_path, monkeypatch):
+    # small filters are searched from gathered copies of their rows, cached per filter and
+    # write within a byte budget: evictions, more than 64 filters, and writes (a moved vector,
+    # a delete, changed metadata) must never serve a stale copy
+    from clag_fast.store import search as search_mod
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((300, 384)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    monkeypatch.setattr(search_mod, "SUBSET_CACHE_BYTES", 3 * 10 * 384 * 4)  # three groups' copies
+    with MemoryStore.open(tmp_path / "e", config=StoreConfig(slm="off", organize_every=0), embedder=False,
+                          llm=False) as s:
+        ids = s.add_many([f"t{i}" for i in range(300)], embeddings=x, metadata=[{"g": i % 30} for i in range(300)])
+        live = {m: (x[i], i % 30) for i, m in enumerate(ids)}
+
+        def check(where, groups, q):
+            hits = s.search(q, k=5, mode="flat", where=where)
+            cand = [(float(v @ q), m) for m, (v, g) in live.items() if g in groups]
+            assert [h.memory_id for h in hits] == [m for _, m in sorted(cand, reverse=True)[:5]], where
+            assert all(h.score == pytest.approx(sc, abs=1e-5) for h, (sc, _) in zip(hits, sorted(cand, reverse=True)))
+
+        for rnd in range(3):
+            for g in list(range(30)) * 2:
+                check({"g": g}, {g}, x[(7 * g + rnd) % 300])
+            for a in range(70):  # more distinct filters than the cache keeps
+                check({"g": {"$in": [a % 30, (a * 7 + 1) % 30]}}, {a % 30, (a * 7 + 1) % 30}, x[a])
+            # writes: a new vector for one memory, one deleted, one moved to another group
+            m0, m1, m2 = ids[rnd * 3], ids[rnd * 3 + 1], ids[rnd * 3 + 2]
+            v = rng.standard_normal(384).astype(np.float32)
+            v /= np.linalg.norm(v)
+            s.update(m0, text=f"moved{rnd}", embedding=v)
+            live[m0] = (v, live[m0][1])
+            s.delete(m1)
+            del live[m1]
+            s.update(m2, metadata={"g": 29})
+            live[m2] = (live[m2][0], 29)
+            check({"g": live[m0][1]}, {live[m0][1]}, v)  # the moved vector is found where it is now
