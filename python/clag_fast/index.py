@@ -449,9 +449,9 @@ class VectorIndex:
             w = np.ascontiguousarray(w, dtype=np.float32)
         r = rows
         if r is not None and not (type(r) is np.ndarray and r.dtype == _U32 and r.ndim == 1 and r.flags.c_contiguous):
-            # The store passes contiguous uint32 rows (the test above): they cannot be negative
-            # and the core refuses one past the end. Anything else is converted here (2 us
-            # per call, as much as the rest of this wrapper).
+            # Contiguous uint32 rows (what the store passes) go as they are: they cannot be
+            # negative and the core refuses one past the end. Anything else is converted
+            # here (2 us a call: as much as the rest of this wrapper).
             r = _as_rows(r, n)
         rv = None
         if rows_vectors is not None:
