@@ -176,9 +176,8 @@ def test_report(data):
     times: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls.items())
     for p in range(6):
-        # Each pass starts with another of the three: in a fixed order the filtered search ran
-        # right after the numpy product every time, and read ~4% slower than with the order
-        # alternated (same code).
+        # Each pass starts with another of the three, so none always runs right after another
+        # (in a fixed order the filtered search always followed the numpy product).
         for q in queries:
             for name, call in order[p % 3:] + order[:p % 3]:
                 t0 = time.perf_counter()
