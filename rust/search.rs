@@ -129,7 +129,9 @@ pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Res
         return Err(Error::Value(format!("queries must have {dim} columns")));
     }
     if let Some(rows) = params.rows {
-        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n_rows) {
+        // max() vectorises; the search for the culprit runs only when there is one.
+        if rows.iter().max().is_some_and(|&m| m as usize >= n_rows) {
+            let bad = rows.iter().find(|&&r| r as usize >= n_rows).expect("a row past the end");
             return Err(Error::Value(format!("row {bad} is out of range for an index of {n_rows} rows")));
         }
     }
@@ -257,37 +259,43 @@ fn listed_rows(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Par
     let k = p.k;
     let mut res = Results::new(q, k, 0);
     let Results { ids, scores, clusters, counts, scanned, .. } = &mut res;
-    ids.par_chunks_mut(k)
-        .zip(scores.par_chunks_mut(k))
-        .zip(clusters.par_chunks_mut(k))
-        .zip(counts.par_iter_mut().zip(scanned.par_iter_mut()))
-        .enumerate()
-        .for_each(|(qi, (((i, s), c), (cnt, scn)))| {
-            let qv = &queries[qi * dim..(qi + 1) * dim];
-            let mut top = TopK::new(k);
-            let n = match p.rows_vectors {
-                Some(block) => {
-                    let mut n = 0;
-                    for (&r, v) in rows.iter().zip(block.chunks_exact(dim)) {
-                        if let Some(s) = score_vector(v, qv, r as usize, p) {
-                            top.push(s, r);
-                            n += 1;
-                        }
+    let one = |qi: usize, i: &mut [i64], s: &mut [f32], c: &mut [i64], cnt: &mut i64, scn: &mut i64| {
+        let qv = &queries[qi * dim..(qi + 1) * dim];
+        let mut top = TopK::new(k);
+        let n = match p.rows_vectors {
+            Some(block) => {
+                let mut n = 0;
+                for (&r, v) in rows.iter().zip(block.chunks_exact(dim)) {
+                    if let Some(s) = score_vector(v, qv, r as usize, p) {
+                        top.push(s, r);
+                        n += 1;
                     }
-                    n
                 }
-                // Filtered rows are scattered over the file: prefetch ahead as stage 2 does.
-                None => scan_list(data, dim, qv, p, rows, |_| true, &mut top),
-            };
-            let best = top.into_sorted();
-            for (j, b) in best.iter().enumerate() {
-                i[j] = b.id as i64;
-                s[j] = b.score;
-                c[j] = cl.id_of_slot(cl.primary_of[b.id as usize]);
+                n
             }
-            *cnt = best.len() as i64;
-            *scn = n as i64;
-        });
+            // Filtered rows are scattered over the file: prefetch ahead as stage 2 does.
+            None => scan_list(data, dim, qv, p, rows, |_| true, &mut top),
+        };
+        let best = top.into_sorted();
+        for (j, b) in best.iter().enumerate() {
+            i[j] = b.id as i64;
+            s[j] = b.score;
+            c[j] = cl.id_of_slot(cl.primary_of[b.id as usize]);
+        }
+        *cnt = best.len() as i64;
+        *scn = n as i64;
+    };
+    if q == 1 {
+        // One query (the store's search()): no parallel iterator to set up for a single item.
+        one(0, ids, scores, clusters, &mut counts[0], &mut scanned[0]);
+    } else {
+        ids.par_chunks_mut(k)
+            .zip(scores.par_chunks_mut(k))
+            .zip(clusters.par_chunks_mut(k))
+            .zip(counts.par_iter_mut().zip(scanned.par_iter_mut()))
+            .enumerate()
+            .for_each(|(qi, (((i, s), c), (cnt, scn)))| one(qi, i, s, c, cnt, scn));
+    }
     res
 }
 
@@ -717,6 +725,16 @@ pub(crate) mod tests {
         assert_eq!(c.scores, a.scores);
         let short = Params { rows_vectors: Some(&block[dim..]), ..listed };
         assert!(search(&cl, &data, dim, &q, &short).is_err());
+        // One query runs without the parallel iterator: the same answer as its row of a batch.
+        let single = search(&cl, &data, dim, &q[..dim], &gathered).unwrap();
+        assert_eq!(single.ids, c.ids[..5].to_vec());
+        assert_eq!(single.scores, c.scores[..5].to_vec());
+        assert_eq!(single.scanned, vec![rows.len() as i64]);
+        let mid = [1u32, 301, 2];
+        match search(&cl, &data, dim, &q[..dim], &Params { rows: Some(&mid), ..oob }) {
+            Err(e) => assert!(e.to_string().contains("row 301 is out of range"), "{e}"),
+            Ok(_) => panic!("row 301 of 300 was accepted"),
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from clag_fast import FilterError, MemoryStore, StoreConfig
 from clag_fast.eval.runner import HashingEmbedder
+from clag_fast.store import filters as filters_mod
 from store_helpers import topic_vectors
 
 CFG = StoreConfig(min_memories_to_cluster=40, organize_every=0, slm="off")
@@ -296,3 +297,77 @@ def test_mutating_a_hits_metadata_never_changes_the_store(tmp_path):
         got = {h.text: h.metadata for h in s.search(x[0] + x[1], k=4, mode="flat")}
         assert got["a"] == {"n": 1} and got["b"] == {"n": 2, "deep": {"x": [1]}} and got["c"] is None
         assert s.get(s.search(x[1], k=1, mode="flat")[0].memory_id).metadata == {"n": 2, "deep": {"x": [1]}}
+
+
+@pytest.mark.parametrize("value", [7, 7.0, True, False, 1, 0, 1.5, -0.0, "", "a", None, 2**70, np.int64(3),
+                                   np.float32(0.5), np.bool_(True)])
+def test_a_one_field_filter_parses_like_its_eq_form(value):
+    # {"f": v} has a fast path in parse(); {"f": {"$eq": v}} takes the general one
+    fast, general = filters_mod.parse({"f": value}), filters_mod.parse({"f": {"$eq": value}})
+    assert fast == general
+    assert type(fast[3][1]) is type(general[3][1])
+
+
+def test_remembered_one_field_filters_keep_their_types():
+    # parse() remembers one-field filters by (field, type, value): True, 1 and 1.0 are equal
+    # and hash alike in Python but are different filters here
+    values = [1, True, 1.0, 0, False, 0.0, "1", 2**64, float(2**64)]
+    for _ in range(2):
+        for v in values:
+            assert filters_mod.parse({"f": v}) == filters_mod.parse({"f": {"$eq": v}}), v
+            assert filters_mod.parse({"g": v}) != filters_mod.parse({"f": v})
+    assert len({filters_mod.parse({"f": v}) for v in (1, True, "1")}) == 3
+    for bad in (math.nan, math.inf):
+        for _ in range(2):
+            with pytest.raises(FilterError, match="non-finite"):
+                filters_mod.parse({"f": bad})
+
+
+def test_one_field_filters_keep_bools_and_numbers_apart(filled):
+    s, metas, vecs = filled
+    q = next(iter(vecs.values()))
+    for value in (True, 1, 1.0, False, 0, "a", None):
+        got = {h.memory_id for h in s.search(q, k=400, mode="flat", where={"a": value})}
+        assert got == {m for m, meta in metas.items() if ref(meta, {"a": value})}, value
+    for where in ({"a": math.inf}, {"a": -math.nan}, {"$x": 1}, {"": 1}, {"a": [1]}):
+        with pytest.raises(FilterError):
+            s.search(q, k=3, where=where)
+
+
+def test_filtered_searches_stay_exact_while_the_subset_cache_evicts(tmp_path, monkeypatch):
+    # small filters are searched from gathered copies of their rows, cached per filter and
+    # write within a byte budget: evictions, more than 64 filters, and writes (a moved vector,
+    # a delete, changed metadata) must never serve a stale copy
+    from clag_fast.store import search as search_mod
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((300, 384)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    monkeypatch.setattr(search_mod, "SUBSET_CACHE_BYTES", 3 * 10 * 384 * 4)  # three groups' copies
+    with MemoryStore.open(tmp_path / "e", config=StoreConfig(slm="off", organize_every=0), embedder=False,
+                          llm=False) as s:
+        ids = s.add_many([f"t{i}" for i in range(300)], embeddings=x, metadata=[{"g": i % 30} for i in range(300)])
+        live = {m: (x[i], i % 30) for i, m in enumerate(ids)}
+
+        def check(where, groups, q):
+            hits = s.search(q, k=5, mode="flat", where=where)
+            cand = [(float(v @ q), m) for m, (v, g) in live.items() if g in groups]
+            assert [h.memory_id for h in hits] == [m for _, m in sorted(cand, reverse=True)[:5]], where
+            assert all(h.score == pytest.approx(sc, abs=1e-5) for h, (sc, _) in zip(hits, sorted(cand, reverse=True)))
+
+        for rnd in range(3):
+            for g in list(range(30)) * 2:
+                check({"g": g}, {g}, x[(7 * g + rnd) % 300])
+            for a in range(70):  # more distinct filters than the cache keeps
+                check({"g": {"$in": [a % 30, (a * 7 + 1) % 30]}}, {a % 30, (a * 7 + 1) % 30}, x[a])
+            # writes: a new vector for one memory, one deleted, one moved to another group
+            m0, m1, m2 = ids[rnd * 3], ids[rnd * 3 + 1], ids[rnd * 3 + 2]
+            v = rng.standard_normal(384).astype(np.float32)
+            v /= np.linalg.norm(v)
+            s.update(m0, text=f"moved{rnd}", embedding=v)
+            live[m0] = (v, live[m0][1])
+            s.delete(m1)
+            del live[m1]
+            s.update(m2, metadata={"g": 29})
+            live[m2] = (live[m2][0], 29)
+            check({"g": live[m0][1]}, {live[m0][1]}, v)  # the moved vector is found where it is now

@@ -527,3 +527,42 @@ def test_listed_rows_from_a_gathered_copy_match_and_are_checked(tmp_path):
         idx.search(x[0], k=4, mode="flat", rows=rows, rows_vectors=block[1:])
     with pytest.raises(ValueError, match="needs rows"):
         idx.search(x[0], k=4, mode="flat", rows_vectors=block)
+
+
+def test_gather_copies_rows_cache_line_aligned(tmp_path):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((400, 384)).astype(np.float32)
+    idx = VectorIndex.open(tmp_path / "a", dim=384)
+    idx.append(x)
+    for rows in (np.arange(5, 400, 13).astype(np.uint32), [3, 1, 399], np.asarray([0], np.int64), []):
+        block = idx.gather(rows)
+        want = idx.vectors()[np.asarray(rows, np.int64)]
+        assert block.dtype == np.float32 and block.flags.c_contiguous and block.shape == (len(rows), 384)
+        assert np.array_equal(block, want)
+        assert not len(rows) or block.ctypes.data % 64 == 0  # every row too: 384 floats are 24 lines
+    rows = np.arange(0, 400, 3).astype(np.uint32)
+    a = idx.search(x[:3], k=5, mode="flat", rows=rows)
+    b = idx.search(x[:3], k=5, mode="flat", rows=rows, rows_vectors=idx.gather(rows))
+    assert np.array_equal(a.ids, b.ids) and np.allclose(a.scores, b.scores, atol=1e-6)
+    for bad in ([400], [-1], np.asarray([2**40], np.int64)):
+        with pytest.raises(ValueError, match="must lie in"):
+            idx.gather(bad)
+    with pytest.raises(ValueError, match="must be integers"):
+        idx.gather([1.5])
+
+
+def test_listed_rows_in_any_layout_are_converted_or_refused(tmp_path):
+    # contiguous uint32 rows skip the wrapper's conversion; anything else still gets it
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((200, 8)).astype(np.float32)
+    idx = VectorIndex.open(tmp_path / "l", dim=8)
+    idx.append(x)
+    rows = np.arange(0, 200, 2).astype(np.uint32)
+    want = idx.search(x[4], k=3, mode="flat", rows=rows)
+    for same in (rows[::-1].copy(), np.repeat(rows, 2)[::2], rows.tolist(), rows.astype(np.int16), rows.byteswap().view(rows.dtype.newbyteorder())):
+        got = idx.search(x[4], k=3, mode="flat", rows=same)
+        assert np.array_equal(got.ids, want.ids), type(same)
+    with pytest.raises(ValueError, match="1-D array of row numbers"):
+        idx.search(x[4], k=3, mode="flat", rows=rows.reshape(2, -1))
+    with pytest.raises(ValueError, match="out of range"):
+        idx.search(x[4], k=3, mode="flat", rows=np.asarray([0, 200], np.uint32))

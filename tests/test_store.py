@@ -555,3 +555,32 @@ def test_vector_index_min_rows_bounds_adaptive_probing(tmp_path):
         assert listed(wide) >= 50 and listed(narrow) >= 5
         assert (res_n := (narrow.probed[0] >= 0).sum()) < (wide.probed[0] >= 0).sum()
         assert res_n >= 1
+
+
+def test_searches_record_each_clusters_last_hit_through_flush(store, monkeypatch):
+    # cluster hits are folded in batches (state.HIT_BATCH searches): a flush sees them all,
+    # with each cluster's last hit time, and no time for clusters never hit
+    from clag_fast.store import search as search_mod
+    from clag_fast.store.state import HIT_BATCH
+
+    ids, vecs, top = fill(store, n=300, topics=12)
+    store.organize()
+    clock = {"t": 2_000_000_000.0}
+
+    def tick() -> float:
+        clock["t"] += 1.0
+        return clock["t"]
+
+    monkeypatch.setattr(search_mod.time, "time", tick)
+    last = {}
+    for i in range(HIT_BATCH + 37):  # one full batch and a partial one
+        hits = store.search(vecs[(7 * i) % 40], k=3, n_probe=1)  # the first 40 vectors: some clusters only
+        now = clock["t"]
+        for h in hits:
+            last[h.cluster_id] = now
+    monkeypatch.undo()
+    store.flush()
+    got = {c: t for c, t, _ in store._state.catalog.cluster_hits()}
+    assert last and set(last) < set(got)
+    assert {c: got[c] for c in last} == last
+    assert all(got[c] is None for c in got if c not in last)

@@ -52,9 +52,10 @@ class Searcher:
         self.state = state
         self.lexical = lexical if lexical is not None else LexicalIndex()
         self._weights: tuple[int, float, np.ndarray] | None = None
-        self._filters: dict[tuple, tuple[np.ndarray | None, int]] = {}
+        # filters -> [row mask or None, eligible count, (rows, gathered vectors) or None]
+        self._filters: dict[tuple, list] = {}
         self._filters_version: tuple[int, int] = (-1, -1)
-        self._subsets: dict[tuple, np.ndarray] = {}
+        self._subset_bytes = 0
         self._subsets_lock = threading.Lock()
 
     def eligible(self, filters: tuple) -> tuple[np.ndarray | None, int]:
@@ -62,27 +63,36 @@ class Searcher:
         last a parsed ``where=`` filter (``store.filters.parse``) or None; cached until the next
         write: counting a mask is O(rows), which at 1M rows would cost more than the search.
         None when every row is eligible, so the native scan skips the mask."""
+        entry = self._entry(filters)
+        return entry[0], entry[1]
+
+    def _entry(self, filters: tuple) -> list:
+        """The cache entry of ``filters`` (see ``__init__``), its subset filled by ``_subset``."""
         rows = self.state.rows
         version = (rows.version, self.state.fields.version)
         if self._filters_version != version:
-            self._filters.clear()
-            self._subsets.clear()
+            self._drop_filters()
             self._filters_version = version
-        hit = self._filters.get(filters)
-        if hit is None:
+        entry = self._filters.get(filters)
+        if entry is None:
             mask = rows.mask(*filters[:4])
             if filters[4] is not None:
                 table = self.state.field_table(filters_mod.fields_of(filters[4]))
                 mask &= filters_mod.mask(filters[4], table, rows.n)
             count = int(np.count_nonzero(mask))
-            hit = (None if count == len(mask) else mask, count)
+            entry = [None if count == len(mask) else mask, count, None]
             if len(self._filters) > 64:  # many distinct filters: keep memory bounded
-                self._filters.clear()
+                self._drop_filters()
             # Building a metadata column (a field's first where=) bumps their version: key
             # the cache by the version after it.
             self._filters_version = (rows.version, self.state.fields.version)
-            self._filters[filters] = hit
-        return hit
+            self._filters[filters] = entry
+        return entry
+
+    def _drop_filters(self) -> None:
+        with self._subsets_lock:
+            self._filters = {}
+            self._subset_bytes = 0
 
     def probe_plan(self, n_probe: int | None, hybrid: bool = False) -> tuple[int, dict]:
         """(cap, probe-rule arguments) for the native two-stage search.
@@ -119,21 +129,23 @@ class Searcher:
         ``texts`` (the query texts, or None for vector queries) with ``lexical_weight`` > 0
         make it a hybrid search (module docstring)."""
         state = self.state
-        mask, candidates = self.eligible(filters)
+        entry = self._entry(filters)
+        mask, candidates = entry[0], entry[1]
         if candidates == 0:
             return [Hits([], candidates=0, scanned=0, mode=mode) for _ in range(len(qvecs))]
         weights = self._decay_weights()
         if selected:
             return [self._search_selected(qvecs, k, mask, candidates, selected, weights)]
         idx = state.index
-        eff_mode = mode if idx.n_clusters() else "flat"
-        if eff_mode == "two_stage" and mask is not None and candidates <= idx.n_clusters():
+        n_clusters = idx.n_clusters()
+        eff_mode = mode if n_clusters else "flat"
+        if eff_mode == "two_stage" and mask is not None and candidates <= n_clusters:
             # A selective filter leaves fewer eligible rows than stage 1 has centres to score:
             # scoring them all is cheaper than probing, and exact (nothing can starve).
             eff_mode = "flat"
         hybrid = texts is not None and lexical_weight > 0
         if eff_mode == "flat" and mask is not None and candidates <= SUBSET_ROWS and not hybrid:
-            res = self._subset_search(qvecs, k, filters, mask, weights)
+            res = self._subset_search(qvecs, k, entry, weights)
             return [Hits(self._hits(res, q), scanned=candidates, candidates=candidates, mode="flat")
                     for q in range(len(qvecs))]
         probe, adaptive = self.probe_plan(n_probe, hybrid)
@@ -236,27 +248,29 @@ class Searcher:
         return Hits(self._hits(res, 0), scanned=min(scanned, candidates), candidates=candidates,
                     clusters_probed=probed, mode=mode)
 
-    def _subset(self, filters: tuple, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The eligible rows (uint32, ascending) and their vectors gathered contiguous,
-        cached like ``eligible`` (within ``SUBSET_CACHE_BYTES`` of gathered vectors)."""
-        hit = self._subsets.get(filters)
-        if hit is None:
-            rows = np.flatnonzero(mask).astype(np.uint32)
-            hit = (rows, self.state.index.vectors()[rows])
+    def _subset(self, entry: list) -> tuple[np.ndarray, np.ndarray]:
+        """The eligible rows of a filter cache entry (uint32, ascending) and their vectors
+        gathered contiguous, kept in the entry (so cached like ``eligible``) while the
+        entries' gathered vectors fit in ``SUBSET_CACHE_BYTES``."""
+        sub = entry[2]
+        if sub is None:
+            rows = np.flatnonzero(entry[0]).astype(np.uint32)
+            sub = (rows, self.state.index.gather(rows))
             with self._subsets_lock:  # searches run concurrently under the read lock
-                size = sum(v.nbytes for _, v in self._subsets.values())
-                if len(self._subsets) >= 64 or size + hit[1].nbytes > SUBSET_CACHE_BYTES:
-                    self._subsets.clear()
-                self._subsets[filters] = hit
-        return hit
+                if self._subset_bytes + sub[1].nbytes > SUBSET_CACHE_BYTES:
+                    for other in list(self._filters.values()):  # other searches may add entries
+                        other[2] = None
+                    self._subset_bytes = 0
+                self._subset_bytes += sub[1].nbytes
+                entry[2] = sub
+        return sub
 
-    def _subset_search(self, qvecs: np.ndarray, k: int, filters: tuple, mask: np.ndarray,
-                       weights: np.ndarray | None) -> SearchResult:
+    def _subset_search(self, qvecs: np.ndarray, k: int, entry: list, weights: np.ndarray | None) -> SearchResult:
         """Exact top-k over the few eligible rows: the native search scores exactly the
         listed rows (their dot products alone, no pass over every row's mask), from a
         contiguous copy of their vectors gathered once per filter and write (scattered rows
         cost 1.5x a flat store of just those rows; benches/bench_filters.py)."""
-        rows, block = self._subset(filters, mask)
+        rows, block = self._subset(entry)
         return self.state.index.search(qvecs, k=k, mode="flat", weights=weights, rows=rows, rows_vectors=block)
 
     def _lexical_clusters(self, best_rows: np.ndarray, exclude: set[int], n: int) -> list[int]:
@@ -291,7 +305,8 @@ class Searcher:
             return []
         hit_rows = res.ids[q, :count]
         mids = state.rows.memory_id[hit_rows].tolist()
-        clusters = res.clusters[q, :count].tolist()
+        cluster_ids = res.clusters[q, :count]
+        clusters = cluster_ids.tolist()
         profiles = state.profiles
         unlabelled = ("", ())
         hits = []
@@ -300,7 +315,7 @@ class Searcher:
             summary, tags = profiles.get(cid, unlabelled)
             hits.append(make_hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
                                  created, meta, key))
-        state.access.record(state.rows, hit_rows, clusters, time.time())
+        state.access.record(state.rows, hit_rows, cluster_ids, time.time())
         return hits
 
     def _decay_weights(self) -> np.ndarray | None:

@@ -22,6 +22,9 @@ from clag_fast.store.fields import FieldTable
 from clag_fast.store.locks import RWLock
 from clag_fast.store.rowtable import RowTable
 
+#: Searches whose cluster hits are recorded before they are folded into ``AccessLog.clusters``.
+HIT_BATCH = 256
+
 COUNTERS = ("adds", "searches", "cache_hits", "organizations", "embed_s", "add_s", "search_s",
             "routed_vector", "routed_new", "routed_slm", "routed_fallback")
 
@@ -60,18 +63,35 @@ class AccessLog:
 
     Memories' accesses are counted in the row table's columns (``last_accessed``,
     ``access_count`` and ``unflushed``, applied in batches: ``RowTable.record_access``);
-    clusters' last hit times are kept here.
+    clusters' last hit times are kept here, folded in batches too: one dict update per search
+    cost 2-3 us, a thirtieth of a small filtered search (benches/bench_filters.py).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.clusters: dict[int, float] = {}
+        self._hits: list[tuple[np.ndarray, float]] = []
 
-    def record(self, rows: RowTable, hit_rows: np.ndarray, cluster_ids: list[int], now: float) -> None:
-        """``hit_rows``: distinct vector rows returned by one search; their clusters."""
+    def record(self, rows: RowTable, hit_rows: np.ndarray, cluster_ids: np.ndarray, now: float) -> None:
+        """``hit_rows``: distinct vector rows returned by one search; ``cluster_ids``: their
+        clusters (int64, -1 for none). The arrays must not change afterwards."""
         rows.record_access(hit_rows, now)
+        self._hits.append((cluster_ids, now))  # list.append is atomic: searches run concurrently
+        if len(self._hits) >= HIT_BATCH:
+            self.settle()
+
+    def settle(self) -> None:
+        """Fold the recorded cluster hits into ``clusters`` (cluster -> last hit time)."""
         with self._lock:
-            self.clusters.update(dict.fromkeys(cluster_ids, now))
+            n = len(self._hits)
+            if not n:
+                return
+            # Slice, then delete: a search appending meanwhile keeps its entry for the next fold.
+            batch = self._hits[:n]
+            del self._hits[:n]
+            ids = np.concatenate([b[0] for b in batch]).tolist()
+            times = np.repeat(np.asarray([b[1] for b in batch]), [len(b[0]) for b in batch]).tolist()
+            self.clusters.update(zip(ids, times))  # in search order: a cluster keeps its last hit
 
     def take(self, rows: RowTable) -> tuple[dict[int, tuple[float, int]], dict[int, float]]:
         """(memory id -> (last access, accesses since the last take), cluster -> last hit),
@@ -84,6 +104,7 @@ class AccessLog:
             if mid >= 0:  # -1: deleted since
                 memories[mid] = (last, int(count))
         rows.unflushed[pending] = 0
+        self.settle()
         with self._lock:
             clusters, self.clusters = self.clusters, {}
         clusters.pop(-1, None)  # hits outside any cluster (pending rows)
