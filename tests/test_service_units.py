@@ -165,3 +165,23 @@ print("had", had)
     if out.stdout.startswith("no-openblas"):
         pytest.skip("this numpy does not use OpenBLAS")
     assert out.stdout.startswith("had ")
+
+
+@pytest.mark.parametrize("llm", ["off", "http://127.0.0.1:9"])
+def test_service_store_reorganises_in_its_worker(tmp_path, llm):
+    """The service's store re-organises in its worker thread with or without an SLM, so an
+    add batch is answered before a re-organisation it made due."""
+    from clag_fast.server.service import StoreService
+
+    def organizers() -> int:
+        return sum(t.name == "clag-fast-organizer" for t in threading.enumerate())
+
+    before = organizers()
+    svc = StoreService(ServeConfig(store=tmp_path / "s", embedder=False, dim=8, llm=llm))
+    store = svc.open()
+    try:
+        assert organizers() == before + 1
+        if llm == "off":
+            assert store.config.slm.mode == "off" and store.config.slm.vector_in_background
+    finally:
+        store.close()

@@ -86,8 +86,10 @@ class SLMScheduler:
         # Only SLM work needs a worker: vector-only organisation is bounded and amortised
         # (``StoreConfig.organize_period``), so it runs inline and stays deterministic, unless
         # the caller asks for it in the background (``SLMConfig.vector_in_background``).
-        wanted = (self.config.background and self.enabled) or self.config.vector_in_background
-        if wanted and not state.read_only:
+        slm_worker = self.config.background and self.enabled
+        # True when the worker exists only for vector-only organisations (no SLM to ask).
+        self._vector_worker = not slm_worker and self.config.vector_in_background
+        if (slm_worker or self._vector_worker) and not state.read_only:
             self._jobs = queue.Queue()
             self._worker = threading.Thread(target=self._work, name="clag-fast-organizer", daemon=True)
             self._worker.start()
@@ -254,7 +256,7 @@ class SLMScheduler:
 
     def _work(self) -> None:
         assert self._jobs is not None
-        if self.enabled:
+        if not self._vector_worker:
             # SLM calls yield the cores to the callers. Vector-only work does not: it takes the
             # store's locks in turn with the callers' writes, and a starved holder would
             # stall them.
@@ -384,7 +386,7 @@ class SLMScheduler:
         # caller's thread spends at most ``profile_budget_s`` on SLM profiles; the rest are
         # vector profiles now and SLM ones later, in the worker (or at the next pass).
         in_worker = threading.current_thread() is self._worker
-        use_slm = reason in ("explicit", "cold_start") or (self._jobs is not None and self.enabled)
+        use_slm = reason in ("explicit", "cold_start") or (self._jobs is not None and not self._vector_worker)
         budget = None if in_worker else self.config.profile_budget_s
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit",
