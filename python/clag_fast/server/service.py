@@ -23,7 +23,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from clag_fast.config import SLMConfig, StoreConfig
+from clag_fast.config import StoreConfig
 from clag_fast.server import tenancy
 from clag_fast.server.auth import Principal
 from clag_fast.server.batching import Coalescer
@@ -126,7 +126,7 @@ class StoreService:
                 # Periodic re-organisations run in the store's worker, not inside the add batch
                 # that triggers one: the requests committed in that batch are answered at once
                 # instead of after it (0.3-1 s, the adds' p99 in benches/bench_service.py).
-                kwargs["slm"] = SLMConfig(mode="off", vector_in_background=True)
+                kwargs["slm"] = StoreConfig().slm.replace(mode="off", vector_in_background=True)
             cfg = StoreConfig(**kwargs)
         llm: Any = None if c.llm == "managed" else False if c.llm == "off" else c.llm
         embedder: Any = False
