@@ -3,21 +3,26 @@ single in-process loop doing the same operations through ``MemoryStore``, in one
 
 Both start from copies of the same store (``--seed`` memories, real ONNX MiniLM embedder,
 vector-only organisation: ``--llm off``). The operation list is generated once with a fixed
-seed; the loop runs it in order, the clients take the next operation from a shared queue.
-Reported: throughput of both and their ratio, p50/p99 latency, errors; and the service's
-start time on the existing store (until /healthz answers, and until it says the embedding
-model is loaded).
+seed and cut into ``--blocks`` consecutive slices, which the loop and the service take in
+turns (loop then service, service then loop, ...): on a machine shared with other work both
+sides then see the same moments of its load, and each side's time is the sum of its slices.
+The loop runs a slice in order; the clients take its next operation from a shared queue. A
+service slice ends when its last answer came and the service's background work (a
+re-organisation in the store's worker) is done, so none of it runs during the loop's slices.
+Reported: throughput of both and their ratio (and per slice), p50/p99 latency, errors; and the
+service's start time on the existing store (until /healthz answers, and until it says the
+embedding model is loaded).
 
 The clients (``--client``): by default 16 asyncio keep-alive connections in this process,
 speaking just enough HTTP/1.1 (``LeanConnection``, ~0.13 ms of CPU per request), as agent
 backends in other processes or languages would; ``httpx``: 16 threads each with an
 ``httpx.Client`` (~1 ms of CPU per request, taken from the 2 cores the server runs on). The
 CPU seconds of the server process, of the clients and of the in-process loop are printed
-per operation, with the load average: on a shared machine the ratio moves with the load.
+per operation, with the load average.
 
 Targets (issue #15): ratio >= 1.5, p99 <= 10x p50, zero errors, start < 3 s.
 
-    python benches/bench_service.py [--ops 1200] [--clients 16] [--seed 1000] [--client lean|httpx]
+    python benches/bench_service.py [--ops 1200] [--clients 16] [--seed 1000] [--client lean|httpx] [--blocks 4]
 """
 
 from __future__ import annotations
@@ -79,30 +84,6 @@ def seed_store(path: Path, n: int) -> None:
 
 def pct(xs: list[float], p: float) -> float:
     return float(np.percentile(np.asarray(xs), p)) * 1000 if xs else float("nan")
-
-
-def run_in_process(path: Path, ops: list[tuple[str, str]]) -> dict:
-    from clag_fast import MemoryStore, StoreConfig
-
-    lat, errors = [], 0
-    with MemoryStore.open(path, config=StoreConfig(slm="off"), llm=False) as store:
-        store.search("warm up", k=1, namespace="bench")  # load the model outside the timing
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        for op, text in ops:
-            t = time.perf_counter()
-            try:
-                if op == "add":
-                    store.add(text, namespace="bench")
-                else:
-                    store.search(text, k=5, namespace="bench")
-            except Exception:
-                errors += 1
-            lat.append(time.perf_counter() - t)
-        wall = time.perf_counter() - t0
-        cpu = time.process_time() - cpu0
-    return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "errors": errors,
-            "cpu_s": cpu}
 
 
 def _cpu_of(pid: int) -> float:
@@ -238,7 +219,7 @@ def drive_lean(url: str, ops: list, clients: int, request: Callable[[Any], tuple
     wall = asyncio.run(main())
     return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
             "errors": len(errors), "error_examples": errors[:3], "client_cpu_s": time.process_time() - cpu0,
-            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}}
+            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}, "lat": by_op}
 
 
 def drive_httpx(url: str, ops: list, clients: int, request: Callable[[Any], tuple[str, dict, str]]) -> dict:
@@ -285,7 +266,7 @@ def drive_httpx(url: str, ops: list, clients: int, request: Callable[[Any], tupl
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "ops_s": len(ops) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
             "errors": len(errors), "error_examples": errors[:3], "client_cpu_s": time.process_time() - cpu0,
-            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}}
+            "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in by_op.items()}, "lat": by_op}
 
 
 DRIVERS = {"lean": drive_lean, "httpx": drive_httpx}
@@ -298,20 +279,93 @@ def text_request(op: tuple[str, str]) -> tuple[str, dict, str]:
     return "/v1/search", {"query": text, "k": 5, "namespace": "bench"}, "hits"
 
 
-def run_service(path: Path, ops: list[tuple[str, str]], clients: int, driver: str = "lean") -> dict:
+def wait_idle(url: str, http: Any) -> None:
+    """Until the service has no background work left (re-organisation in the store's worker)."""
+    while http.get(url + "/v1/stats").json()["slm_pending"]["jobs"]:
+        time.sleep(0.01)
+
+
+def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clients: int, driver: str = "lean",
+                    blocks: int = 4) -> tuple[dict, dict]:
+    """The loop and the service on the same operations, in ``blocks`` consecutive slices
+    that take turns (loop then service, then service then loop, ...), so both see the same
+    moments of a shared machine's load; each side's time is the sum of its slices. A service
+    slice ends when its last answer came and its background work is done (``wait_idle``), so
+    no work of one side runs during the other's slice."""
     import httpx
 
-    service = Service(path)
-    cpu0 = _cpu_of(service.proc.pid)
-    result = DRIVERS[driver](service.url, ops, clients, text_request)
-    result["server_cpu_s"] = _cpu_of(service.proc.pid) - cpu0
-    stats = httpx.get(service.url + "/v1/stats").json()["service"]
+    from clag_fast import MemoryStore, StoreConfig
+
+    service = Service(served)
+    http = httpx.Client(timeout=300)
+    wait_idle(service.url, http)
+    loop = {"wall_s": 0.0, "cpu_s": 0.0, "lat": [], "errors": 0, "blocks": []}
+    srv: dict[str, Any] = {"wall_s": 0.0, "idle_wait_s": 0.0, "server_cpu_s": 0.0, "client_cpu_s": 0.0, "lat": {},
+                           "errors": 0, "error_examples": [], "blocks": []}
+    bounds = np.linspace(0, len(ops), blocks + 1).round().astype(int)
+    with MemoryStore.open(local, config=StoreConfig(slm="off"), llm=False) as store:
+        store.search("warm up", k=1, namespace="bench")  # load the model outside the timing
+
+        def loop_block(part: list[tuple[str, str]]) -> float:
+            cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            for op, text in part:
+                t = time.perf_counter()
+                try:
+                    if op == "add":
+                        store.add(text, namespace="bench")
+                    else:
+                        store.search(text, k=5, namespace="bench")
+                except Exception:
+                    loop["errors"] += 1
+                loop["lat"].append(time.perf_counter() - t)
+            wall = time.perf_counter() - t0
+            loop["wall_s"] += wall
+            loop["cpu_s"] += time.process_time() - cpu0
+            return wall
+
+        def service_block(part: list[tuple[str, str]]) -> float:
+            cpu0 = _cpu_of(service.proc.pid)
+            r = DRIVERS[driver](service.url, part, clients, text_request)
+            t = time.perf_counter()
+            wait_idle(service.url, http)
+            waited = time.perf_counter() - t
+            srv["idle_wait_s"] += waited
+            srv["server_cpu_s"] += _cpu_of(service.proc.pid) - cpu0
+            srv["wall_s"] += r["wall_s"] + waited
+            srv["client_cpu_s"] += r["client_cpu_s"]
+            srv["errors"] += r["errors"]
+            srv["error_examples"] += r["error_examples"][:3 - len(srv["error_examples"])]
+            for op, v in r["lat"].items():
+                srv["lat"].setdefault(op, []).extend(v)
+            return r["wall_s"] + waited
+
+        for b in range(blocks):
+            part = ops[bounds[b]:bounds[b + 1]]
+            if b % 2 == 0:
+                lw, sw = loop_block(part), service_block(part)
+            else:
+                sw, lw = service_block(part), loop_block(part)
+            loop["blocks"].append(len(part) / lw)
+            srv["blocks"].append(len(part) / sw)
+    stats = http.get(service.url + "/v1/stats").json()["service"]
+    http.close()
     service.stop()
     # start-up on the now existing (and grown) store
-    again = Service(path)
+    again = Service(served)
     start = {"start_s": again.start_s, "models_loaded_s": again.models_s, "healthz_at_start": again.health_at_start}
     again.stop()
-    return {**result, "batches": stats, **start}
+    every = [x for v in srv["lat"].values() for x in v]
+    loop_out = {"wall_s": loop["wall_s"], "ops_s": len(ops) / loop["wall_s"], "p50_ms": pct(loop["lat"], 50),
+                "p99_ms": pct(loop["lat"], 99), "errors": loop["errors"], "cpu_s": loop["cpu_s"],
+                "blocks": loop["blocks"]}
+    srv_out = {"wall_s": srv["wall_s"], "ops_s": len(ops) / srv["wall_s"], "p50_ms": pct(every, 50),
+               "p99_ms": pct(every, 99), "errors": srv["errors"], "error_examples": srv["error_examples"],
+               "server_cpu_s": srv["server_cpu_s"], "client_cpu_s": srv["client_cpu_s"],
+               "idle_wait_s": srv["idle_wait_s"], "blocks": srv["blocks"],
+               "by_op": {op: (pct(v, 50), pct(v, 99)) for op, v in srv["lat"].items()},
+               "batches": stats, **start}
+    return loop_out, srv_out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1000, help="memories in the store before the run")
     p.add_argument("--client", choices=sorted(DRIVERS), default="lean",
                    help="lean: 16 asyncio keep-alive connections (default); httpx: 16 threads with httpx.Client")
+    p.add_argument("--blocks", type=int, default=4,
+                   help="slices of the operations the loop and the service take in turns (1: the loop, then the service)")
     args = p.parse_args(argv)
     ops = make_ops(args.ops)
     load0 = os.getloadavg()[0]
@@ -332,18 +388,21 @@ def main(argv: list[str] | None = None) -> int:
               f"({sum(o == 'add' for o, _ in ops)} adds), {args.clients} clients; {os.cpu_count()} CPUs", flush=True)
         shutil.copytree(base, Path(tmp) / "local")
         shutil.copytree(base, Path(tmp) / "served")
-        local = run_in_process(Path(tmp) / "local", ops)
+        local, served = run_interleaved(Path(tmp) / "local", Path(tmp) / "served", ops, args.clients, args.client,
+                                        args.blocks)
         print(f"in-process loop : {local['ops_s']:7.1f} ops/s  p50 {local['p50_ms']:6.1f} ms  "
-              f"p99 {local['p99_ms']:6.1f} ms  errors {local['errors']}  ({local['wall_s']:.1f} s)", flush=True)
-        served = run_service(Path(tmp) / "served", ops, args.clients, args.client)
+              f"p99 {local['p99_ms']:6.1f} ms  errors {local['errors']}  ({local['wall_s']:.1f} s)")
         print(f"service, {args.clients} clients: {served['ops_s']:7.1f} ops/s  p50 {served['p50_ms']:6.1f} ms  "
-              f"p99 {served['p99_ms']:6.1f} ms  errors {served['errors']}  ({served['wall_s']:.1f} s)")
+              f"p99 {served['p99_ms']:6.1f} ms  errors {served['errors']}  ({served['wall_s']:.1f} s, of which "
+              f"{served['idle_wait_s']:.2f} s for background work after the slices' last answers)")
         print(f"CPU per operation: server {served['server_cpu_s'] / len(ops) * 1000:.2f} ms, "
               f"{args.client} clients {served['client_cpu_s'] / len(ops) * 1000:.2f} ms; "
               f"in-process loop {local['cpu_s'] / len(ops) * 1000:.2f} ms")
         print(f"ratio service/loop: {served['ops_s'] / local['ops_s']:.2f}x   p99/p50: "
               f"{served['p99_ms'] / served['p50_ms']:.1f}   (load average {os.getloadavg()[0]:.1f} "
               f"after the run, {load0:.1f} before)")
+        print("per slice, ops/s loop / service: " + ", ".join(
+            f"{a:.0f}/{b:.0f}" for a, b in zip(local["blocks"], served["blocks"])))
         print(f"batches: {served['batches']}")
         print("service p50/p99 by operation (ms): " + ", ".join(
             f"{op} {a:.1f}/{b:.1f}" for op, (a, b) in served["by_op"].items()))

@@ -137,3 +137,51 @@ def test_store_errors_map_to_statuses_without_internals():
     assert store_error(problem(413, "too_large", "big")) == (413, "too_large", "big")
     status, code, message = store_error(RuntimeError("/secret/path exploded"))
     assert (status, code) == (500, "internal") and "secret" not in message
+
+
+def test_serve_process_runs_numpy_on_one_blas_thread():
+    """``serve()`` sets numpy's OpenBLAS to one thread (``server.blas``): the count reads back
+    as 1 and products give the same values as on the threads it had. In a child process, so
+    this process keeps its own count."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from clag_fast.server import blas
+if blas.threads() is None:
+    print("no-openblas")
+    raise SystemExit(0)
+rng = np.random.default_rng(0)
+a, b = rng.random((300, 384), np.float32), rng.random((384, 700), np.float32)
+before = a @ b
+had = blas.limit_to_one_thread()
+assert blas.threads() == 1, blas.threads()
+assert np.array_equal(a @ b, before)
+print("had", had)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("no-openblas"):
+        pytest.skip("this numpy does not use OpenBLAS")
+    assert out.stdout.startswith("had ")
+
+
+@pytest.mark.parametrize("llm", ["off", "http://127.0.0.1:9"])
+def test_service_store_reorganises_in_its_worker(tmp_path, llm):
+    """The service's store re-organises in its worker thread with or without an SLM, so an
+    add batch is answered before a re-organisation it made due."""
+    from clag_fast.server.service import StoreService
+
+    def organizers() -> int:
+        return sum(t.name == "clag-fast-organizer" for t in threading.enumerate())
+
+    before = organizers()
+    svc = StoreService(ServeConfig(store=tmp_path / "s", embedder=False, dim=8, llm=llm))
+    store = svc.open()
+    try:
+        assert organizers() == before + 1
+        if llm == "off":
+            assert store.config.slm.mode == "off" and store.config.slm.vector_in_background
+    finally:
+        store.close()

@@ -275,6 +275,42 @@ def test_periodic_organisation_profiles_new_clusters(tmp_path):
         assert all(c.summary for c in s.clusters())
 
 
+def test_vector_organisations_in_the_worker_when_asked(tmp_path, monkeypatch):
+    """SLMConfig(vector_in_background=True): the add that makes a vector-only organisation
+    due returns before it (it runs in the store's worker, held here until released);
+    flush() waits for it. Without the option it runs inside that add (test above)."""
+    import threading
+
+    from clag_fast.config import SLMConfig
+    from clag_fast.slm import scheduler
+
+    gate, started, ran_in = threading.Event(), threading.Event(), []
+    real = scheduler.org_ops.organize
+
+    def held(state, **kw):
+        ran_in.append(threading.current_thread().name)
+        started.set()
+        assert gate.wait(60)
+        return real(state, **kw)
+
+    monkeypatch.setattr(scheduler.org_ops, "organize", held)
+    cfg = StoreConfig(min_memories_to_cluster=30, organize_every=20,
+                      slm=SLMConfig(mode="off", vector_in_background=True))
+    with open_store(tmp_path / "s", cfg) as s:
+        ids, _, _ = fill(s, 40, topics=4)  # makes the cold start due
+        assert started.wait(60), "the organisation did not start"
+        assert s.stats()["organizations"] == 0  # the add returned while it is held
+        assert len(s.get_many(ids)) == 40  # and its memories are committed
+        gate.set()
+        s.flush()
+        assert s.stats()["organizations"] == 1 and s.clusters()
+        fill(s, 60, topics=4, seed=5)
+        s.flush()
+        assert s.stats()["organizations"] >= 2  # periodic, every 20 adds
+        assert set(ran_in) == {"clag-fast-organizer"}
+        assert all(c.summary for c in s.clusters())
+
+
 def test_templated_labels_mode(tmp_path):
     vecs, top = topic_vectors(90, 3, seed=6)
     labels = ("flights", "hotels", "food")

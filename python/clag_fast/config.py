@@ -35,6 +35,12 @@ class SLMConfig:
       background: SLM work (ambiguous routes, profiles, re-organisation) runs in a worker
         thread, so ``add()`` returns after vector routing; ``flush()``/``close()`` wait for it.
         Off: that work runs inside the ``add()`` that triggers it (seconds with SmolLM2).
+      vector_in_background: without an SLM, the periodic (and drift, confusion) vector-only
+        re-organisations run in that worker too, so the ``add()`` that triggers one returns
+        before it. Off by default: they are bounded (``StoreConfig.organize_period``) and,
+        inline, happen at the same points for the same adds. The service turns it on: there
+        the order of concurrent requests varies anyway, and the requests committed with the
+        add that triggered one would otherwise wait for it (its latency tail).
     Routing:
       route_candidates: nearest clusters (by centre) considered for a new memory.
       slm_window: the SLM is asked only when a runner-up is within this much of the best.
@@ -71,6 +77,7 @@ class SLMConfig:
 
     mode: str = "auto"
     background: bool = True
+    vector_in_background: bool = False
     # Measured on LoCoMo conversation 2 (BENCHMARKS.md, "SLM organiser cost"): these send 18%
     # of the routed turns to the SLM, 4 per call (~0.05 calls per memory).
     route_candidates: int = 5

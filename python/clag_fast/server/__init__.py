@@ -7,7 +7,8 @@ Modules: ``settings`` (ServeConfig, Limits), ``auth`` (keys file, namespace righ
 ``models`` (request/response bodies), ``batching`` (coalescing concurrent requests),
 ``service`` (the open store and shared work), ``routes`` (the /v1 API), ``hotpaths`` (the two
 busiest routes answered without FastAPI's per-request machinery), ``http_errors`` (error
-answers, body limit), ``app`` (the ASGI app, ``serve``), ``mcp_tools`` (MCP server).
+answers, body limit), ``app`` (the ASGI app, ``serve``), ``blas`` (numpy on one BLAS thread in
+the serve process), ``mcp_tools`` (MCP server).
 """
 
 from __future__ import annotations

@@ -84,8 +84,18 @@ async def _warm_when(listening: Callable[[], bool] | None, service: StoreService
 
 def serve(config: ServeConfig) -> None:
     """Run the service until interrupted (SIGINT/SIGTERM close the store cleanly)."""
+    import os
+
     import uvicorn
 
+    from clag_fast.server import blas
+
+    # The process is ours: its native thread pools stop splitting small work over the cores,
+    # which the requests already share out (see ``blas``). The tokenizer reads its switch
+    # at every call: a batch of a few texts is then tokenised in the calling worker instead
+    # of being handed to a pool thread and back.
+    blas.limit_to_one_thread()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     server: uvicorn.Server | None = None
     app = create_app(config, listening=lambda: server is not None and server.started)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",

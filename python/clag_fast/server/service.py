@@ -65,10 +65,10 @@ class StoreService:
         self._table: dict[int, set[str]] | None = None
         self._table_generation: tuple | None = None
         self._table_lock = threading.Lock()
-        # Without an SLM, memories move between clusters only inside the service's own calls
-        # (adds, which may re-organise inline, updates, organize, forget), each followed by
-        # ``rerouted``; with one, its worker moves them in the background too.
-        self._moves_in_background = config.llm != "off"
+        # Memories also move between clusters outside the service's own calls (each followed
+        # by ``rerouted``): the store's worker re-organises in the background, with or without
+        # an SLM (``open``).
+        self._moves_in_background = True
 
     # -- life ----------------------------------------------------------------------------
     def open(self) -> MemoryStore:
@@ -79,7 +79,10 @@ class StoreService:
             stored_dim = _stored_dim(c.store)
             kwargs: dict[str, Any] = {"dim": stored_dim or c.dim or StoreConfig().dim, "fsync": c.fsync}
             if c.llm == "off":
-                kwargs["slm"] = "off"
+                # Periodic re-organisations run in the store's worker, not inside the add batch
+                # that triggers one: the requests committed in that batch are answered at once
+                # instead of after it (0.3-1 s, the adds' p99 in benches/bench_service.py).
+                kwargs["slm"] = StoreConfig().slm.replace(mode="off", vector_in_background=True)
             cfg = StoreConfig(**kwargs)
         llm: Any = None if c.llm == "managed" else False if c.llm == "off" else c.llm
         embedder: Any = False

@@ -84,8 +84,12 @@ class SLMScheduler:
         self._phrases = keyphrases.PhraseCache()
         self._label_counts: dict[str, int] = {"vector": 0, "slm": 0, "neutral": 0, "slm_not_distinct": 0}
         # Only SLM work needs a worker: vector-only organisation is bounded and amortised
-        # (``StoreConfig.organize_period``), so it runs inline and stays deterministic.
-        if self.config.background and not state.read_only and self.enabled:
+        # (``StoreConfig.organize_period``), so it runs inline and stays deterministic, unless
+        # the caller asks for it in the background (``SLMConfig.vector_in_background``).
+        slm_worker = self.config.background and self.enabled
+        # True when the worker exists only for vector-only organisations (no SLM to ask).
+        self._vector_worker = not slm_worker and self.config.vector_in_background
+        if (slm_worker or self._vector_worker) and not state.read_only:
             self._jobs = queue.Queue()
             self._worker = threading.Thread(target=self._work, name="clag-fast-organizer", daemon=True)
             self._worker.start()
@@ -252,7 +256,11 @@ class SLMScheduler:
 
     def _work(self) -> None:
         assert self._jobs is not None
-        _lower_thread_priority()
+        if not self._vector_worker:
+            # SLM calls yield the cores to the callers. Vector-only work does not: it takes the
+            # store's locks in turn with the callers' writes, and a starved holder would
+            # stall them.
+            _lower_thread_priority()
         while True:
             job = self._jobs.get()
             with self._pending_lock:
@@ -378,7 +386,7 @@ class SLMScheduler:
         # caller's thread spends at most ``profile_budget_s`` on SLM profiles; the rest are
         # vector profiles now and SLM ones later, in the worker (or at the next pass).
         in_worker = threading.current_thread() is self._worker
-        use_slm = reason in ("explicit", "cold_start") or self._jobs is not None
+        use_slm = reason in ("explicit", "cold_start") or (self._jobs is not None and not self._vector_worker)
         budget = None if in_worker else self.config.profile_budget_s
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit",
