@@ -204,6 +204,22 @@ def test_by_distinctness_prefers_phrases_that_point_at_their_own_centre():
     assert m[0] > 0 > m[1]
 
 
+def test_pointing_offers_only_the_candidates_whose_embedding_points_at_their_cluster():
+    vocab = ["kyoto", "hotel", "kitchen", "trip", "jr", "pass"]
+    embed = bag_embed(vocab)
+    centres = embed(["kyoto hotel hotel kitchen", "jr pass trip trip"])
+    found = {1: kp.ClusterPhrases([kp.Keyphrase("trip", 1.0, 3, 1.0), kp.Keyphrase("Kyoto hotel", 0.9, 3, 1.0),
+                                   kp.Keyphrase("kitchen", 0.8, 3, 1.0)])}
+    assert found[1].pointing() == ["trip", "Kyoto hotel", "kitchen"]  # nothing embedded yet: all
+    kp.by_distinctness(found, [1, 2], centres, embed)
+    m = dict(zip(["trip", "Kyoto hotel", "kitchen"],
+                 kp.margins(embed(["trip", "Kyoto hotel", "kitchen"]), [0, 0, 0], centres).tolist()))
+    assert m["trip"] < 0 < min(m["Kyoto hotel"], m["kitchen"])
+    assert found[1].margins == pytest.approx(m)
+    assert found[1].pointing() == [p for p in found[1].phrases() if m[p] > 0] == ["Kyoto hotel", "kitchen"]
+    assert found[1].pointing(1) == ["Kyoto hotel"]
+
+
 def axes_embed(vocab: list[str]):
     """Texts -> unit sums of one axis per known content word (a stand-in embedder we own)."""
     def embed(texts: list[str]) -> np.ndarray:

@@ -262,6 +262,9 @@ class ClusterPhrases:
     candidates: list[Keyphrase] = field(default_factory=list)
     neutral: str | None = None
     head: list[str] | None = None  # the label's phrases when chosen (``by_distinctness``)
+    # Each embedded phrase's margin alone (``by_distinctness``): > 0 when it points at this
+    # cluster's centre rather than another.
+    margins: dict[str, float] = field(default_factory=dict)
     # Finds typical members' phrases when first asked (``rank`` sets it; arguments: how many
     # members, how many phrases each): only clusters no label points at need them, and
     # finding them for every cluster cost a fifth more than ranking.
@@ -270,6 +273,13 @@ class ClusterPhrases:
 
     def phrases(self, n: int | None = None) -> list[str]:
         return [k.text for k in self.candidates[:n]]
+
+    def pointing(self, n: int | None = None) -> list[str]:
+        """The first ``n`` candidates whose embedding alone points at this cluster (margin > 0,
+        ``by_distinctness``), in rank order; all of them when none was embedded."""
+        if not self.margins:
+            return self.phrases(n)
+        return [k.text for k in self.candidates if self.margins.get(k.text, 0.0) > 0][:n]
 
     @property
     def typical(self) -> list[Keyphrase]:
@@ -544,6 +554,7 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
         # Rank by margin, the document-count rank breaking near-ties (within 0.02).
         order = sorted(range(len(pool)), key=lambda j: (-round(mine[j] / 0.02), j))
         ranked[c] = (order, {k.text: x for k, x in zip(pool, mine)})
+        found[c].margins.update(ranked[c][1])
         short = order[:shortlist]
         combos = _combos(len(short))
         if combos:
