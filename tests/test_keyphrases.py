@@ -204,6 +204,22 @@ def test_by_distinctness_prefers_phrases_that_point_at_their_own_centre():
     assert m[0] > 0 > m[1]
 
 
+def test_pointing_offers_only_the_candidates_whose_embedding_points_at_their_cluster():
+    vocab = ["kyoto", "hotel", "kitchen", "trip", "jr", "pass"]
+    embed = bag_embed(vocab)
+    centres = embed(["kyoto hotel hotel kitchen", "jr pass trip trip"])
+    found = {1: kp.ClusterPhrases([kp.Keyphrase("trip", 1.0, 3, 1.0), kp.Keyphrase("Kyoto hotel", 0.9, 3, 1.0),
+                                   kp.Keyphrase("kitchen", 0.8, 3, 1.0)])}
+    assert found[1].pointing() == ["trip", "Kyoto hotel", "kitchen"]  # nothing embedded yet: all
+    kp.by_distinctness(found, [1, 2], centres, embed)
+    m = dict(zip(["trip", "Kyoto hotel", "kitchen"],
+                 kp.margins(embed(["trip", "Kyoto hotel", "kitchen"]), [0, 0, 0], centres).tolist()))
+    assert m["trip"] < 0 < min(m["Kyoto hotel"], m["kitchen"])
+    assert found[1].margins == pytest.approx(m)
+    assert found[1].pointing() == [p for p in found[1].phrases() if m[p] > 0] == ["Kyoto hotel", "kitchen"]
+    assert found[1].pointing(1) == ["Kyoto hotel"]
+
+
 def axes_embed(vocab: list[str]):
     """Texts -> unit sums of one axis per known content word (a stand-in embedder we own)."""
     def embed(texts: list[str]) -> np.ndarray:
@@ -278,6 +294,27 @@ def test_a_label_that_points_at_its_cluster_wins_over_a_longer_one_that_does_not
     got = kp.by_distinctness(found, [1, 2], centres, embed)
     assert found[1].head == ["Kyoto hotel"] and got[1] > 0
     assert kp.margins(embed(["Kyoto hotel · trip"]), [0], centres)[0] <= 0
+
+
+def test_a_cluster_no_typical_phrase_names_gets_a_last_look_at_more_members():
+    # A chat-like cluster: every member says "help" (a rival's word), the eight most typical
+    # each add a word of their own that points nowhere, and only the ninth member's own word
+    # ("lighthouse") points at this cluster. The second look reads eight members; the last
+    # one reads more, and finds it.
+    fillers = ["banana", "cherry", "mango", "papaya", "quince", "walnut", "almond", "pecan"]
+    members = [f"help {w}" for w in fillers] + ["help lighthouse", "help"]
+    rivals = ["help desk open", "help desk closed", "help desk ticket"]
+    got = kp.rank([kp.extract(t) for t in members], *background(members, rivals))
+    assert got.phrases() == ["help"]
+    assert "lighthouse" not in [k.text for k in got.typical]  # beyond the typical members
+    embed = axes_embed(["help", "lighthouse"])
+    own = np.array([0.8, 0.6], np.float32)
+    centres = np.stack([own / np.linalg.norm(own), embed(["help"])[0]])
+    assert kp.margins(embed(["help"]), [0], centres)[0] < 0
+    best = kp.by_distinctness({1: got}, [1, 2], centres, embed)
+    summary, _ = kp.phrases_label(got)
+    assert best[1] > 0 and "lighthouse" in summary.split(" · ")
+    assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(best[1], abs=1e-5)
 
 
 # ----------------------------------------------------------------------------- in a store

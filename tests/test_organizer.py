@@ -279,6 +279,22 @@ def test_profile_picks_among_candidates(fake_server):
     assert "Phrases for group 1: Kyoto hotel; Kamogawa; kitchen; April 19; booked" in req["messages"][-1]["content"]
 
 
+def test_profile_choices_restrict_the_picks_and_the_tags_follow_all_candidates(fake_server):
+    fake_server.reply_json({"groups": [["kitchen", "Kamogawa"]]})
+    org = org_for(fake_server)
+    brief = ClusterBrief(5, examples=KYOTO.examples, size=8, candidates=KYOTO.candidates,
+                         choices=["Kamogawa", "kitchen"])
+    out = org.write_profiles([brief])
+    assert out[5] == Profile("kitchen · Kamogawa", ["Kyoto hotel", "April 19", "booked"])
+    req = fake_server.chat_requests()[0]
+    schema = req["response_format"]["schema"]["properties"]["groups"]["prefixItems"][0]
+    assert schema["items"]["enum"] == ["Kamogawa", "kitchen"] and schema["maxItems"] == 2
+    assert "Phrases for group 1: Kamogawa; kitchen\n" in req["messages"][-1]["content"]
+    # Fewer than two choices: nothing to choose, no call (the caller keeps its vector label).
+    one = ClusterBrief(6, examples=KYOTO.examples, size=8, candidates=KYOTO.candidates, choices=["kitchen"])
+    assert org.write_profiles([one]) == {} and len(fake_server.chat_requests()) == 1 and org.errors == 0
+
+
 def test_profiles_are_asked_in_batches(fake_server):
     def answer(body):
         lists = body["response_format"]["schema"]["properties"]["groups"]["prefixItems"]

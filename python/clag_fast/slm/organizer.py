@@ -48,6 +48,9 @@ class ClusterBrief:
     examples: list[str] = field(default_factory=list)
     size: int = 0
     candidates: list[str] = field(default_factory=list)  # ranked keyphrases (store/keyphrases)
+    # The candidates the SLM may pick from (None: the first ``profile_candidates``); the tags
+    # still come from all candidates.
+    choices: list[str] | None = None
 
 
 @dataclass
@@ -375,10 +378,10 @@ class Organizer:
     # ------------------------------------------------------------------ profiles
 
     def write_profiles(self, clusters: Sequence[ClusterBrief]) -> dict[int, Profile]:
-        """A profile per cluster (one SLM call each) chosen from its ``candidates``: the SLM
-        picks and orders one to three of them as the label, the tags are the next candidates.
-        Ids where the SLM failed, or with fewer than two candidates (nothing to choose), are
-        missing: the caller keeps their vector label.
+        """A profile per cluster (one SLM call each) chosen from its ``choices`` (default: its
+        ``candidates``): the SLM picks and orders one to three of them as the label, the tags
+        are the next candidates. Ids where the SLM failed, or with fewer than two choices
+        (nothing to choose), are missing: the caller keeps their vector label.
         """
         return self.profile_batch(clusters).profiles
 
@@ -395,7 +398,8 @@ class Organizer:
         todo = []
         for c in clusters:
             examples = [e for e in c.examples if str(e).strip()][: cfg.profile_examples]
-            candidates = list(dict.fromkeys(c.candidates))[: cfg.profile_candidates]
+            offered = c.candidates if c.choices is None else c.choices
+            candidates = list(dict.fromkeys(offered))[: cfg.profile_candidates]
             if examples and len(candidates) >= 2:
                 todo.append((c, examples, candidates))
         step = cfg.profile_batch
