@@ -177,7 +177,8 @@ def _embed_cpus(embedders: int, threads: int | None) -> float:
 def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = None, namespace: str = "default",
            text_column: str = "text", key_column: str | None = None, namespace_column: str | None = None,
            kind_column: str | None = None, vector_column: str | None = None, dim: int | None = None,
-           batch_size: int = 256, embedders: int = 1, embed_threads: int | None = None, num_gpus: float = 0,
+           batch_size: int = 256, embed_batch: int = 2048, embedders: int = 1, embed_threads: int | None = None,
+           num_gpus: float = 0,
            resume: bool = True, progress: Callable[[int], None] | None = None) -> IngestReport:
     """Add every row of ``dataset`` to the sharded store at ``root``, at most once per key.
 
@@ -188,6 +189,10 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
       namespace and the text, so identical texts of a namespace are stored once).
     namespace_column: per-row namespaces (else every row goes to ``namespace``).
     vector_column: precomputed embeddings (then nothing is embedded).
+    batch_size: rows per write (one atomic ``add_many`` per shard owner).
+    embed_batch: texts per embedding call. The embedder sorts a call's texts by length and
+      pads each inner batch to its longest, so a call of 256 texts pads far more than one
+      process embedding everything at once would.
     embedders, embed_threads, num_gpus: the embedding actor pool: how many actors, ONNX
       threads each, and GPUs each (GPU actors embed on CUDA).
     resume: skip rows whose key is already stored, before embedding (a re-run after a
@@ -209,7 +214,7 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
         batch_size=batch_size, batch_format="numpy", compute=_pool(1), num_cpus=0)
     if vector_column is None:
         device = "cuda" if num_gpus else "cpu"
-        prepared = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device), batch_size=batch_size,
+        prepared = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device), batch_size=embed_batch,
                                         batch_format="numpy", compute=_pool(embedders), num_gpus=num_gpus,
                                         num_cpus=_embed_cpus(embedders, embed_threads))
     # Prepare and write wait on the owners most of the time: they reserve no core, so a
