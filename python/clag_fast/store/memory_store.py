@@ -596,9 +596,7 @@ class MemoryStore:
             cached = state.cache.get(key)
             if cached is not None:
                 state.count("cache_hits")
-                return Hits(list(cached), scanned=cached.scanned, candidates=cached.candidates,
-                            clusters_probed=list(cached.clusters_probed), mode=cached.mode, latency_s=0.0,
-                            cached=True)
+                return _from_cache(cached)
         qvec = self._query_vector(query)
         selected = None
         if qkey is not None and mode == "two_stage" and self.config.slm.select_clusters:
@@ -634,7 +632,8 @@ class MemoryStore:
         """``search`` for a batch of queries (texts, embedded in one call, or a (q, dim)
         array) with the same filters (``where`` included): one native call that spreads the queries over the
         cores. Returns one ``Hits`` per query, in order. Text queries are hybrid as in
-        ``search`` (``lexical_weight``)."""
+        ``search`` (``lexical_weight``) and share its retrieval cache: a text asked before
+        since the last write is answered from it (``cached=True``), not embedded again."""
         self._check_open()
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
@@ -654,20 +653,45 @@ class MemoryStore:
             for i, t in enumerate(texts):
                 if not isinstance(t, str) or not t.strip():
                     raise ValueError(f"query {i} is empty or not a string")
-            qvecs = self._vectors(texts, None) if texts else np.empty((0, self.config.dim), np.float32)
+        state = self._state
+        # Text queries go through search()'s cache (same key), unless the SLM picks clusters
+        # per query (search() does, search_many does not: their results differ).
+        use_cache = texts is not None and bool(self.config.cache_size) and not self.config.slm.select_clusters
+        keys = [(t, k, namespace, kind, since, until, mode, n_probe, lw, cond) for t in texts] if use_cache else []
+        found: dict[int, Hits] = {}
+        if use_cache:
+            for i, key in enumerate(keys):
+                cached = state.cache.get(key)
+                if cached is not None:
+                    found[i] = _from_cache(cached)
+            if found:
+                state.count("cache_hits", len(found))
+                if len(found) == len(texts):
+                    return [found[i] for i in range(len(texts))]
+        if texts is not None:
+            todo = [i for i in range(len(texts)) if i not in found]
+            fresh_texts = [texts[i] for i in todo] if found else texts
+            qvecs = self._vectors(fresh_texts, None) if texts else np.empty((0, self.config.dim), np.float32)
+        else:
+            todo, fresh_texts = list(range(len(qvecs))), None
         if len(qvecs) == 0:
             return []
-        state = self._state
         with state.lock.read():
-            out = self._searcher.search(qvecs, k, (namespace, kind, since, until, cond), mode, n_probe,
-                                        texts=texts, lexical_weight=lw)
+            fresh = self._searcher.search(qvecs, k, (namespace, kind, since, until, cond), mode, n_probe,
+                                          texts=fresh_texts, lexical_weight=lw)
         latency = time.perf_counter() - t0
-        for hits in out:
-            hits.latency_s = latency / len(out)
+        for i, hits in zip(todo, fresh):
+            hits.latency_s = latency / len(fresh)
             self._slm.after_search(hits[0].score if hits else float("-inf"))
-        state.count("searches", len(out))
+            if use_cache:
+                state.cache.put(keys[i], hits)
+        state.count("searches", len(fresh))
         state.count("search_s", latency)
-        return out
+        if not found:
+            return fresh
+        out = dict(found)
+        out.update(zip(todo, fresh))
+        return [out[i] for i in range(len(texts))]
 
     def get(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> Memory:
         """The memory with this id, or with this ``key`` in ``namespace`` (exactly one of the
@@ -901,6 +925,12 @@ def _warm(index: VectorIndex) -> None:
         index.warm()
     except OSError:  # the store was closed meanwhile: nothing left to warm
         pass
+
+
+def _from_cache(cached: Hits) -> Hits:
+    """A cached search's hits as a new ``Hits`` (its own list, ``cached=True``)."""
+    return Hits(list(cached), scanned=cached.scanned, candidates=cached.candidates,
+                clusters_probed=list(cached.clusters_probed), mode=cached.mode, latency_s=0.0, cached=True)
 
 
 def _check_search_args(k: Any, mode: str, n_probe: Any) -> tuple[int, int | None]:
