@@ -513,6 +513,14 @@ def test_warm_builds_member_copies_without_changing_results(tmp_path):
         idx.warm()
 
 
+def assert_gathered_copy_searches_alike(idx, queries, rows, block, k):
+    """A search of listed rows finds the same rows and scores from a gathered copy of their
+    vectors as from the file."""
+    a = idx.search(queries, k=k, mode="flat", rows=rows)
+    b = idx.search(queries, k=k, mode="flat", rows=rows, rows_vectors=block)
+    assert np.array_equal(a.ids, b.ids) and np.allclose(a.scores, b.scores, atol=1e-6)
+
+
 def test_listed_rows_from_a_gathered_copy_match_and_are_checked(tmp_path):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((500, 8)).astype(np.float32)
@@ -520,9 +528,7 @@ def test_listed_rows_from_a_gathered_copy_match_and_are_checked(tmp_path):
     idx.append(x)
     rows = np.arange(3, 500, 11).astype(np.uint32)
     block = idx.vectors()[rows]
-    a = idx.search(x[:5], k=4, mode="flat", rows=rows)
-    b = idx.search(x[:5], k=4, mode="flat", rows=rows, rows_vectors=block)
-    assert np.array_equal(a.ids, b.ids) and np.allclose(a.scores, b.scores, atol=1e-6)
+    assert_gathered_copy_searches_alike(idx, x[:5], rows, block, k=4)
     with pytest.raises(ValueError, match="rows_vectors"):
         idx.search(x[0], k=4, mode="flat", rows=rows, rows_vectors=block[1:])
     with pytest.raises(ValueError, match="needs rows"):
@@ -541,9 +547,7 @@ def test_gather_copies_rows_cache_line_aligned(tmp_path):
         assert np.array_equal(block, want)
         assert not len(rows) or block.ctypes.data % 64 == 0  # every row too: 384 floats are 24 lines
     rows = np.arange(0, 400, 3).astype(np.uint32)
-    a = idx.search(x[:3], k=5, mode="flat", rows=rows)
-    b = idx.search(x[:3], k=5, mode="flat", rows=rows, rows_vectors=idx.gather(rows))
-    assert np.array_equal(a.ids, b.ids) and np.allclose(a.scores, b.scores, atol=1e-6)
+    assert_gathered_copy_searches_alike(idx, x[:3], rows, idx.gather(rows), k=5)
     for bad in ([400], [-1], np.asarray([2**40], np.int64)):
         with pytest.raises(ValueError, match="must lie in"):
             idx.gather(bad)

@@ -255,11 +255,8 @@ class VectorIndex:
         allocator makes it (16 bytes), and at an offset of 16 or 48 half the kernel's 32-byte
         loads straddle two cache lines: the search over that copy cost 1.2x the same rows
         read from the file (benches/bench_filters.py)."""
-        r = _as_ids(rows, "rows")
         v = self.vectors()
-        if len(r) and (int(r.min()) < 0 or int(r.max()) >= len(v)):
-            raise ValueError(f"rows must lie in [0, {len(v)})")
-        return _take_aligned(v, r)
+        return _take_aligned(v, _as_rows(_as_ids(rows, "rows"), len(v)))
 
     # ------------------------------------------------------------------ clusters
     def n_clusters(self) -> int:

@@ -591,7 +591,7 @@ class MemoryStore:
         if qkey is not None and not query.strip():
             raise ValueError("query text is empty")
         state = self._state
-        key = (qkey, k, namespace, kind, since, until, mode, n_probe, lw, cond)
+        key = _cache_key(qkey, k, namespace, kind, since, until, mode, n_probe, lw, cond)
         if qkey is not None and self.config.cache_size:
             cached = state.cache.get(key)
             if cached is not None:
@@ -657,7 +657,7 @@ class MemoryStore:
         # Text queries go through search()'s cache (same key), unless the SLM picks clusters
         # per query (search() does, search_many does not: their results differ).
         use_cache = texts is not None and bool(self.config.cache_size) and not self.config.slm.select_clusters
-        keys = [(t, k, namespace, kind, since, until, mode, n_probe, lw, cond) for t in texts] if use_cache else []
+        keys = [_cache_key(t, k, namespace, kind, since, until, mode, n_probe, lw, cond) for t in texts] if use_cache else []
         found: dict[int, Hits] = {}
         if use_cache:
             for i, key in enumerate(keys):
@@ -925,6 +925,13 @@ def _warm(index: VectorIndex) -> None:
         index.warm()
     except OSError:  # the store was closed meanwhile: nothing left to warm
         pass
+
+
+def _cache_key(text: str | None, k: int, namespace: str | None, kind: str | None, since: float | None,
+               until: float | None, mode: str, n_probe: int | None, lexical_weight: float, cond: Any) -> tuple:
+    """The retrieval cache's key: the query text and every argument that changes the result,
+    checked and normalised; ``search`` and ``search_many`` share entries through it."""
+    return (text, k, namespace, kind, since, until, mode, n_probe, lexical_weight, cond)
 
 
 def _from_cache(cached: Hits) -> Hits:

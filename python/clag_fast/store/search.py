@@ -45,6 +45,19 @@ SUBSET_ROWS = 8192
 SUBSET_CACHE_BYTES = 64 << 20
 
 
+class _FilterEntry:
+    """What the filter cache keeps per filter until the next write: the row mask (None when
+    every row is eligible), the eligible count, and the eligible rows with their gathered
+    vectors once a flat search needed them (``Searcher._subset``)."""
+
+    __slots__ = ("mask", "count", "subset")
+
+    def __init__(self, mask: np.ndarray | None, count: int) -> None:
+        self.mask = mask
+        self.count = count
+        self.subset: tuple[np.ndarray, np.ndarray] | None = None
+
+
 class Searcher:
     """Searches one store's state; owns the per-write caches the search path reuses."""
 
@@ -52,8 +65,7 @@ class Searcher:
         self.state = state
         self.lexical = lexical if lexical is not None else LexicalIndex()
         self._weights: tuple[int, float, np.ndarray] | None = None
-        # filters -> [row mask or None, eligible count, (rows, gathered vectors) or None]
-        self._filters: dict[tuple, list] = {}
+        self._filters: dict[tuple, _FilterEntry] = {}
         self._filters_version: tuple[int, int] = (-1, -1)
         self._subset_bytes = 0
         self._subsets_lock = threading.Lock()
@@ -64,10 +76,10 @@ class Searcher:
         write: counting a mask is O(rows), which at 1M rows would cost more than the search.
         None when every row is eligible, so the native scan skips the mask."""
         entry = self._entry(filters)
-        return entry[0], entry[1]
+        return entry.mask, entry.count
 
-    def _entry(self, filters: tuple) -> list:
-        """The cache entry of ``filters`` (see ``__init__``), its subset filled by ``_subset``."""
+    def _entry(self, filters: tuple) -> _FilterEntry:
+        """The cache entry of ``filters``, its subset filled by ``_subset``."""
         rows = self.state.rows
         version = (rows.version, self.state.fields.version)
         if self._filters_version != version:
@@ -80,7 +92,7 @@ class Searcher:
                 table = self.state.field_table(filters_mod.fields_of(filters[4]))
                 mask &= filters_mod.mask(filters[4], table, rows.n)
             count = int(np.count_nonzero(mask))
-            entry = [None if count == len(mask) else mask, count, None]
+            entry = _FilterEntry(None if count == len(mask) else mask, count)
             if len(self._filters) > 64:  # many distinct filters: keep memory bounded
                 self._drop_filters()
             # Building a metadata column (a field's first where=) bumps their version: key
@@ -130,7 +142,7 @@ class Searcher:
         make it a hybrid search (module docstring)."""
         state = self.state
         entry = self._entry(filters)
-        mask, candidates = entry[0], entry[1]
+        mask, candidates = entry.mask, entry.count
         if candidates == 0:
             return [Hits([], candidates=0, scanned=0, mode=mode) for _ in range(len(qvecs))]
         weights = self._decay_weights()
@@ -248,24 +260,24 @@ class Searcher:
         return Hits(self._hits(res, 0), scanned=min(scanned, candidates), candidates=candidates,
                     clusters_probed=probed, mode=mode)
 
-    def _subset(self, entry: list) -> tuple[np.ndarray, np.ndarray]:
+    def _subset(self, entry: _FilterEntry) -> tuple[np.ndarray, np.ndarray]:
         """The eligible rows of a filter cache entry (uint32, ascending) and their vectors
         gathered contiguous, kept in the entry (so cached like ``eligible``) while the
         entries' gathered vectors fit in ``SUBSET_CACHE_BYTES``."""
-        sub = entry[2]
+        sub = entry.subset
         if sub is None:
-            rows = np.flatnonzero(entry[0]).astype(np.uint32)
+            rows = np.flatnonzero(entry.mask).astype(np.uint32)
             sub = (rows, self.state.index.gather(rows))
             with self._subsets_lock:  # searches run concurrently under the read lock
                 if self._subset_bytes + sub[1].nbytes > SUBSET_CACHE_BYTES:
                     for other in list(self._filters.values()):  # other searches may add entries
-                        other[2] = None
+                        other.subset = None
                     self._subset_bytes = 0
                 self._subset_bytes += sub[1].nbytes
-                entry[2] = sub
+                entry.subset = sub
         return sub
 
-    def _subset_search(self, qvecs: np.ndarray, k: int, entry: list, weights: np.ndarray | None) -> SearchResult:
+    def _subset_search(self, qvecs: np.ndarray, k: int, entry: _FilterEntry, weights: np.ndarray | None) -> SearchResult:
         """Exact top-k over the few eligible rows: the native search scores exactly the
         listed rows (their dot products alone, no pass over every row's mask), from a
         contiguous copy of their vectors gathered once per filter and write (scattered rows
