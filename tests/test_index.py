@@ -570,3 +570,43 @@ def test_listed_rows_in_any_layout_are_converted_or_refused(tmp_path):
         idx.search(x[4], k=3, mode="flat", rows=rows.reshape(2, -1))
     with pytest.raises(ValueError, match="out of range"):
         idx.search(x[4], k=3, mode="flat", rows=np.asarray([0, 200], np.uint32))
+
+
+def test_search_one_answers_as_search_does(idx):
+    """search_one (the store's single-query path) gives search's hits, cut to their count,
+    with memory ids mapped through the caller's column, under every probe rule and filter."""
+    x, lab, c = blobs(3000, 30, spread=0.3, seed=5)
+    idx.append(x)
+    idx.kmeans(30, seed=0)
+    idx.append(unit(np.random.default_rng(6).normal(size=(7, DIM))))  # pending rows are searched too
+    n = len(idx)
+    mids = np.arange(n, dtype=np.int64) * 10 + 3
+    rng = np.random.default_rng(7)
+    mask = rng.random(n) < 0.7
+    weights = rng.random(n).astype(np.float32)
+    q = unit(np.concatenate([x[:10] + 0.05 * rng.normal(size=(10, DIM)), rng.normal(size=(10, DIM))]))
+    cases = [dict(k=5, n_probe=3), dict(k=10, n_probe=8, probe_gap=0.1, min_probe=2),
+             dict(k=7, n_probe=4, mask=mask, weights=weights), dict(k=2000, n_probe=30, mode="flat", mask=mask),
+             dict(k=10, n_probe=6, probe_gap=0.0, min_rows=50)]
+    for kw in cases:
+        for qv in q:
+            # One query at a time: a batch may take another kernel (scores differ in the last bits).
+            ref, i = idx.search(qv, **kw), 0
+            rows, scores, clusters, got_mids, scanned, probed = idx.search_one(qv, mids, **kw)
+            count = int(ref.counts[i])
+            assert rows == ref.ids[i, :count].tolist()
+            assert scores == ref.scores[i, :count].tolist()
+            assert clusters == ref.clusters[i, :count].tolist()
+            assert got_mids == (mids[ref.ids[i, :count]]).tolist()
+            assert scanned == int(ref.scanned[i])
+            assert probed == [p for p in ref.probed[i].tolist() if p >= 0]
+    with pytest.raises(ValueError, match="k must be"):
+        idx.search_one(q[0], mids, k=0, n_probe=2)
+    with pytest.raises(ValueError, match="NaN|finite"):
+        idx.search_one(np.full(DIM, np.nan, np.float32), mids, k=3, n_probe=2)
+    with pytest.raises(ValueError, match="dim 16"):
+        idx.search_one(np.ones(DIM + 1, np.float32), mids, k=3, n_probe=2)
+    with pytest.raises(ValueError, match="memory_ids has 5 entries"):
+        idx.search_one(x[0], mids[:5], k=3, n_probe=2, mode="flat")
+    with pytest.raises(ValueError, match="mode must be"):
+        idx.search_one(q[0], mids, k=3, n_probe=2, mode="fast")

@@ -69,6 +69,19 @@ class VectorIndex:
         npt.NDArray[np.int64],
         npt.NDArray[np.int64],
     ]: ...
+    def search_one(
+        self,
+        query: npt.NDArray[np.float32],
+        memory_ids: npt.NDArray[np.int64],
+        k: int,
+        n_probe: int,
+        flat: bool,
+        mask: npt.NDArray[np.bool_] | None,
+        weights: npt.NDArray[np.float32] | None,
+        probe_gap: float | None,
+        min_probe: int,
+        min_rows: int,
+    ) -> tuple[list[int], list[float], list[int], list[int], int, list[int]]: ...
 
 def tokenize(text: str) -> list[str]:
     """The words the lexical index keeps for ``text``."""

@@ -458,3 +458,20 @@ class VectorIndex:
         return SearchResult(*self._ix.search(q, k, n_probe, mode == "flat", m, w, probe_gap, min_probe, min_rows, r,
                                              rv))
 
+    def search_one(self, query: np.ndarray, memory_ids: np.ndarray, k: int, n_probe: int, mode: _Mode = "two_stage",
+                   mask: np.ndarray | None = None, weights: np.ndarray | None = None, *,
+                   probe_gap: float | None = None, min_probe: int = 1,
+                   min_rows: int = 0) -> tuple[list[int], list[float], list[int], list[int], int, list[int]]:
+        """``search`` of one query for a caller holding arrays already in the core's types:
+        ``query`` float32[dim], ``memory_ids`` int64 (row -> memory id, at least ``len(self)``
+        entries), ``mask`` bool[len], ``weights`` float32[len], all C-contiguous. Returns
+        Python lists cut to the hits found: (rows, scores, primary clusters (-1: none),
+        memory ids, rows scanned, clusters probed best first). The store's single-query
+        path: it skips ``search``'s coercions and its six result arrays. Values the core
+        refuses (k = 0, a NaN query, a wrong length) raise ValueError as in ``search``; a
+        wrong dtype raises TypeError."""
+        if mode not in ("two_stage", "flat"):
+            raise ValueError(f"mode must be 'two_stage' or 'flat', got {mode!r}")
+        return self._ix.search_one(query, memory_ids, k, n_probe, mode == "flat", mask, weights, probe_gap,
+                                   min_probe, min_rows)
+

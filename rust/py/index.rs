@@ -22,6 +22,16 @@ use crate::vectors::{Map, HEADER_LEN};
 /// (cluster ids, scores) arrays of a soft assignment.
 type IdsScores<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>);
 
+/// `search_one`'s answer: (rows, scores, clusters, memory ids) lists, rows scanned, probed list.
+type SearchOne<'py> = (
+    Bound<'py, pyo3::types::PyList>,
+    Bound<'py, pyo3::types::PyList>,
+    Bound<'py, pyo3::types::PyList>,
+    Bound<'py, pyo3::types::PyList>,
+    i64,
+    Bound<'py, pyo3::types::PyList>,
+);
+
 /// Keeps a memory mapping alive for as long as a numpy view of it exists.
 #[pyclass(name = "_MapGuard", module = "clag_fast._clag_fast", frozen)]
 pub struct PyMapGuard {
@@ -334,6 +344,57 @@ impl PyVectorIndex {
             PyArray1::from_vec(py, r.counts),
             PyArray1::from_vec(py, r.scanned),
             Array2::from_shape_vec((nq, r.probe_width), r.probed).expect("shape").into_pyarray(py),
+        ))
+    }
+
+    /// One query, answered as Python lists: the store's single-query path. Six result arrays
+    /// and their `tolist()` calls cost more than the Python work they fed (a tenth of a
+    /// search at 200k rows), so the hits come back as lists cut to their count:
+    /// (rows, scores, primary clusters, memory ids, rows scanned, clusters probed).
+    /// `memory_ids` is the caller's row -> memory id column (at least as long as the index).
+    #[allow(clippy::too_many_arguments)]
+    fn search_one<'py>(
+        &self,
+        py: Python<'py>,
+        query: PyReadonlyArray1<'py, f32>,
+        memory_ids: PyReadonlyArray1<'py, i64>,
+        k: usize,
+        n_probe: usize,
+        flat: bool,
+        mask: Option<PyReadonlyArray1<'py, bool>>,
+        weights: Option<PyReadonlyArray1<'py, f32>>,
+        probe_gap: Option<f32>,
+        min_probe: usize,
+        min_rows: usize,
+    ) -> PyResult<SearchOne<'py>> {
+        let q = slice(&query, "query")?;
+        let mids = slice(&memory_ids, "memory_ids")?;
+        let m: Option<&[bool]> = match &mask {
+            Some(a) => Some(slice(a, "mask")?),
+            None => None,
+        };
+        // SAFETY: as in `search`: numpy bools are one byte holding 0 or 1.
+        let m: Option<&[u8]> = m.map(|b| unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len()) });
+        let w = match &weights {
+            Some(a) => Some(slice(a, "weights")?),
+            None => None,
+        };
+        let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap, min_rows });
+        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: None, rows_vectors: None };
+        let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
+        let count = r.counts[0] as usize;
+        let rows = &r.ids[..count];
+        if rows.iter().any(|&row| row < 0 || row as usize >= mids.len()) {
+            return Err(PyValueError::new_err(format!("memory_ids has {} entries, fewer than the index's rows", mids.len())));
+        }
+        let probed = r.probed.iter().take_while(|&&c| c >= 0).copied();
+        Ok((
+            pyo3::types::PyList::new(py, rows)?,
+            pyo3::types::PyList::new(py, &r.scores[..count])?,
+            pyo3::types::PyList::new(py, &r.clusters[..count])?,
+            pyo3::types::PyList::new(py, rows.iter().map(|&row| mids[row as usize]))?,
+            r.scanned[0],
+            pyo3::types::PyList::new(py, probed)?,
         ))
     }
 }

@@ -9,6 +9,7 @@ by the store's write paths. Filters come back as boolean masks over every vector
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -38,7 +39,7 @@ class RowTable:
         self.strength = np.empty(0, np.float32)
         self._codes: dict[str, dict[str, int]] = {"namespace": {}, "kind": {}}
         self.version = 0
-        self._accesses: list[tuple[np.ndarray, float]] = []  # recorded, not yet applied
+        self._accesses: list[tuple[list[int], float]] = []  # recorded, not yet applied
         self._access_lock = threading.Lock()
 
     # -- growth ------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class RowTable:
         self.touch()
 
     # -- accesses ----------------------------------------------------------------------
-    def record_access(self, hit_rows: np.ndarray, now: float) -> None:
+    def record_access(self, hit_rows: list[int], now: float) -> None:
         """A search returned ``hit_rows`` (distinct rows) at ``now``.
 
         Applied to the columns in batches (``settle_access``): three numpy writes per search
@@ -144,7 +145,7 @@ class RowTable:
             batch, self._accesses = self._accesses, []
             if not batch:
                 return
-            rows = np.concatenate([b[0] for b in batch])
+            rows = np.fromiter(itertools.chain.from_iterable(b[0] for b in batch), np.int64)
             times = np.repeat(np.asarray([b[1] for b in batch]), [len(b[0]) for b in batch])
             np.fmax.at(self.last_accessed, rows, times)  # fmax: a never-accessed row holds NaN
             uniq, counts = np.unique(rows, return_counts=True)

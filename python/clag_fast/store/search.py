@@ -169,6 +169,10 @@ class Searcher:
                 out.append(hits if hits is not None else
                            self.search(qvecs[q:q + 1], k, filters, mode, n_probe)[0])
             return out
+        if len(qvecs) == 1:
+            one = self._search_one(qvecs[0], k, eff_mode, mask, candidates, weights, probe, adaptive)
+            if one is not None:
+                return [one]
         res = idx.search(qvecs, k=k, n_probe=probe, mode=eff_mode, mask=mask, weights=weights, **adaptive)
         out = []
         want = min(k, candidates)
@@ -191,6 +195,19 @@ class Searcher:
             out.append(Hits(self._hits(res, q), scanned=scanned[q], candidates=candidates,
                             clusters_probed=probed, mode=eff_mode))
         return out
+
+    def _search_one(self, q: np.ndarray, k: int, mode: str, mask: np.ndarray | None, candidates: int,
+                    weights: np.ndarray | None, probe: int, adaptive: dict) -> Hits | None:
+        """One vector query through ``VectorIndex.search_one`` (hits as lists, memory ids
+        mapped in the same native call); None when the probed clusters held fewer than k
+        eligible rows, for ``search``'s flat fallback."""
+        state = self.state
+        rows, scores, clusters, mids, scanned, probed = state.index.search_one(
+            q, state.rows.memory_id, k, probe, mode, mask, weights, **adaptive)
+        if mode == "two_stage" and len(rows) < min(k, candidates):
+            return None
+        return Hits(self._hit_list(rows, scores, clusters, mids), scanned=scanned, candidates=candidates,
+                    clusters_probed=probed, mode=mode)
 
     def _hybrid(self, q: np.ndarray, text: str, k: int, filters: tuple, mask: np.ndarray | None,
                 candidates: int, mode: str, probe: int, weights: np.ndarray | None,
@@ -316,18 +333,22 @@ class Searcher:
         if count == 0:
             return []
         hit_rows = res.ids[q, :count]
-        mids = state.rows.memory_id[hit_rows].tolist()
-        cluster_ids = res.clusters[q, :count]
-        clusters = cluster_ids.tolist()
+        return self._hit_list(hit_rows.tolist(), res.scores[q, :count].tolist(), res.clusters[q, :count].tolist(),
+                              state.rows.memory_id[hit_rows].tolist())
+
+    def _hit_list(self, rows: list[int], scores: list[float], clusters: list[int], mids: list[int]) -> list[Hit]:
+        """Hits of one query from its hit rows, scores, primary clusters (-1: none) and memory
+        ids, with texts and cluster labels; records the access."""
+        state = self.state
         profiles = state.profiles
         unlabelled = ("", ())
         hits = []
         for mid, score, cid, (text, kind_, ns, created, meta, key) in zip(
-                mids, res.scores[q, :count].tolist(), clusters, state.catalog.details_list(mids)):
+                mids, scores, clusters, state.catalog.details_list(mids)):
             summary, tags = profiles.get(cid, unlabelled)
             hits.append(make_hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
                                  created, meta, key))
-        state.access.record(state.rows, hit_rows, cluster_ids, time.time())
+        state.access.record(state.rows, rows, clusters, time.time())
         return hits
 
     def _decay_weights(self) -> np.ndarray | None:

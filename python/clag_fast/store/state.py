@@ -7,6 +7,7 @@ another's private names and none imports the facade.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -70,11 +71,12 @@ class AccessLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.clusters: dict[int, float] = {}
-        self._hits: list[tuple[np.ndarray, float]] = []
+        self._hits: list[tuple[list[int], float]] = []
 
-    def record(self, rows: RowTable, hit_rows: np.ndarray, cluster_ids: np.ndarray, now: float) -> None:
+    def record(self, rows: RowTable, hit_rows: list[int], cluster_ids: list[int], now: float) -> None:
         """``hit_rows``: distinct vector rows returned by one search; ``cluster_ids``: their
-        clusters (int64, -1 for none). The arrays must not change afterwards."""
+        clusters (-1 for none). Lists (what the search path holds; the batch fold converts
+        them once), which must not change afterwards."""
         rows.record_access(hit_rows, now)
         self._hits.append((cluster_ids, now))  # list.append is atomic: searches run concurrently
         if len(self._hits) >= HIT_BATCH:
@@ -89,7 +91,7 @@ class AccessLog:
             # Slice, then delete: a search appending meanwhile keeps its entry for the next fold.
             batch = self._hits[:n]
             del self._hits[:n]
-            ids = np.concatenate([b[0] for b in batch]).tolist()
+            ids = list(itertools.chain.from_iterable(b[0] for b in batch))
             times = np.repeat(np.asarray([b[1] for b in batch]), [len(b[0]) for b in batch]).tolist()
             self.clusters.update(zip(ids, times))  # in search order: a cluster keeps its last hit
 
