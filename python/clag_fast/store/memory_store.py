@@ -591,8 +591,9 @@ class MemoryStore:
         if qkey is not None and not query.strip():
             raise ValueError("query text is empty")
         state = self._state
-        key = _cache_key(qkey, k, namespace, kind, since, until, mode, n_probe, lw, cond)
+        key = None  # the retrieval cache holds text queries only
         if qkey is not None and self.config.cache_size:
+            key = _cache_key(qkey, k, namespace, kind, since, until, mode, n_probe, lw, cond)
             cached = state.cache.get(key)
             if cached is not None:
                 state.count("cache_hits")
@@ -611,7 +612,7 @@ class MemoryStore:
         state.count("searches")
         state.count("search_s", hits.latency_s)
         self._slm.after_search(hits[0].score if hits else float("-inf"))
-        if qkey is not None and self.config.cache_size:
+        if key is not None:
             state.cache.put(key, hits)
         return hits
 
