@@ -470,3 +470,40 @@ def test_deleted_memories_leave_the_lexical_statistics(tmp_path):
         assert after == lexical_scores(b, "quokka") and len(after) == 2
         assert after != {t: s for t, s in before.items() if t != doomed}, "the statistics changed"
         assert search_scores(a, "quokka") == search_scores(b, "quokka")
+
+
+def test_single_vector_search_answers_as_the_batch_path_does(tmp_path):
+    """search(vector) takes the single-vector path (one native call); search_many takes the
+    batch path. Both give the same hits, under no filter, filters, deletions, a decay policy,
+    a fixed n_probe, a k past the probed rows and on an unclustered store."""
+    policy = ForgettingPolicy(half_life_days=3.0)
+    config = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", forgetting=policy)
+    vecs, top = topic_vectors(400, 8, seed=3)
+    queries = topic_vectors(12, 8, seed=5)[0]
+
+    def same(s, **kw):
+        for qv in queries:
+            one = s.search(qv, **{"k": 7, **kw})
+            batch = s.search_many(qv[None, :], **{"k": 7, **kw})[0]
+            assert [h.memory_id for h in one] == [h.memory_id for h in batch]
+            assert [h.score for h in one] == pytest.approx([h.score for h in batch], abs=1e-5)
+            assert [h.cluster_id for h in one] == [h.cluster_id for h in batch]
+            assert (one.mode, one.scanned, one.candidates) == (batch.mode, batch.scanned, batch.candidates)
+            assert one.clusters_probed == batch.clusters_probed
+            assert len(one) == min(kw.get("k", 7), one.candidates)
+        return one
+
+    with open_store(tmp_path / "s", config) as s:
+        s.add_many(texts_for(top[:30]), embeddings=vecs[:30], namespaces="a")
+        assert same(s).mode == "flat"  # not clustered yet
+        for ns in ("a", "b"):
+            idx = [i for i in range(30, 400) if (ns == "a") == bool(i % 3)]
+            s.add_many(texts_for(top[idx], idx[0]), embeddings=vecs[idx], namespaces=ns)
+        s.organize()
+        s.delete(5)
+        for kw in (dict(), dict(namespace="b"), dict(n_probe=2), dict(k=300), dict(kind="note")):
+            hits = same(s, **kw)
+            assert kw != dict() or hits.mode == "two_stage"
+        before = s.stats()["searches"]
+        s.search(queries[1], k=3)
+        assert s.stats()["searches"] == before + 1

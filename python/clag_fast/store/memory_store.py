@@ -587,33 +587,50 @@ class MemoryStore:
         k, n_probe = _check_search_args(k, mode, n_probe)
         lw = self._lexical_weight(lexical_weight)
         cond = filters.parse(where)
-        qkey = query if isinstance(query, str) else None
-        if qkey is not None and not query.strip():
-            raise ValueError("query text is empty")
         state = self._state
-        key = None  # the retrieval cache holds text queries only
-        if qkey is not None and self.config.cache_size:
-            key = _cache_key(qkey, k, namespace, kind, since, until, mode, n_probe, lw, cond)
+        filt = (namespace, kind, since, until, cond)
+        if not isinstance(query, str):
+            # A vector query: never cached, never hybrid, no SLM cluster pick; the searcher's
+            # single-vector path (search_vector) serves it. Kept short on purpose: with a cold
+            # CPU cache (a search among other work) every Python call on the way costs
+            # microseconds, and this is the path agent loops call most.
+            qvec = self._query_vector(query)
+            nested = state.lock.acquire_read()
+            try:
+                hits = self._searcher.search_vector(qvec, k, filt, mode, n_probe)
+            finally:
+                state.lock.release_read(nested)
+            return self._searched(hits, t0)
+        if not query.strip():
+            raise ValueError("query text is empty")
+        key = None
+        if self.config.cache_size:
+            key = _cache_key(query, k, namespace, kind, since, until, mode, n_probe, lw, cond)
             cached = state.cache.get(key)
             if cached is not None:
                 state.count("cache_hits")
                 return _from_cache(cached)
         qvec = self._query_vector(query)
         selected = None
-        if qkey is not None and mode == "two_stage" and self.config.slm.select_clusters:
+        if mode == "two_stage" and self.config.slm.select_clusters:
             selected = self._slm.select_clusters(query, qvec, n_probe or self.config.n_probe or self._searcher.auto_probe())
         nested = state.lock.acquire_read()
         try:
-            hits = self._searcher.search(qvec[None, :], k, (namespace, kind, since, until, cond), mode, n_probe,
-                                         selected, None if qkey is None else [qkey], lw)[0]
+            hits = self._searcher.search(qvec[None, :], k, filt, mode, n_probe, selected, [query], lw)[0]
         finally:
             state.lock.release_read(nested)
-        hits.latency_s = time.perf_counter() - t0
-        state.count("searches")
-        state.count("search_s", hits.latency_s)
-        self._slm.after_search(hits[0].score if hits else float("-inf"))
+        self._searched(hits, t0)
         if key is not None:
             state.cache.put(key, hits)
+        return hits
+
+    def _searched(self, hits: Hits, t0: float) -> Hits:
+        """Book a finished search (latency, counters, the confusion trigger); returns ``hits``."""
+        hits.latency_s = time.perf_counter() - t0
+        counters = self._state.counters
+        counters["searches"] += 1
+        counters["search_s"] += hits.latency_s
+        self._slm.after_search(hits[0].score if hits else float("-inf"))
         return hits
 
     def search_many(

@@ -169,10 +169,6 @@ class Searcher:
                 out.append(hits if hits is not None else
                            self.search(qvecs[q:q + 1], k, filters, mode, n_probe)[0])
             return out
-        if len(qvecs) == 1:
-            one = self._search_one(qvecs[0], k, eff_mode, mask, candidates, weights, probe, adaptive)
-            if one is not None:
-                return [one]
         res = idx.search(qvecs, k=k, n_probe=probe, mode=eff_mode, mask=mask, weights=weights, **adaptive)
         out = []
         want = min(k, candidates)
@@ -196,18 +192,27 @@ class Searcher:
                             clusters_probed=probed, mode=eff_mode))
         return out
 
-    def _search_one(self, q: np.ndarray, k: int, mode: str, mask: np.ndarray | None, candidates: int,
-                    weights: np.ndarray | None, probe: int, adaptive: dict) -> Hits | None:
-        """One vector query through ``VectorIndex.search_one`` (hits as lists, memory ids
-        mapped in the same native call); None when the probed clusters held fewer than k
-        eligible rows, for ``search``'s flat fallback."""
-        state = self.state
-        rows, scores, clusters, mids, scanned, probed = state.index.search_one(
-            q, state.rows.memory_id, k, probe, mode, mask, weights, **adaptive)
-        if mode == "two_stage" and len(rows) < min(k, candidates):
-            return None
-        return Hits(self._hit_list(rows, scores, clusters, mids), scanned=scanned, candidates=candidates,
-                    clusters_probed=probed, mode=mode)
+    def search_vector(self, q: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None) -> Hits:
+        """``search`` of one vector query (float32[dim], checked). Call under the read lock.
+
+        The common case, a two-stage search whose filters leave more rows than there are
+        clusters, is one ``VectorIndex.search_one`` call (hits as lists, memory ids mapped in
+        the same native call): none of ``search``'s batch set-up, padded result arrays or
+        per-hit numpy indexing. Anything else (an unclustered store, a selective filter, the
+        probed clusters short of k eligible rows) goes through ``search``."""
+        entry = self._entry(filters)
+        candidates = entry.count
+        if mode == "two_stage" and candidates:
+            state = self.state
+            n_clusters = state.index.n_clusters()
+            if n_clusters and (entry.mask is None or candidates > n_clusters):
+                probe, adaptive = self.probe_plan(n_probe)
+                rows, scores, clusters, mids, scanned, probed = state.index.search_one(
+                    q, state.rows.memory_id, k, probe, mode, entry.mask, self._decay_weights(), **adaptive)
+                if len(rows) >= min(k, candidates):
+                    return Hits(self._hit_list(rows, scores, clusters, mids), scanned=scanned,
+                                candidates=candidates, clusters_probed=probed, mode=mode)
+        return self.search(q[None, :], k, filters, mode, n_probe)[0]
 
     def _hybrid(self, q: np.ndarray, text: str, k: int, filters: tuple, mask: np.ndarray | None,
                 candidates: int, mode: str, probe: int, weights: np.ndarray | None,
