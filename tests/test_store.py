@@ -448,16 +448,27 @@ def test_retrieval_cache_hits_and_invalidates(tmp_path):
 
 def test_search_many_shares_the_retrieval_cache_with_search(tmp_path):
     emb = _CountingEmbedder()
-    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, llm=False) as s:
-        s.add_many(["alpha", "beta", "gamma", "delta"])
+    # The same memories in a store without a cache: what a fresh search answers.
+    ref = MemoryStore.open(tmp_path / "ref", config=StoreConfig(min_memories_to_cluster=50, organize_every=0,
+                                                                slm="off", cache_size=0),
+                           embedder=_CountingEmbedder(), llm=False)
+
+    def ids(hits):
+        return [h.memory_id for h in hits]
+
+    with ref, MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, llm=False) as s:
+        for store in (s, ref):
+            store.add_many(["alpha", "beta", "gamma", "delta"])
         one = s.search("alpha", k=2)
         calls = emb.calls
         # A batch with one cached and one new text: only the new one is embedded, in order.
         both = s.search_many(["beta", "alpha"], k=2)
         assert emb.calls == calls + 1
         assert [h.cached for h in both] == [False, True]
-        assert [h.memory_id for h in both[1]] == [h.memory_id for h in one]
-        assert both[0] == s.search_many(["beta"], k=2, lexical_weight=None)[0]
+        assert ids(both[1]) == ids(one) == ids(ref.search("alpha", k=2))
+        assert ids(both[0]) == ids(ref.search("beta", k=2))
+        # lexical_weight=None is the store's default weight: the same entry.
+        assert s.search_many(["beta"], k=2, lexical_weight=None)[0].cached
         # search() now finds the batch's result, and an all-cached batch embeds nothing.
         calls = emb.calls
         assert s.search("beta", k=2).cached
@@ -465,11 +476,11 @@ def test_search_many_shares_the_retrieval_cache_with_search(tmp_path):
         assert all(h.cached for h in again) and emb.calls == calls
         # Other arguments are other entries; a write clears them all.
         assert not s.search_many(["alpha"], k=3)[0].cached
-        s.add("epsilon")
+        for store in (s, ref):
+            store.add("epsilon")
         fresh = s.search_many(["alpha", "beta"], k=2)
         assert not any(h.cached for h in fresh)
-        assert [[h.memory_id for h in hs] for hs in fresh] == [[h.memory_id for h in s.search(q, k=2, mode="two_stage")]
-                                                               for q in ("alpha", "beta")]
+        assert [ids(hs) for hs in fresh] == [ids(ref.search(q, k=2)) for q in ("alpha", "beta")]
 
 
 def test_decay_ranks_fresh_memories_first_and_prunes(tmp_path):
