@@ -12,6 +12,9 @@ use pyo3::prelude::*;
 
 use crate::lexical::{self, Bm25, Lexical, Scope};
 
+/// `score`'s answer: (rows ascending, scores, query terms found, the largest possible score).
+type Scored<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, usize, f32);
+
 #[pyclass(name = "Lexical", module = "clag_fast._clag_fast", frozen)]
 pub struct PyLexical {
     inner: RwLock<Lexical>,
@@ -150,7 +153,7 @@ impl PyLexical {
         eligible: Option<PyReadonlyArray1<'py, bool>>,
         k1: f32,
         b: f32,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, usize, f32)> {
+    ) -> PyResult<Scored<'py>> {
         let sa = scope.unwrap_or(ScopeArg::All);
         let s = self::scope(&sa)?;
         let e = mask(&eligible, "eligible")?;
