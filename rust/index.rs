@@ -23,6 +23,13 @@ pub struct Index {
     coarse: Mutex<Option<Arc<Coarse>>>,
 }
 
+/// Rows the vector file in `dir` commits, read from its header alone (no cluster state is
+/// loaded, nothing is locked or modified): what a store checks against its database before
+/// it opens the index for writing.
+pub fn committed_rows(dir: &Path) -> Result<usize> {
+    Ok(VectorFile::open(&dir.join(VECTORS), None, false)?.len())
+}
+
 impl Index {
     /// Create or reopen the index in `dir`. `dim` is required to create it and checked
     /// against an existing one. Read-only opens never modify anything. `member_cache`:

@@ -610,3 +610,26 @@ def test_search_one_answers_as_search_does(idx):
         idx.search_one(x[0], mids[:5], k=3, n_probe=2, mode="flat")
     with pytest.raises(ValueError, match="mode must be"):
         idx.search_one(q[0], mids, k=3, n_probe=2, mode="fast")
+
+
+def test_committed_rows_reads_the_header_alone(tmp_path):
+    """committed_rows: the rows a writer committed, readable while it holds the file, and the
+    same errors as open for a missing or damaged file; it changes nothing."""
+    path = tmp_path / "ix"
+    with VectorIndex.open(path, dim=DIM) as ix:
+        ix.append(unit(np.random.default_rng(0).normal(size=(7, DIM))))
+        ix.flush()
+        before = {p.name: p.read_bytes() for p in path.iterdir()}
+        assert VectorIndex.committed_rows(path) == 7  # no lock taken: the writer is open
+        assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+        ix.append(unit(np.random.default_rng(1).normal(size=(2, DIM))))
+        ix.flush()
+        assert VectorIndex.committed_rows(path) == 9
+    assert VectorIndex.committed_rows(path) == 9
+    with pytest.raises(OSError, match="no such vector file"):
+        VectorIndex.committed_rows(tmp_path / "nowhere")
+    raw = bytearray((path / "vectors.f32").read_bytes())
+    raw[:8] = b"garbage!"
+    (path / "vectors.f32").write_bytes(bytes(raw))
+    with pytest.raises(OSError):
+        VectorIndex.committed_rows(path)

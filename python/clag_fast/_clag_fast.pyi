@@ -86,6 +86,9 @@ class VectorIndex:
 def tokenize(text: str) -> list[str]:
     """The words the lexical index keeps for ``text``."""
 
+def committed_rows(path: str) -> int:
+    """Rows the vector file in index directory ``path`` commits (its header alone)."""
+
 class Lexical:
     """BM25 postings over vector rows with per-namespace term statistics (rust/lexical.rs)."""
 

@@ -182,6 +182,13 @@ class VectorIndex:
             dim = _positive_int(dim, "dim")
         return cls(_clag_fast.VectorIndex.open(os.fspath(path), dim, bool(read_only), bool(member_cache)))
 
+    @staticmethod
+    def committed_rows(path: str | os.PathLike[str]) -> int:
+        """Rows the vector file of the index directory ``path`` commits, read from its
+        header alone: nothing is locked, loaded or modified (``open`` also loads the cluster
+        state). OSError as ``open`` for a missing, foreign or corrupt file."""
+        return _clag_fast.committed_rows(os.fspath(path))
+
     @property
     def dim(self) -> int:
         """Vector dimension, fixed at creation."""

@@ -32,6 +32,12 @@ type SearchOne<'py> = (
     Bound<'py, pyo3::types::PyList>,
 );
 
+/// committed_rows(path) -> rows the vector file in index directory `path` commits (header only).
+#[pyfunction]
+pub fn committed_rows(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+    Ok(py.detach(move || crate::index::committed_rows(&path))?)
+}
+
 /// Keeps a memory mapping alive for as long as a numpy view of it exists.
 #[pyclass(name = "_MapGuard", module = "clag_fast._clag_fast", frozen)]
 pub struct PyMapGuard {

@@ -13,5 +13,6 @@ fn _clag_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<index::PyMapGuard>()?;
     m.add_class::<lexical::PyLexical>()?;
     m.add_function(wrap_pyfunction!(lexical::tokenize, m)?)?;
+    m.add_function(wrap_pyfunction!(index::committed_rows, m)?)?;
     Ok(())
 }
