@@ -657,3 +657,42 @@ def test_searches_record_each_clusters_last_hit_through_flush(store, monkeypatch
     assert last and set(last) < set(got)
     assert {c: got[c] for c in last} == last
     assert all(got[c] is None for c in got if c not in last)
+
+
+def test_reopen_rebuilds_the_row_table_column_for_column(tmp_path):
+    """The in-memory row table (what filters, decay and liveness read) is rebuilt at open
+    from the database: every column equal after a reopen, with several namespaces and kinds,
+    accessed and never-accessed memories, deleted ones and a gap-free id/row mapping."""
+    cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", cache_size=0)
+
+    def columns(s):
+        rows = s._state.rows
+        n = rows.n
+        ns, kinds = rows.names("namespace"), rows.names("kind")
+        return dict(memory_id=rows.memory_id[:n].tolist(), namespace=[ns.get(c) for c in rows.namespace[:n].tolist()],
+                    kind=[kinds.get(c) for c in rows.kind[:n].tolist()], created_at=rows.created_at[:n].tolist(),
+                    last_accessed=[None if x != x else x for x in rows.last_accessed[:n].tolist()],
+                    access_count=rows.access_count[:n].tolist(), strength=rows.strength[:n].tolist(),
+                    live=rows.live[:n].tolist())
+
+    vecs, top = topic_vectors(120, 4, seed=2)
+    with open_store(tmp_path / "s", cfg) as s:
+        ids = s.add_many(texts_for(top), embeddings=vecs, namespaces=["a", "b", "c"] * 40,
+                         kinds=["note", "tool"] * 60)
+        for v in vecs[:6]:
+            s.search(v, k=3)  # accessed rows: counts and times to persist
+        s.delete(ids[7])
+        s.delete(ids[50])
+        s.flush()
+        before = columns(s)
+    assert any(x is not None for x in before["last_accessed"]) and any(x is None for x in before["last_accessed"])
+    assert before["live"].count(False) == 2 and len(set(before["namespace"])) == 3
+    with open_store(tmp_path / "s", cfg) as s:
+        after = columns(s)
+    # A deleted memory's row is dead (its database row is gone): only liveness and the id
+    # column (-1) speak for it; every column of a live row must match.
+    live = before["live"]
+    assert after["live"] == live and after["memory_id"] == before["memory_id"]
+    for name in before:
+        diff = [(i, b, a) for i, (b, a, ok) in enumerate(zip(before[name], after[name], live)) if ok and a != b]
+        assert not diff, (name, diff[:5], len(diff))

@@ -210,9 +210,8 @@ class MemoryStore:
         n_vectors = len(state.index)
         state.rows.ensure(n_vectors)
         data = self._catalog.row_columns()
-        if data:
-            mids, rows, nss, kinds, created, last, count, strength, st = zip(*data)
-            rows_a = np.asarray(rows, dtype=np.int64)
+        if len(data):
+            rows_a = data["vector_row"]
             if rows_a.max() >= n_vectors:
                 raise StoreFormatError(
                     f"{self.path}: the database references vector row {int(rows_a.max())} but the "
@@ -220,14 +219,14 @@ class MemoryStore:
                 )
             state.rows.set_rows(
                 rows_a,
-                np.asarray(mids, dtype=np.int64),
-                list(nss),
-                list(kinds),
-                np.asarray(created, dtype=np.float64),
-                last_accessed=np.array(last, dtype=np.float64),  # None (never accessed) -> NaN
-                access_count=np.asarray(count, dtype=np.float64),
-                strength=np.asarray(strength, dtype=np.float32),
-                live=np.asarray(st, dtype=np.int64) == catalog_mod.LIVE,
+                data["id"],
+                data["namespace"],
+                data["kind"],
+                data["created_at"],
+                last_accessed=data["last_accessed"],
+                access_count=data["access_count"],
+                strength=data["strength"],
+                live=data["state"] == catalog_mod.LIVE,
             )
         state.profiles = self._catalog.profiles()
 

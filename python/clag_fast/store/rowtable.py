@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -81,7 +82,7 @@ class RowTable:
             c = codes[value] = len(codes)
         return c
 
-    def _encode(self, column: str, values: list[str]) -> np.ndarray:
+    def _encode(self, column: str, values: Sequence[str]) -> np.ndarray:
         """Codes for many strings: the distinct ones get codes first, then one C-level map
         (a per-row method call cost ~0.4 s per million rows at open)."""
         codes = self._codes[column]
@@ -103,8 +104,8 @@ class RowTable:
         self,
         rows: np.ndarray,
         memory_ids: np.ndarray,
-        namespaces: list[str],
-        kinds: list[str],
+        namespaces: Sequence[str],
+        kinds: Sequence[str],
         created_at: np.ndarray,
         *,
         last_accessed: np.ndarray | None = None,
