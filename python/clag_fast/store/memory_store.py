@@ -108,8 +108,9 @@ class MemoryStore:
             self._embedder_arg = embedder
             self._embedder = embedder if embedder not in (None, False) else None
             self._embed_precision = self._settle_precision() if embedder is None else None
+            lexical = recovery.LexicalPreload(recovery.lexical_path(path))
             self._load_rows()
-            self._searcher = Searcher(self._state, self._build_lexical())
+            self._searcher = Searcher(self._state, recovery.open_lexical(self._state, lexical))
             self._slm = SLMScheduler(self._state, llm, lambda texts: self._vectors(texts, None))
             self._closed = False
             if not read_only:
@@ -167,12 +168,6 @@ class MemoryStore:
             f"store {self.path} was created with the embedder {stored!r}, opened with {name!r}: "
             "their vectors are not comparable (pass the same embedder, or embedder=False with "
             "your own vectors)")
-
-    def _build_lexical(self) -> LexicalIndex:
-        """The BM25 index: ``index/lexical.bin`` brought up to date from the database, or
-        rebuilt from it (derived state: whatever ``add`` returned is in the database, so a
-        crash never loses it lexically). See ``recovery.open_lexical``."""
-        return recovery.open_lexical(self._state)
 
     def _lexical_gc(self) -> None:
         """After rows died (deletes, updates, archives): take them out of the term statistics,
@@ -863,7 +858,7 @@ class MemoryStore:
             state.cache.clear()
             self._catalog.forget_cached()
             self._load_rows()
-            self._searcher = Searcher(state, self._build_lexical())
+            self._searcher = Searcher(state, recovery.open_lexical(state))
 
     # -- internals ---------------------------------------------------------------------
     def _vectors(self, texts: list[str], embeddings: np.ndarray | None) -> np.ndarray:

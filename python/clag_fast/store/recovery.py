@@ -15,6 +15,7 @@ costs data, and never silently hides it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -185,7 +186,33 @@ def lexical_path(path: Path) -> Path:
     return path / INDEX_DIR / LEXICAL
 
 
-def open_lexical(state: StoreState) -> LexicalIndex:
+class LexicalPreload:
+    """``index/lexical.bin`` read in a background thread, started at open before the row
+    table is read: the native load releases the GIL, so the two overlap (at 1M memories a
+    1.1 s load beside a 1.9 s read). ``result()`` waits: (index, None), (None, the OSError's
+    message) for an unreadable file, (None, None) when there is none."""
+
+    def __init__(self, path: Path) -> None:
+        self._out: tuple[LexicalIndex | None, str | None] = (None, None)
+        self._thread: threading.Thread | None = None
+        if path.exists():
+            self._thread = threading.Thread(target=self._load, args=(path,), name="clag-fast-lexical-load",
+                                            daemon=True)
+            self._thread.start()
+
+    def _load(self, path: Path) -> None:
+        try:
+            self._out = (LexicalIndex.load(path), None)
+        except OSError as e:
+            self._out = (None, str(e))
+
+    def result(self) -> tuple[LexicalIndex | None, str | None]:
+        if self._thread is not None:
+            self._thread.join()
+        return self._out
+
+
+def open_lexical(state: StoreState, preload: LexicalPreload | None = None) -> LexicalIndex:
     """The BM25 index of an opened store: ``index/lexical.bin`` brought up to date from the
     database, or rebuilt from it.
 
@@ -201,21 +228,15 @@ def open_lexical(state: StoreState) -> LexicalIndex:
     rows = state.rows
     live = rows.live[: rows.n]
     path = lexical_path(state.path)
-    lex: LexicalIndex | None = None
-    reason = None
-    if path.exists():
-        try:
-            lex = LexicalIndex.load(path)
-        except OSError as e:
-            reason = str(e)
+    lex, reason = (preload or LexicalPreload(path)).result()
+    if lex is not None:
+        if len(lex) > len(state.index):
+            reason = f"it covers {len(lex)} vector rows but the vector file holds {len(state.index)}"
         else:
-            if len(lex) > len(state.index):
-                reason = f"it covers {len(lex)} vector rows but the vector file holds {len(state.index)}"
-            else:
-                missing = lex.sync(live)[2]
-                if missing:
-                    reason = f"{missing} live memories below its watermark are not in it"
-    elif live.any():
+            missing = lex.sync(live)[2]
+            if missing:
+                reason = f"{missing} live memories below its watermark are not in it"
+    elif reason is None and live.any():
         reason = "it is missing"
     if reason is not None:
         log.warning("%s: %s; the lexical index is rebuilt from the database", path, reason)
