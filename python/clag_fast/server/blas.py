@@ -7,8 +7,10 @@ out by the requests (batches run side by side in worker threads), and the produc
 (a query batch against a few hundred rows, label phrases against the cluster centres), so
 the split buys nothing and the spinning takes a core from the requests: under the bench's
 load (``benches/bench_service.py``) OpenBLAS' thread server was ~4% of the server's CPU
-samples (perf), with only ~2% spent in its products. Products on one thread give the same
-results: OpenBLAS splits the output, not the sums.
+samples (perf), with only ~2% spent in its products. Products on one thread agree with the
+threaded ones to float32 rounding; they are not always bit-identical (on an AVX-512 EPYC the
+threaded sgemm blocks its sums differently: 1e-6 relative), which nothing in the service
+relies on (the bit-equal vectors of its tests come from ONNX Runtime, not numpy).
 
 numpy reads ``OPENBLAS_NUM_THREADS`` only when it is first imported, before ``clag_fast``
 runs, so the count is set through OpenBLAS' own call on the library numpy loaded.
