@@ -93,7 +93,7 @@ class StoreService:
                 # settle and record its precision by its own rule, as a plain open does.
                 MemoryStore.open(c.store, config=cfg, llm=False).close()
                 precision = _stored_meta(c.store, "embed_precision")
-            embedder = ServiceEmbedder(precision or "auto")
+            embedder = ServiceEmbedder(precision or "auto", cache_size=c.embed_cache)
         self.embedder = embedder or None
         self.store = MemoryStore.open(c.store, config=cfg, embedder=embedder, llm=llm)
         return self.store
