@@ -3,6 +3,8 @@ gets the vector the model gave it, without an ONNX call; bad items are refused a
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -63,7 +65,8 @@ def test_least_recently_used_goes_first_and_long_texts_are_not_kept():
     assert len(e._cache) <= 2
 
 
-@pytest.mark.parametrize("bad, index", [(["fine text", ""], 1), (["fine text", "  "], 1), ([b"bytes"], 0)])
+@pytest.mark.parametrize("bad, index", [(["fine text", ""], 1), (["fine text", "  "], 1), ([b"bytes"], 0),
+                                        (["fine text", "fine text", "lone \ud800 surrogate"], 2)])
 def test_bad_items_are_refused_naming_their_index(bad, index):
     e = ServiceEmbedder("int8", cache_size=16)
     e.encode(["fine text"])  # cached: the error still names the index among all the texts
@@ -76,3 +79,26 @@ def test_cache_size_is_checked():
         ServiceEmbedder("int8", cache_size=-1)
     with pytest.raises(ValueError, match="embed_cache"):
         ServeConfig(store="s", embed_cache=-1)
+
+
+def test_threads_sharing_the_cache_get_each_text_its_own_vector():
+    texts = [f"question number {i} about the trip" for i in range(12)]
+    alone = {t: ServiceEmbedder("int8", cache_size=0).encode([t])[0] for t in texts}
+    e = ServiceEmbedder("int8", cache_size=8)  # smaller than the texts: evictions under way too
+    wrong: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            batch = [texts[i] for i in rng.integers(0, len(texts), size=int(rng.integers(1, 10)))]
+            for t, v in zip(batch, e.encode(batch)):
+                if not np.array_equal(v, alone[t]):
+                    wrong.append(t)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    assert e.cache_hits > 0 and len(e._cache) <= 8
