@@ -102,3 +102,12 @@ def test_threads_sharing_the_cache_get_each_text_its_own_vector():
         t.join()
     assert not wrong
     assert e.cache_hits > 0 and len(e._cache) <= 8
+
+
+def test_warm_up_runs_the_model_past_the_cache():
+    e = Counting("int8", cache_size=16)
+    e.warm_up()
+    assert len(e.embedded) == 1 + 8 + 32  # every text reached the model, the spread batch too
+    if e._spread._workers > 1:  # the 32-text batch was spread over the cores: its session is made
+        assert e._spread._narrow is not None
+    assert (e.cache_hits, e.cache_misses, len(e._cache)) == (0, 0, 0)

@@ -113,6 +113,13 @@ class ServiceEmbedder:
                 cache.popitem(last=False)
         return out
 
+    def warm_up(self) -> None:
+        """Load the ONNX sessions and run them on batches of several sizes and lengths, as
+        coalesced requests bring them (ONNX Runtime grows its buffers on the first runs of
+        each shape). Past the cache, which would answer most of these texts."""
+        for n in (1, 8, 32):
+            self._encode([" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)])
+
     def _encode(self, texts: list[str]) -> np.ndarray:
         one, spread = self._one, self._spread
         if one is None:

@@ -125,10 +125,7 @@ class StoreService:
         t0 = time.perf_counter()
         try:
             assert self.embedder is not None
-            # Batches of several sizes and lengths, as coalesced requests bring them: ONNX
-            # Runtime grows its buffers on the first runs of each shape.
-            for n in (1, 8, 32):
-                self.embedder.encode([" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)])
+            self.embedder.warm_up()
         except Exception as e:  # a missing model is reported by /healthz and by the first text request
             self.embedder_state = f"failed: {e}"
             log.warning("the embedding model did not load: %s", e)
