@@ -20,9 +20,16 @@ backends in other processes or languages would; ``httpx``: 16 threads each with 
 CPU seconds of the server process, of the clients and of the in-process loop are printed
 per operation, with the load average.
 
+The questions come from six templates (at most ~160 distinct texts; 119 in the default 822
+searches), so most searches repeat an earlier question: the loop answers a repeat from the
+store's retrieval cache only when no add came in between, the service from its embedder's
+cache of recent texts' vectors whatever came in between (``--embed-cache 0`` turns that off,
+to see the service without it). The added sentences rarely repeat (368 distinct of 378).
+
 Targets (issue #15): ratio >= 1.5, p99 <= 10x p50, zero errors, start < 3 s.
 
     python benches/bench_service.py [--ops 1200] [--clients 16] [--seed 1000] [--client lean|httpx] [--blocks 4]
+                                    [--embed-cache N]
 """
 
 from __future__ import annotations
@@ -99,7 +106,7 @@ def free_port() -> int:
 
 
 class Service:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, extra: list[str] | None = None) -> None:
         import httpx
 
         self.port = free_port()
@@ -107,7 +114,7 @@ class Service:
         env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
         t0 = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(path),
-                                      "--port", str(self.port), "--llm", "off"], env=env,
+                                      "--port", str(self.port), "--llm", "off", *(extra or [])], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         health = None
         while time.perf_counter() - t0 < 120:
@@ -286,7 +293,7 @@ def wait_idle(url: str, http: Any) -> None:
 
 
 def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clients: int, driver: str = "lean",
-                    blocks: int = 4) -> tuple[dict, dict]:
+                    blocks: int = 4, serve_args: list[str] | None = None) -> tuple[dict, dict]:
     """The loop and the service on the same operations, in ``blocks`` consecutive slices
     that take turns (loop then service, then service then loop, ...), so both see the same
     moments of a shared machine's load; each side's time is the sum of its slices. A service
@@ -296,7 +303,7 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
 
     from clag_fast import MemoryStore, StoreConfig
 
-    service = Service(served)
+    service = Service(served, serve_args)
     http = httpx.Client(timeout=300)
     wait_idle(service.url, http)
     loop = {"wall_s": 0.0, "cpu_s": 0.0, "lat": [], "errors": 0, "blocks": []}
@@ -352,7 +359,7 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
     http.close()
     service.stop()
     # start-up on the now existing (and grown) store
-    again = Service(served)
+    again = Service(served, serve_args)
     start = {"start_s": again.start_s, "models_loaded_s": again.models_s, "healthz_at_start": again.health_at_start}
     again.stop()
     every = [x for v in srv["lat"].values() for x in v]
@@ -377,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="lean: 16 asyncio keep-alive connections (default); httpx: 16 threads with httpx.Client")
     p.add_argument("--blocks", type=int, default=4,
                    help="slices of the operations the loop and the service take in turns (1: the loop, then the service)")
+    p.add_argument("--embed-cache", type=int, default=None, metavar="N",
+                   help="the service's --embed-cache (default: its own default)")
     args = p.parse_args(argv)
+    serve_args = [] if args.embed_cache is None else ["--embed-cache", str(args.embed_cache)]
     ops = make_ops(args.ops)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
@@ -389,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(base, Path(tmp) / "local")
         shutil.copytree(base, Path(tmp) / "served")
         local, served = run_interleaved(Path(tmp) / "local", Path(tmp) / "served", ops, args.clients, args.client,
-                                        args.blocks)
+                                        args.blocks, serve_args)
         print(f"in-process loop : {local['ops_s']:7.1f} ops/s  p50 {local['p50_ms']:6.1f} ms  "
               f"p99 {local['p99_ms']:6.1f} ms  errors {local['errors']}  ({local['wall_s']:.1f} s)")
         print(f"service, {args.clients} clients: {served['ops_s']:7.1f} ops/s  p50 {served['p50_ms']:6.1f} ms  "

@@ -87,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (non-loopback needs --keys)")
     sv.add_argument("--port", type=int, default=8420)
     sv.add_argument("--keys", default=None, help="keys file (TOML): API keys and the namespaces each may use")
+    sv.add_argument("--embed-cache", type=int, default=4096, metavar="N",
+                    help="vectors of recent texts kept, so a repeated query is not embedded again (0: none)")
     _service_store_opts(sv)
     _ray_opts(sv)
     sv.set_defaults(func=cmd_serve)
@@ -227,7 +229,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     serve(ServeConfig(store=Path(args.store), host=args.host, port=args.port,
                       keys=Path(args.keys) if args.keys else None, llm=args.llm,
-                      embedder=not args.no_embedder, dim=args.dim, fsync=args.fsync))
+                      embedder=not args.no_embedder, dim=args.dim, fsync=args.fsync,
+                      embed_cache=args.embed_cache))
     return 0
 
 

@@ -93,7 +93,7 @@ class StoreService:
                 # settle and record its precision by its own rule, as a plain open does.
                 MemoryStore.open(c.store, config=cfg, llm=False).close()
                 precision = _stored_meta(c.store, "embed_precision")
-            embedder = ServiceEmbedder(precision or "auto")
+            embedder = ServiceEmbedder(precision or "auto", cache_size=c.embed_cache)
         self.embedder = embedder or None
         self.store = MemoryStore.open(c.store, config=cfg, embedder=embedder, llm=llm)
         return self.store
@@ -125,10 +125,7 @@ class StoreService:
         t0 = time.perf_counter()
         try:
             assert self.embedder is not None
-            # Batches of several sizes and lengths, as coalesced requests bring them: ONNX
-            # Runtime grows its buffers on the first runs of each shape.
-            for n in (1, 8, 32):
-                self.embedder.encode([" ".join(["warm up the model"] * (1 + i % 12)) for i in range(n)])
+            self.embedder.warm_up()
         except Exception as e:  # a missing model is reported by /healthz and by the first text request
             self.embedder_state = f"failed: {e}"
             log.warning("the embedding model did not load: %s", e)

@@ -51,6 +51,8 @@ class ServeConfig:
       second worker lets adds commit while another batch's add runs the store's periodic
       re-organisation, whose cluster labelling (most of its time) holds no write lock.
     search_batch: most queries coalesced into one ``search_many`` (adds: ``limits.max_batch``).
+    embed_cache: vectors of recent texts the embedder keeps (``ServiceEmbedder``; 0: none):
+      a repeated query or label phrase is not embedded again.
     """
 
     store: Path
@@ -64,9 +66,12 @@ class ServeConfig:
     search_workers: int = 2
     add_workers: int = 2
     search_batch: int = 256
+    embed_cache: int = 4096
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
+        if isinstance(self.embed_cache, bool) or not isinstance(self.embed_cache, int) or self.embed_cache < 0:
+            raise ValueError(f"embed_cache must be a non-negative number of vectors, got {self.embed_cache!r}")
         if self.keys is None and not is_loopback(self.host):
             raise ValueError(
                 f"refusing to listen on {self.host!r} without a keys file: anyone who can reach it could "
