@@ -77,6 +77,8 @@ def main() -> None:
     p.add_argument("--show", type=int, default=20, help="print the labels of the N largest clusters")
     p.add_argument("--misses", action="store_true",
                    help="print the clusters failing self@1: label, size, margin, the nearer cluster's label and size")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="build the store in DIR (must not exist) and keep it, to study its labels afterwards")
     args = p.parse_args()
     failures = SLMFailures()
     org_log = logging.getLogger("clag_fast.slm.organizer")
@@ -85,7 +87,9 @@ def main() -> None:
     sample = load_dataset(args.data)[args.sample]
     texts = [t.memory_text() for t in sample.turns]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "store"
+        path = Path(args.keep) if args.keep else Path(tmp) / "store"
+        if args.keep and path.exists():
+            raise SystemExit(f"--keep {path}: already exists")
         store = (MemoryStore.open(path, llm=False, config=StoreConfig(slm="off")) if args.llm == "off"
                  else MemoryStore.open(path))
         with store:

@@ -269,6 +269,9 @@ class ClusterPhrases:
     # members, how many phrases each): only clusters no label points at need them, and
     # finding them for every cluster cost a fifth more than ranking.
     find_typical: Callable[[int, int], list[Keyphrase]] | None = field(default=None, repr=False, compare=False)
+    # Finds every phrase of the members read (``rank`` sets it; argument: at most how many,
+    # best document-count score first): for the wide look only.
+    find_every: Callable[[int], list[Keyphrase]] | None = field(default=None, repr=False, compare=False)
     _typical: list[Keyphrase] | None = field(default=None, init=False, repr=False, compare=False)
 
     def phrases(self, n: int | None = None) -> list[str]:
@@ -294,6 +297,11 @@ class ClusterPhrases:
         ``each`` per member, one per idea (none repeats a word of the candidates or of an
         earlier one); empty for a cluster ranked without them."""
         return self.find_typical(members, each) if self.find_typical is not None else []
+
+    def every_phrase(self, limit: int) -> list[Keyphrase]:
+        """Every phrase of the members read, shared or one member's own, at most ``limit`` (best
+        document-count score first); empty for a cluster ranked without them."""
+        return self.find_every(limit) if self.find_every is not None else []
 
 
 class PhraseCache:
@@ -425,7 +433,13 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
                     break
         return typical
 
-    return ClusterPhrases(chosen, neutral, find_typical=find_typical)
+    def find_every(limit: int) -> list[Keyphrase]:
+        scores = {k: single[k] if k in single else _phrase_score(k, c, n, forms, background_df, N)
+                  for k, c in df.items()}
+        keys = sorted((k for k in scores if scores[k] > 0), key=lambda k: (-scores[k], k))[:limit]
+        return [Keyphrase(_surface(forms[k]), round(scores[k], 4), df[k], round(df[k] / n, 3)) for k in keys]
+
+    return ClusterPhrases(chosen, neutral, find_typical=find_typical, find_every=find_every)
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
@@ -489,6 +503,16 @@ WEAK_TRIES = 16
 # did as well as 32, 2 phrases each 0.971.
 LAST_MEMBERS = 32
 LAST_PHRASES = 4
+# The wide look, for clusters even the last look leaves without a label pointing at them
+# (chat clusters whose centres lie close together): every phrase of the members read, at most
+# ``WIDE_PHRASES`` of them (best document-count score first), each embedded; the
+# ``WIDE_SHORTLIST`` that point best at the cluster, one per idea, are combined and
+# ``WIDE_TRIES`` combinations embedded. The earlier looks offer only the top shared phrases and
+# the typical members' own; a phrase two members share below the top twelve ("Maria",
+# "virtual support group", "music") was in none of them.
+WIDE_PHRASES = 160
+WIDE_SHORTLIST = 12
+WIDE_TRIES = 16
 
 
 def _combos(n: int) -> list[tuple[int, ...]]:
@@ -640,7 +664,50 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
             pools = {c: pools[c] + [k for k in live[c].typical_phrases(LAST_MEMBERS, LAST_PHRASES)
                                     if k not in pools[c]] for c in still}
             _look_again(live, got, pools, slot, centres, vectors, WEAK_SHORTLIST, WEAK_TRIES)
+            still = [c for c in still if got[c] <= 0]
+            if still and WIDE_PHRASES:
+                pools = _wide_pools({c: live[c] for c in still}, slot, centres, vectors)
+                _look_again(live, got, pools, slot, centres, vectors, WIDE_SHORTLIST, WIDE_TRIES)
     return got
+
+
+def _idea(text: str) -> set[str]:
+    """The words that make a phrase's idea ("virtual support group": virtual, support, group):
+    two phrases sharing one say the same thing twice in a label."""
+    if _spaceless(text[0]):
+        return {text}
+    return {w for w in text.casefold().split() if w not in STOPWORDS}
+
+
+def _wide_pools(found: dict[int, ClusterPhrases], slot: dict[int, int], centres: np.ndarray,
+                vectors: "_Vectors") -> dict[int, list[Keyphrase]]:
+    """Per cluster: every phrase of its members (``every_phrase``, at most ``WIDE_PHRASES``),
+    embedded in one batch for all clusters, ordered by margin, one per idea (a phrase sharing a
+    word with a better one is dropped), the best ``WIDE_SHORTLIST``."""
+    every = {c: ph.every_phrase(WIDE_PHRASES) for c, ph in found.items()}
+    todo = [c for c in every if every[c]]
+    texts = [k.text for c in todo for k in every[c]]
+    if not texts:
+        return {}
+    m = margins(vectors(texts), [slot[c] for c in todo for _ in every[c]], centres).tolist()
+    out: dict[int, list[Keyphrase]] = {}
+    at = 0
+    for c in todo:
+        pool = every[c]
+        mine = m[at:at + len(pool)]
+        at += len(pool)
+        taken: list[Keyphrase] = []
+        used: set[str] = set()
+        for j in sorted(range(len(pool)), key=lambda j: (-mine[j], j)):
+            words = _idea(pool[j].text)
+            if words & used:
+                continue
+            taken.append(pool[j])
+            used |= words
+            if len(taken) >= WIDE_SHORTLIST:
+                break
+        out[c] = taken
+    return out
 
 
 def _look_again(live: dict[int, ClusterPhrases], got: dict[int, float], pools: dict[int, list[Keyphrase]],
