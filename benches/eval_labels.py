@@ -1,7 +1,7 @@
 """Cluster label quality on one conversation (issue #16): copies, groundedness, self@1, SLM
 parse failures (apart from failed calls) and profile calls per memory.
 
-The conversation's turns are added 32 at a time (the store's defaults: background SLM work),
+The conversation's turns are added 32 at a time (``--batch``; the store's defaults: background SLM work),
 then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are measured with
 ``MemoryStore.label_quality()`` (``clag_fast.eval.labels``).
 
@@ -77,6 +77,8 @@ def main() -> None:
     p.add_argument("--show", type=int, default=20, help="print the labels of the N largest clusters")
     p.add_argument("--misses", action="store_true",
                    help="print the clusters failing self@1: label, size, margin, the nearer cluster's label and size")
+    p.add_argument("--batch", type=int, default=32,
+                   help="turns per add_many call (another batch size gives another clustering: a robustness check)")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="build the store in DIR (must not exist) and keep it, to study its labels afterwards")
     args = p.parse_args()
@@ -94,8 +96,8 @@ def main() -> None:
                  else MemoryStore.open(path))
         with store:
             t0 = time.perf_counter()
-            for i in range(0, len(texts), 32):
-                store.add_many(texts[i:i + 32])
+            for i in range(0, len(texts), args.batch):
+                store.add_many(texts[i:i + args.batch])
             store.flush()
             report = store.organize(task_context=args.context)
             store.flush()

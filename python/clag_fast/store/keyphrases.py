@@ -13,7 +13,7 @@ of their embedding's cosine to the cluster's centre over the best other centre, 
 three-phrase label with the best margin chosen among the combinations of the best six, the
 promising ones found by an estimate from the phrases' own embeddings). Where no label points
 at the cluster ("help", "keep" in a chat), phrases of its most typical members are tried too,
-then those of more members.
+then those of more members, then every phrase of the members read (the wide look).
 
 A vector profile is made of these phrases only (``label``), so it is grounded in the members by
 construction and can never copy one: at most ``LABEL_WORDS`` words joined by " · ". A cluster
@@ -509,7 +509,10 @@ LAST_PHRASES = 4
 # ``WIDE_SHORTLIST`` that point best at the cluster, one per idea, are combined and
 # ``WIDE_TRIES`` combinations embedded. The earlier looks offer only the top shared phrases and
 # the typical members' own; a phrase two members share below the top twelve ("Maria",
-# "virtual support group", "music") was in none of them.
+# "virtual support group", "music") was in none of them. Relabelling ten LoCoMo conversations'
+# stores (643 labels): self@1 0.972 -> 0.984 for 5.4% more texts embedded (8,502 -> 8,964).
+# Embedding every combination of the twelve instead of sixteen gets 0.994 for 59% more
+# (13,560); of eight, 0.988 for 19% more (10,138).
 WIDE_PHRASES = 160
 WIDE_SHORTLIST = 12
 WIDE_TRIES = 16
@@ -641,11 +644,13 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
     elsewhere ("help", "keep" in a chat) gets a second look: its remaining candidates and its
     typical members' own phrases, a ``WEAK_SHORTLIST`` of them combined and ``WEAK_TRIES``
     combinations embedded; one still without gets a last look, the same with the phrases of
-    ``LAST_MEMBERS`` members. A later look's label replaces an earlier one only when its
-    margin is better. Costs one embedding per candidate and ``TRIES`` per label, and about 30
-    more for each cluster that needs a second or last look (each text embedded once per call;
-    on ten LoCoMo conversations 8.4k texts in all, 7.7k without the last look). Returns the
-    chosen label's margin per cluster (<= 0: even the best label points elsewhere).
+    ``LAST_MEMBERS`` members; one still without gets a wide look at every phrase of its
+    members (``WIDE_PHRASES``, ``_wide_pools``). A later look's label replaces an earlier one
+    only when its margin is better. Costs one embedding per candidate and ``TRIES`` per label,
+    about 30 more for each cluster that needs a second or last look, and up to
+    ``WIDE_PHRASES + WIDE_TRIES`` for one that needs the wide look (each text embedded once per
+    call; on ten LoCoMo conversations 9.0k texts in all, 8.5k without the wide look). Returns
+    the chosen label's margin per cluster (<= 0: even the best label points elsewhere).
     """
     slot = {int(c): i for i, c in enumerate(ids)}
     live = {c: ph for c, ph in found.items() if c in slot and ph.candidates and ph.neutral is None}
