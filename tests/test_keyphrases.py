@@ -351,6 +351,18 @@ def test_without_the_wide_look_that_cluster_keeps_a_label_pointing_elsewhere(mon
     assert kp.by_distinctness({1: got}, [1, 2], centres, embed)[1] <= 0
 
 
+def test_the_wide_look_offers_one_phrase_per_idea_best_margin_first():
+    got, embed, centres = wide_look_case()
+    every = [k.text for k in got.every_phrase(kp.WIDE_PHRASES)]
+    assert {"lighthouse", "help lighthouse", "help"} <= set(every)  # three phrases, two ideas
+    pool = [k.text for k in kp._wide_pools({1: got}, {1: 0, 2: 1}, centres, kp._Vectors(embed))[1]]
+    m = kp.margins(embed(pool), [0] * len(pool), centres)
+    assert pool[0] == "lighthouse" and list(m) == sorted(m, reverse=True)
+    # "help lighthouse" and "help" repeat words of better phrases: left out.
+    words = [w for p in pool for w in p.casefold().split()]
+    assert len(words) == len(set(words)) and "help lighthouse" not in pool
+
+
 def test_the_wide_look_embeds_each_phrase_once_within_its_budget(monkeypatch):
     monkeypatch.setattr(kp, "WIDE_PHRASES", 4)
     got, embed0, centres = wide_look_case()
