@@ -506,16 +506,18 @@ LAST_PHRASES = 4
 # The wide look, for clusters even the last look leaves without a label pointing at them
 # (chat clusters whose centres lie close together): every phrase of the members read, at most
 # ``WIDE_PHRASES`` of them (best document-count score first), each embedded; the
-# ``WIDE_SHORTLIST`` that point best at the cluster, one per idea, are combined and
-# ``WIDE_TRIES`` combinations embedded. The earlier looks offer only the top shared phrases and
-# the typical members' own; a phrase two members share below the top twelve ("Maria",
-# "virtual support group", "music") was in none of them. Relabelling ten LoCoMo conversations'
-# stores (643 labels): self@1 0.972 -> 0.984 for 5.4% more texts embedded (8,502 -> 8,964).
-# Embedding every combination of the twelve instead of sixteen gets 0.994 for 59% more
-# (13,560); of eight, 0.988 for 19% more (10,138).
+# ``WIDE_SHORTLIST`` that point best at the cluster, one per idea, are combined and every pair
+# and triple of them embedded (``WIDE_TRIES``: the estimate ranks chat phrases' combinations
+# poorly, correlation 0.4-0.6 with the real margins). The earlier looks offer only the top
+# shared phrases and the typical members' own; a phrase two members share below the top
+# twelve ("Maria", "virtual support group", "music") was in none of them. Relabelling ten
+# LoCoMo conversations' stores (643 labels, 8,502 texts embedded without the wide look, self@1
+# 0.972): shortlist 12, 16 combinations by the estimate 0.984 (+5.4% texts); 8, all 0.988
+# (+19%); 10, all 0.991 (+36%); 12, all 0.994 (+59%).
 WIDE_PHRASES = 160
-WIDE_SHORTLIST = 12
-WIDE_TRIES = 16
+WIDE_SHORTLIST = 10
+# Every pair and triple of the shortlist (45 + 120).
+WIDE_TRIES = WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) // 2 + WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) * (WIDE_SHORTLIST - 2) // 6
 
 
 def _combos(n: int) -> list[tuple[int, ...]]:
