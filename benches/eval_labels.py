@@ -9,7 +9,8 @@ then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are mea
         --context "an agent planning a two-week trip to Japan for a user and their partner"
     python benches/eval_labels.py ../shared/data/locomo10.json --sample 2 --llm off
 
-``--misses`` lists the clusters whose label fails self@1 and the cluster it points at.
+``--misses`` lists the clusters whose label fails self@1, the cluster it points at and the cosine
+of their centres.
 Results: BENCHMARKS.md, "Cluster labels".
 """
 
@@ -65,7 +66,10 @@ def print_misses(store: MemoryStore) -> None:
     print(f"self@1 misses: {len(misses)} of {sum(bool(s) for s in summaries)} labelled clusters with 2+ members")
     for i, j, margin in misses:
         a, b = got[i], got[j]
-        print(f"  {margin:+.3f}  [{a.size}] {a.summary} | {', '.join(a.tags)}   nearer [{b.size}] {b.summary}")
+        # The centres' cosine: a miss between near-duplicate clusters (close to
+        # ``merge_threshold``) is a merge signal rather than a labelling failure.
+        print(f"  {margin:+.3f}  [{a.size}] {a.summary} | {', '.join(a.tags)}   nearer [{b.size}] {b.summary}"
+              f"   (centres cos {float(centres[i] @ centres[j]):.3f})")
 
 
 def main() -> None:
