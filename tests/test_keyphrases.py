@@ -363,6 +363,28 @@ def test_the_wide_look_offers_one_phrase_per_idea_best_margin_first():
     assert len(words) == len(set(words)) and "help lighthouse" not in pool
 
 
+def test_the_wide_look_serves_the_bigger_clusters_first_within_its_cluster_budget(monkeypatch):
+    # Two clusters like wide_look_case's, each naming itself only by its own word (lighthouse,
+    # windmill), the second with more members; a budget of one cluster goes to the bigger.
+    small = ["help banana", "help banana", "help cherry", "help cherry", "help lighthouse", "help lighthouse"]
+    big = ["help apple", "help apple", "help grape", "help grape", "help windmill", "help windmill",
+           "help apple", "help grape"]
+    rivals = ["help desk open", "help desk closed", "help desk ticket"]
+    df, n = background(small, big, rivals)
+    embed = axes_embed(["help", "lighthouse", "windmill"])
+    centres = np.stack([np.array([0.8, 0.6, 0.0], np.float32), embed(["help"])[0], np.array([0.8, 0.0, 0.6], np.float32)])
+
+    def found():
+        return {1: kp.rank([kp.extract(t) for t in small], df, n, limit=2),
+                3: kp.rank([kp.extract(t) for t in big], df, n, limit=2)}
+
+    got = kp.by_distinctness(found(), [1, 2, 3], centres, embed)
+    assert got[1] > 0 and got[3] > 0  # both found with the default budget
+    monkeypatch.setattr(kp, "WIDE_CLUSTERS", 1)
+    got = kp.by_distinctness(found(), [1, 2, 3], centres, embed)
+    assert got[3] > 0 >= got[1]
+
+
 def test_the_wide_look_embeds_each_phrase_once_within_its_budget(monkeypatch):
     monkeypatch.setattr(kp, "WIDE_PHRASES", 4)
     got, embed0, centres = wide_look_case()

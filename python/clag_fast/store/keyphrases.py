@@ -262,6 +262,7 @@ class ClusterPhrases:
     candidates: list[Keyphrase] = field(default_factory=list)
     neutral: str | None = None
     head: list[str] | None = None  # the label's phrases when chosen (``by_distinctness``)
+    members: int = 0  # members read by ``rank`` (the wide look serves bigger clusters first)
     # Each embedded phrase's margin alone (``by_distinctness``): > 0 when it points at this
     # cluster's centre rather than another.
     margins: dict[str, float] = field(default_factory=dict)
@@ -439,7 +440,7 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
         keys = sorted((k for k in scores if scores[k] > 0), key=lambda k: (-scores[k], k))[:limit]
         return [Keyphrase(_surface(forms[k]), round(scores[k], 4), df[k], round(df[k] / n, 3)) for k in keys]
 
-    return ClusterPhrases(chosen, neutral, find_typical=find_typical, find_every=find_every)
+    return ClusterPhrases(chosen, neutral, members=n, find_typical=find_typical, find_every=find_every)
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
@@ -518,6 +519,11 @@ WIDE_PHRASES = 160
 WIDE_SHORTLIST = 10
 # Every pair and triple of the shortlist (45 + 120).
 WIDE_TRIES = WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) // 2 + WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) * (WIDE_SHORTLIST - 2) // 6
+# At most this many clusters get the wide look per call, the largest first: each costs up to
+# WIDE_PHRASES + WIDE_TRIES embeddings of short texts (325), so a big store's first labelling
+# stays bounded (on a LoCoMo conversation 2-6 clusters need it; later passes relabel only new,
+# drifted and stale clusters).
+WIDE_CLUSTERS = 32
 
 
 def _combos(n: int) -> list[tuple[int, ...]]:
@@ -647,11 +653,12 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
     typical members' own phrases, a ``WEAK_SHORTLIST`` of them combined and ``WEAK_TRIES``
     combinations embedded; one still without gets a last look, the same with the phrases of
     ``LAST_MEMBERS`` members; one still without gets a wide look at every phrase of its
-    members (``WIDE_PHRASES``, ``_wide_pools``). A later look's label replaces an earlier one
-    only when its margin is better. Costs one embedding per candidate and ``TRIES`` per label,
+    members (``WIDE_PHRASES``, ``_wide_pools``; at most ``WIDE_CLUSTERS`` per call, the
+    largest first). A later look's label replaces an earlier one only when its margin is
+    better. Costs one embedding per candidate and ``TRIES`` per label,
     about 30 more for each cluster that needs a second or last look, and up to
     ``WIDE_PHRASES + WIDE_TRIES`` for one that needs the wide look (each text embedded once per
-    call; on ten LoCoMo conversations 9.0k texts in all, 8.5k without the wide look). Returns
+    call; on ten LoCoMo conversations 11.5k texts in all, 8.5k without the wide look). Returns
     the chosen label's margin per cluster (<= 0: even the best label points elsewhere).
     """
     slot = {int(c): i for i, c in enumerate(ids)}
@@ -672,6 +679,7 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
                                     if k not in pools[c]] for c in still}
             _look_again(live, got, pools, slot, centres, vectors, WEAK_SHORTLIST, WEAK_TRIES)
             still = [c for c in still if got[c] <= 0]
+            still = sorted(still, key=lambda c: -live[c].members)[:WIDE_CLUSTERS]
             if still and WIDE_PHRASES:
                 pools = _wide_pools({c: live[c] for c in still}, slot, centres, vectors)
                 _look_again(live, got, pools, slot, centres, vectors, WIDE_SHORTLIST, WIDE_TRIES)
