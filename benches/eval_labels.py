@@ -1,7 +1,7 @@
 """Cluster label quality on one conversation (issue #16): copies, groundedness, self@1, SLM
 parse failures (apart from failed calls) and profile calls per memory.
 
-The conversation's turns are added 32 at a time (the store's defaults: background SLM work),
+The conversation's turns are added 32 at a time (``--batch``; the store's defaults: background SLM work),
 then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are measured with
 ``MemoryStore.label_quality()`` (``clag_fast.eval.labels``).
 
@@ -9,7 +9,8 @@ then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are mea
         --context "an agent planning a two-week trip to Japan for a user and their partner"
     python benches/eval_labels.py ../shared/data/locomo10.json --sample 2 --llm off
 
-``--misses`` lists the clusters whose label fails self@1 and the cluster it points at.
+``--misses`` lists the clusters whose label fails self@1, the cluster it points at and the cosine
+of their centres.
 Results: BENCHMARKS.md, "Cluster labels".
 """
 
@@ -65,7 +66,10 @@ def print_misses(store: MemoryStore) -> None:
     print(f"self@1 misses: {len(misses)} of {sum(bool(s) for s in summaries)} labelled clusters with 2+ members")
     for i, j, margin in misses:
         a, b = got[i], got[j]
-        print(f"  {margin:+.3f}  [{a.size}] {a.summary} | {', '.join(a.tags)}   nearer [{b.size}] {b.summary}")
+        # The centres' cosine: a miss between near-duplicate clusters (close to
+        # ``merge_threshold``) is a merge signal rather than a labelling failure.
+        print(f"  {margin:+.3f}  [{a.size}] {a.summary} | {', '.join(a.tags)}   nearer [{b.size}] {b.summary}"
+              f"   (centres cos {float(centres[i] @ centres[j]):.3f})")
 
 
 def main() -> None:
@@ -77,6 +81,10 @@ def main() -> None:
     p.add_argument("--show", type=int, default=20, help="print the labels of the N largest clusters")
     p.add_argument("--misses", action="store_true",
                    help="print the clusters failing self@1: label, size, margin, the nearer cluster's label and size")
+    p.add_argument("--batch", type=int, default=32,
+                   help="turns per add_many call (another batch size gives another clustering: a robustness check)")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="build the store in DIR (must not exist) and keep it, to study its labels afterwards")
     args = p.parse_args()
     failures = SLMFailures()
     org_log = logging.getLogger("clag_fast.slm.organizer")
@@ -85,13 +93,15 @@ def main() -> None:
     sample = load_dataset(args.data)[args.sample]
     texts = [t.memory_text() for t in sample.turns]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "store"
+        path = Path(args.keep) if args.keep else Path(tmp) / "store"
+        if args.keep and path.exists():
+            raise SystemExit(f"--keep {path}: already exists")
         store = (MemoryStore.open(path, llm=False, config=StoreConfig(slm="off")) if args.llm == "off"
                  else MemoryStore.open(path))
         with store:
             t0 = time.perf_counter()
-            for i in range(0, len(texts), 32):
-                store.add_many(texts[i:i + 32])
+            for i in range(0, len(texts), args.batch):
+                store.add_many(texts[i:i + args.batch])
             store.flush()
             report = store.organize(task_context=args.context)
             store.flush()

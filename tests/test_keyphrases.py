@@ -317,6 +317,90 @@ def test_a_cluster_no_typical_phrase_names_gets_a_last_look_at_more_members():
     assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(best[1], abs=1e-5)
 
 
+def wide_look_case():
+    """A cluster whose label can point home only through a phrase two members share below
+    its top candidates ("lighthouse": ranked after the "banana" and "cherry" phrases, with a
+    candidate limit of two) and that no member holds alone (so no typical member offers it): every
+    candidate points nowhere, and "help", which all members say, points at a rival."""
+    members = ["help banana", "help banana", "help cherry", "help cherry", "help lighthouse",
+               "help lighthouse"]
+    rivals = ["help desk open", "help desk closed", "help desk ticket"]
+    got = kp.rank([kp.extract(t) for t in members], *background(members, rivals), limit=2)
+    embed = axes_embed(["help", "lighthouse"])
+    own = np.array([0.8, 0.6], np.float32)
+    centres = np.stack([own / np.linalg.norm(own), embed(["help"])[0]])
+    return got, embed, centres
+
+
+def test_a_cluster_no_candidate_or_typical_phrase_names_gets_a_wide_look_at_every_phrase():
+    got, embed, centres = wide_look_case()
+    assert len(got.phrases()) == 2 and not any("lighthouse" in p for p in got.phrases()) and got.typical == []
+    assert "lighthouse" in {k.text for k in got.every_phrase(kp.WIDE_PHRASES)}
+    best = kp.by_distinctness({1: got}, [1, 2], centres, embed)
+    summary, tags = kp.phrases_label(got)
+    assert best[1] > 0 and any("lighthouse" in p for p in summary.split(" · "))
+    assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(best[1], abs=1e-5)
+    # One phrase per idea: "lighthouse" and "help lighthouse" never in one label.
+    words = [w for p in summary.split(" · ") for w in p.casefold().split()]
+    assert len(words) == len(set(words))
+
+
+def test_without_the_wide_look_that_cluster_keeps_a_label_pointing_elsewhere(monkeypatch):
+    monkeypatch.setattr(kp, "WIDE_PHRASES", 0)
+    got, embed, centres = wide_look_case()
+    assert kp.by_distinctness({1: got}, [1, 2], centres, embed)[1] <= 0
+
+
+def test_the_wide_look_offers_one_phrase_per_idea_best_margin_first():
+    got, embed, centres = wide_look_case()
+    every = [k.text for k in got.every_phrase(kp.WIDE_PHRASES)]
+    assert {"lighthouse", "help lighthouse", "help"} <= set(every)  # three phrases, two ideas
+    pool = [k.text for k in kp._wide_pools({1: got}, {1: 0, 2: 1}, centres, kp._Vectors(embed))[1]]
+    m = kp.margins(embed(pool), [0] * len(pool), centres)
+    assert pool[0] == "lighthouse" and list(m) == sorted(m, reverse=True)
+    # "help lighthouse" and "help" repeat words of better phrases: left out.
+    words = [w for p in pool for w in p.casefold().split()]
+    assert len(words) == len(set(words)) and "help lighthouse" not in pool
+
+
+def test_the_wide_look_serves_the_bigger_clusters_first_within_its_cluster_budget(monkeypatch):
+    # Two clusters like wide_look_case's, each naming itself only by its own word (lighthouse,
+    # windmill), the second with more members; a budget of one cluster goes to the bigger.
+    small = ["help banana", "help banana", "help cherry", "help cherry", "help lighthouse", "help lighthouse"]
+    big = ["help apple", "help apple", "help grape", "help grape", "help windmill", "help windmill",
+           "help apple", "help grape"]
+    rivals = ["help desk open", "help desk closed", "help desk ticket"]
+    df, n = background(small, big, rivals)
+    embed = axes_embed(["help", "lighthouse", "windmill"])
+    centres = np.stack([np.array([0.8, 0.6, 0.0], np.float32), embed(["help"])[0], np.array([0.8, 0.0, 0.6], np.float32)])
+
+    def found():
+        return {1: kp.rank([kp.extract(t) for t in small], df, n, limit=2),
+                3: kp.rank([kp.extract(t) for t in big], df, n, limit=2)}
+
+    got = kp.by_distinctness(found(), [1, 2, 3], centres, embed)
+    assert got[1] > 0 and got[3] > 0  # both found with the default budget
+    monkeypatch.setattr(kp, "WIDE_CLUSTERS", 1)
+    got = kp.by_distinctness(found(), [1, 2, 3], centres, embed)
+    assert got[3] > 0 >= got[1]
+
+
+def test_the_wide_look_embeds_each_phrase_once_within_its_budget(monkeypatch):
+    monkeypatch.setattr(kp, "WIDE_PHRASES", 4)
+    got, embed0, centres = wide_look_case()
+    seen: list[str] = []
+    kp.by_distinctness({1: got}, [1, 2], centres, lambda t: (seen.extend(t), embed0(t))[1])
+    assert len(seen) == len(set(seen))
+    every = [k.text for k in got.every_phrase(4)]
+    assert len(every) == 4 and set(every) <= set(seen)
+    # Beyond the earlier looks: the four phrases and at most WIDE_TRIES combinations.
+    monkeypatch.setattr(kp, "WIDE_PHRASES", 0)
+    got2, _, _ = wide_look_case()
+    seen2: list[str] = []
+    kp.by_distinctness({1: got2}, [1, 2], centres, lambda t: (seen2.extend(t), embed0(t))[1])
+    assert len(seen) - len(seen2) <= 4 + kp.WIDE_TRIES
+
+
 # ----------------------------------------------------------------------------- in a store
 
 
