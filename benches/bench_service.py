@@ -21,10 +21,10 @@ CPU seconds of the server process, of the clients and of the in-process loop are
 per operation, with the load average.
 
 The questions come from six templates (at most ~160 distinct texts; 119 in the default 822
-searches), so most searches repeat an earlier question: the loop answers a repeat from the
-store's retrieval cache only when no add came in between, the service from its embedder's
-cache of recent texts' vectors whatever came in between (``--embed-cache 0`` turns that off,
-to see the service without it). The added sentences rarely repeat (368 distinct of 378).
+searches), so most searches repeat an earlier question: both sides answer a repeat from the
+store's retrieval cache when no add came in between, and otherwise take its vector from the
+store's cache of recent texts' vectors (``StoreConfig.embed_cache``; ``--embed-cache 0`` turns
+it off on both sides). The added sentences rarely repeat (368 distinct of 378).
 
 Targets (issue #15): ratio >= 1.5, p99 <= 10x p50, zero errors, start < 3 s.
 
@@ -293,7 +293,7 @@ def wait_idle(url: str, http: Any) -> None:
 
 
 def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clients: int, driver: str = "lean",
-                    blocks: int = 4, serve_args: list[str] | None = None) -> tuple[dict, dict]:
+                    blocks: int = 4, embed_cache: int | None = None) -> tuple[dict, dict]:
     """The loop and the service on the same operations, in ``blocks`` consecutive slices
     that take turns (loop then service, then service then loop, ...), so both see the same
     moments of a shared machine's load; each side's time is the sum of its slices. A service
@@ -303,6 +303,9 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
 
     from clag_fast import MemoryStore, StoreConfig
 
+    # Both sides keep the same cache of recent texts' vectors (the store's embed_cache).
+    serve_args = [] if embed_cache is None else ["--embed-cache", str(embed_cache)]
+    loop_config = StoreConfig(slm="off") if embed_cache is None else StoreConfig(slm="off", embed_cache=embed_cache)
     service = Service(served, serve_args)
     http = httpx.Client(timeout=300)
     wait_idle(service.url, http)
@@ -310,7 +313,7 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
     srv: dict[str, Any] = {"wall_s": 0.0, "idle_wait_s": 0.0, "server_cpu_s": 0.0, "client_cpu_s": 0.0, "lat": {},
                            "errors": 0, "error_examples": [], "blocks": []}
     bounds = np.linspace(0, len(ops), blocks + 1).round().astype(int)
-    with MemoryStore.open(local, config=StoreConfig(slm="off"), llm=False) as store:
+    with MemoryStore.open(local, config=loop_config, llm=False) as store:
         store.search("warm up", k=1, namespace="bench")  # load the model outside the timing
 
         def loop_block(part: list[tuple[str, str]]) -> float:
@@ -385,9 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=4,
                    help="slices of the operations the loop and the service take in turns (1: the loop, then the service)")
     p.add_argument("--embed-cache", type=int, default=None, metavar="N",
-                   help="the service's --embed-cache (default: its own default)")
+                   help="StoreConfig.embed_cache of both sides (the loop's store, the service's --embed-cache; "
+                        "default: the default)")
     args = p.parse_args(argv)
-    serve_args = [] if args.embed_cache is None else ["--embed-cache", str(args.embed_cache)]
     ops = make_ops(args.ops)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
@@ -399,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(base, Path(tmp) / "local")
         shutil.copytree(base, Path(tmp) / "served")
         local, served = run_interleaved(Path(tmp) / "local", Path(tmp) / "served", ops, args.clients, args.client,
-                                        args.blocks, serve_args)
+                                        args.blocks, args.embed_cache)
         print(f"in-process loop : {local['ops_s']:7.1f} ops/s  p50 {local['p50_ms']:6.1f} ms  "
               f"p99 {local['p99_ms']:6.1f} ms  errors {local['errors']}  ({local['wall_s']:.1f} s)")
         print(f"service, {args.clients} clients: {served['ops_s']:7.1f} ops/s  p50 {served['p50_ms']:6.1f} ms  "

@@ -456,7 +456,9 @@ def test_search_many_shares_the_retrieval_cache_with_search(tmp_path):
     def ids(hits):
         return [h.memory_id for h in hits]
 
-    with ref, MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, llm=False) as s:
+    # embed_cache=0: embedder calls then count the searches the retrieval cache did not answer.
+    cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", embed_cache=0)
+    with ref, MemoryStore.open(tmp_path / "s", config=cfg, embedder=emb, llm=False) as s:
         for store in (s, ref):
             store.add_many(["alpha", "beta", "gamma", "delta"])
         one = s.search("alpha", k=2)

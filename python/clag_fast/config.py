@@ -172,6 +172,8 @@ class StoreConfig:
     Other:
       forgetting: decay / pruning policy (off by default).
       cache_size: retrieval cache entries (0 = off); invalidated by any write.
+      embed_cache: vectors of recently embedded texts kept (0 = off; ``embed.vector_cache``):
+        a repeated query or label phrase is not embedded again; writes do not clear it.
       fsync: sync vectors and the database to disk on every write (power-loss safety);
         without it a process crash (SIGKILL) still loses nothing that add() returned.
     """
@@ -198,6 +200,7 @@ class StoreConfig:
     lexical_fusion: str = "minmax"
     forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
     cache_size: int = 1024
+    embed_cache: int = 4096
     fsync: bool = False
 
     def __post_init__(self) -> None:
@@ -222,6 +225,7 @@ class StoreConfig:
             (self.topic_weight >= 0, "topic_weight must be >= 0"),
             (self.organize_every >= 0, "organize_every must be >= 0"),
             (self.cache_size >= 0, "cache_size must be >= 0"),
+            (self.embed_cache >= 0, "embed_cache must be >= 0"),
             (0 <= self.lexical_weight <= 1, "lexical_weight must be in [0, 1]"),
             (self.lexical_fusion in ("minmax", "zscore", "bound", "rrf"),
              f"lexical_fusion must be 'minmax', 'zscore', 'bound' or 'rrf', got {self.lexical_fusion!r}"),

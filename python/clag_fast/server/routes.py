@@ -432,8 +432,6 @@ async def stats(svc: StoreService = Svc, who: Principal = Who) -> dict[str, Any]
     out = _jsonable(await svc.call(svc.store.stats))
     out["service"] = {"add_batches": svc.adds.batches, "adds": svc.adds.items,
                       "search_batches": svc.searches.batches, "searches": svc.searches.items}
-    if svc.embedder is not None:
-        out["service"]["embed_cache"] = {"hits": svc.embedder.cache_hits, "misses": svc.embedder.cache_misses}
     return out
 
 

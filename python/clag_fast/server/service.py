@@ -75,9 +75,10 @@ class StoreService:
         """Open the store (synchronously, so a locked or foreign directory fails at start-up)."""
         c = self.config
         cfg = None
-        if c.dim is not None or c.llm == "off" or c.fsync:
+        if c.dim is not None or c.llm == "off" or c.fsync or c.embed_cache != StoreConfig().embed_cache:
             stored_dim = _stored_dim(c.store)
-            kwargs: dict[str, Any] = {"dim": stored_dim or c.dim or StoreConfig().dim, "fsync": c.fsync}
+            kwargs: dict[str, Any] = {"dim": stored_dim or c.dim or StoreConfig().dim, "fsync": c.fsync,
+                                      "embed_cache": c.embed_cache}
             if c.llm == "off":
                 # Periodic re-organisations run in the store's worker, not inside the add batch
                 # that triggers one: the requests committed in that batch are answered at once
@@ -93,7 +94,7 @@ class StoreService:
                 # settle and record its precision by its own rule, as a plain open does.
                 MemoryStore.open(c.store, config=cfg, llm=False).close()
                 precision = _stored_meta(c.store, "embed_precision")
-            embedder = ServiceEmbedder(precision or "auto", cache_size=c.embed_cache)
+            embedder = ServiceEmbedder(precision or "auto")
         self.embedder = embedder or None
         self.store = MemoryStore.open(c.store, config=cfg, embedder=embedder, llm=llm)
         return self.store

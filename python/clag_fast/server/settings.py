@@ -51,7 +51,7 @@ class ServeConfig:
       second worker lets adds commit while another batch's add runs the store's periodic
       re-organisation, whose cluster labelling (most of its time) holds no write lock.
     search_batch: most queries coalesced into one ``search_many`` (adds: ``limits.max_batch``).
-    embed_cache: vectors of recent texts the embedder keeps (``ServiceEmbedder``; 0: none):
+    embed_cache: vectors of recent texts the store keeps (``StoreConfig.embed_cache``; 0: none):
       a repeated query or label phrase is not embedded again.
     """
 

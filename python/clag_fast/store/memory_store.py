@@ -833,6 +833,8 @@ class MemoryStore:
             "adds": c["adds"],
             "searches": c["searches"],
             "cache_hits": c["cache_hits"],
+            "embed_cache": {"hits": state.embed_cache.hits, "misses": state.embed_cache.misses,
+                            "size": len(state.embed_cache)},
             "organizations": c["organizations"],
             "routing": {k[7:]: v for k, v in c.items() if k.startswith("routed_")},
             "llm": llm,
@@ -864,7 +866,7 @@ class MemoryStore:
     def _vectors(self, texts: list[str], embeddings: np.ndarray | None) -> np.ndarray:
         if embeddings is None:
             t0 = time.perf_counter()
-            vecs = self._get_embedder().encode(texts)
+            vecs = self._state.embed_cache.encode(texts, self._get_embedder().encode)
             self._state.count("embed_s", time.perf_counter() - t0)
             vecs = np.ascontiguousarray(vecs, dtype=np.float32)
             if vecs.shape != (len(texts), self.config.dim):

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from clag_fast.embed.vector_cache import VectorCache
+
 from clag_fast.config import StoreConfig
 from clag_fast.index import VectorIndex
 from clag_fast.store.catalog import Catalog
@@ -136,12 +138,14 @@ class StoreState:
     access: AccessLog = field(default_factory=AccessLog)
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     cache: ResultCache = field(init=False)
+    embed_cache: VectorCache = field(init=False)  # text -> vector; writes do not clear it
     # (cluster ids, their centres) at the end of the last organisation in this process: the
     # next one re-assigns the members of clusters whose centre moved since (organize.drifted).
     organized_centres: tuple[np.ndarray, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.cache = ResultCache(self.config.cache_size)
+        self.embed_cache = VectorCache(self.config.embed_cache)
 
     def __len__(self) -> int:
         """Live memories."""

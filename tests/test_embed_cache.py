@@ -1,0 +1,131 @@
+"""The store's cache of recently embedded texts' vectors (``embed.vector_cache.VectorCache``):
+a repeated text gets the vector the model gave it, without another model call; bad items are
+refused as without it; writes do not clear it."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from clag_fast.config import StoreConfig
+from clag_fast.embed import vector_cache
+from clag_fast.embed.service_embedder import ServiceEmbedder
+from clag_fast.embed.vector_cache import VectorCache
+from clag_fast.server.settings import ServeConfig
+from clag_fast.store import MemoryStore
+
+TEXTS = ["What does the user like?", "Who booked the rental car?", "a much longer sentence about the weekend "
+         "trip to the museum and the tickets nobody paid for", "LOUD TEXT!!! 12345 🙂"]
+
+
+class Counting:
+    """A real embedder (the service's, at a given precision) that records the texts it saw."""
+
+    def __init__(self, precision: str) -> None:
+        self.model = ServiceEmbedder(precision)
+        self.dim, self.name = self.model.dim, self.model.name
+        self.embedded: list[str] = []
+
+    def encode(self, texts):
+        self.embedded += list(texts)
+        return self.model.encode(texts)
+
+
+def test_int8_cached_rows_are_the_vectors_each_text_gets_alone():
+    plain = ServiceEmbedder("int8")
+    alone = np.vstack([plain.encode([t]) for t in TEXTS])
+    e, cache = Counting("int8"), VectorCache(16)
+    first = cache.encode([TEXTS[0], TEXTS[1], TEXTS[0]], e.encode)  # a repeat within one call: embedded once
+    assert e.embedded == TEXTS[:2]
+    again = cache.encode(TEXTS[::-1], e.encode)
+    assert e.embedded == TEXTS[:2] + [TEXTS[3], TEXTS[2]]  # only the new ones
+    np.testing.assert_array_equal(first, alone[[0, 1, 0]])
+    np.testing.assert_array_equal(again, alone[::-1])
+    assert (cache.hits, cache.misses) == (3, 4)
+    # Rows handed out are copies: a caller writing into its array leaves the cache as it was.
+    again[:] = 0
+    np.testing.assert_array_equal(cache.encode([TEXTS[2]], e.encode), alone[[2]])
+
+
+def test_fp32_cached_rows_are_what_the_model_gave():
+    e, cache = Counting("fp32"), VectorCache(16)
+    first = cache.encode(TEXTS, e.encode)
+    got = cache.encode([TEXTS[2], TEXTS[0]], e.encode)
+    assert e.embedded == TEXTS
+    np.testing.assert_array_equal(got, first[[2, 0]])
+
+
+def test_least_recently_used_goes_first_and_long_texts_are_not_kept():
+    e, cache = Counting("int8"), VectorCache(2)
+    cache.encode(TEXTS[:2], e.encode)
+    cache.encode([TEXTS[0]], e.encode)  # TEXTS[0] is now the most recent
+    cache.encode([TEXTS[2]], e.encode)  # evicts TEXTS[1]
+    cache.encode([TEXTS[0], TEXTS[1]], e.encode)
+    assert e.embedded == TEXTS[:3] + [TEXTS[1]]
+    long = "word " * (vector_cache.MAX_CHARS // 5 + 1)
+    cache.encode([long], e.encode)
+    cache.encode([long], e.encode)
+    assert e.embedded[-2:] == [long, long]
+    assert len(cache) <= 2
+
+
+@pytest.mark.parametrize("bad, index", [(["fine text", ""], 1), (["fine text", "  "], 1), ([b"bytes"], 0),
+                                        (["fine text", "fine text", "lone \ud800 surrogate"], 2)])
+def test_bad_items_are_refused_naming_their_index(bad, index):
+    e, cache = ServiceEmbedder("int8"), VectorCache(16)
+    cache.encode(["fine text"], e.encode)  # cached: the error still names the index among all the texts
+    with pytest.raises(ValueError, match=rf"texts\[{index}\]"):
+        cache.encode(bad, e.encode)
+
+
+def test_sizes_are_checked():
+    for bad in (-1, True, 2.5):
+        with pytest.raises(ValueError, match="embed_cache"):
+            VectorCache(bad)
+    with pytest.raises(ValueError, match="embed_cache"):
+        StoreConfig(embed_cache=-1)
+    with pytest.raises(ValueError, match="embed_cache"):
+        ServeConfig(store="s", embed_cache=-1)
+
+
+def test_threads_sharing_the_cache_get_each_text_its_own_vector():
+    texts = [f"question number {i} about the trip" for i in range(12)]
+    model = ServiceEmbedder("int8")
+    alone = {t: model.encode([t])[0] for t in texts}
+    cache = VectorCache(8)  # smaller than the texts: evictions under way too
+    wrong: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            batch = [texts[i] for i in rng.integers(0, len(texts), size=int(rng.integers(1, 10)))]
+            for t, v in zip(batch, cache.encode(batch, model.encode)):
+                if not np.array_equal(v, alone[t]):
+                    wrong.append(t)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    assert cache.hits > 0 and len(cache) <= 8
+
+
+@pytest.mark.parametrize("size", [4096, 0])
+def test_the_store_embeds_a_repeated_query_once_across_writes(tmp_path, size):
+    """In-process: a query asked again after a write (the result cache is cleared) is searched
+    afresh with the vector it had; embed_cache=0 embeds it every time."""
+    e = Counting("int8")
+    cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", embed_cache=size)
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=e, llm=False) as s:
+        s.add_many(TEXTS[1:])
+        first = s.search(TEXTS[0], k=2)
+        s.add("another memory about the museum")
+        again = s.search(TEXTS[0], k=3)
+        assert not again.cached and again[0].memory_id == first[0].memory_id
+        assert e.embedded.count(TEXTS[0]) == (1 if size else 2)
+        stats = s.stats()["embed_cache"]
+        assert stats["hits"] == (1 if size else 0) and stats["size"] == (len(TEXTS) + 1 if size else 0)
