@@ -233,7 +233,7 @@ impl Hasher for FxHasher {
         self.mix(v as u64);
     }
     fn finish(&self) -> u64 {
-        // The 64-bit finaliser of MurmurHash3, halved: one multiply between two xor-shifts.
+        // An xor-shift, multiply, xor-shift finaliser (after MurmurHash3's fmix64, one round).
         let x = self.0 ^ (self.0 >> 32);
         let x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         x ^ (x >> 29)

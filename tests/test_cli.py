@@ -191,3 +191,10 @@ def test_llm_url_sends_the_organiser_to_that_server(tmp_path, capsys, demo_file,
     n = len(fake_server.chat_requests())
     assert main(["search", "which hotel in Kyoto?", "--store", store, "--llm", "off"]) == 0
     assert len(fake_server.chat_requests()) == n, "--llm off asks nobody"
+
+
+def test_serve_refuses_an_embed_cache_it_could_not_pass_to_ray(tmp_path, capsys):
+    rc = main(["serve", "--store", str(tmp_path / "s"), "--ray", "auto", "--embed-cache", "10"])
+    assert rc == 2
+    assert "--embed-cache" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()  # refused before anything started or was created

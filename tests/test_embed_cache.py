@@ -16,8 +16,13 @@ from clag_fast.embed.vector_cache import VectorCache
 from clag_fast.server.settings import ServeConfig
 from clag_fast.store import MemoryStore
 
+DIM = 384
 TEXTS = ["What does the user like?", "Who booked the rental car?", "a much longer sentence about the weekend "
          "trip to the museum and the tickets nobody paid for", "LOUD TEXT!!! 12345 🙂"]
+
+
+def enc(cache, texts, embed, remember=True):
+    return cache.encode(texts, embed, DIM, remember)
 
 
 class Counting:
@@ -37,36 +42,36 @@ def test_int8_cached_rows_are_the_vectors_each_text_gets_alone():
     plain = ServiceEmbedder("int8")
     alone = np.vstack([plain.encode([t]) for t in TEXTS])
     e, cache = Counting("int8"), VectorCache(16)
-    first = cache.encode([TEXTS[0], TEXTS[1], TEXTS[0]], e.encode)  # a repeat within one call: embedded once
+    first = enc(cache, [TEXTS[0], TEXTS[1], TEXTS[0]], e.encode)  # a repeat within one call: embedded once
     assert e.embedded == TEXTS[:2]
-    again = cache.encode(TEXTS[::-1], e.encode)
+    again = enc(cache, TEXTS[::-1], e.encode)
     assert e.embedded == TEXTS[:2] + [TEXTS[3], TEXTS[2]]  # only the new ones
     np.testing.assert_array_equal(first, alone[[0, 1, 0]])
     np.testing.assert_array_equal(again, alone[::-1])
     assert (cache.hits, cache.misses) == (3, 4)
     # Rows handed out are copies: a caller writing into its array leaves the cache as it was.
     again[:] = 0
-    np.testing.assert_array_equal(cache.encode([TEXTS[2]], e.encode), alone[[2]])
+    np.testing.assert_array_equal(enc(cache, [TEXTS[2]], e.encode), alone[[2]])
 
 
 def test_fp32_cached_rows_are_what_the_model_gave():
     e, cache = Counting("fp32"), VectorCache(16)
-    first = cache.encode(TEXTS, e.encode)
-    got = cache.encode([TEXTS[2], TEXTS[0]], e.encode)
+    first = enc(cache, TEXTS, e.encode)
+    got = enc(cache, [TEXTS[2], TEXTS[0]], e.encode)
     assert e.embedded == TEXTS
     np.testing.assert_array_equal(got, first[[2, 0]])
 
 
 def test_least_recently_used_goes_first_and_long_texts_are_not_kept():
     e, cache = Counting("int8"), VectorCache(2)
-    cache.encode(TEXTS[:2], e.encode)
-    cache.encode([TEXTS[0]], e.encode)  # TEXTS[0] is now the most recent
-    cache.encode([TEXTS[2]], e.encode)  # evicts TEXTS[1]
-    cache.encode([TEXTS[0], TEXTS[1]], e.encode)
+    enc(cache, TEXTS[:2], e.encode)
+    enc(cache, [TEXTS[0]], e.encode)  # TEXTS[0] is now the most recent
+    enc(cache, [TEXTS[2]], e.encode)  # evicts TEXTS[1]
+    enc(cache, [TEXTS[0], TEXTS[1]], e.encode)
     assert e.embedded == TEXTS[:3] + [TEXTS[1]]
     long = "word " * (vector_cache.MAX_CHARS // 5 + 1)
-    cache.encode([long], e.encode)
-    cache.encode([long], e.encode)
+    enc(cache, [long], e.encode)
+    enc(cache, [long], e.encode)
     assert e.embedded[-2:] == [long, long]
     assert len(cache) <= 2
 
@@ -75,9 +80,9 @@ def test_least_recently_used_goes_first_and_long_texts_are_not_kept():
                                         (["fine text", "fine text", "lone \ud800 surrogate"], 2)])
 def test_bad_items_are_refused_naming_their_index(bad, index):
     e, cache = ServiceEmbedder("int8"), VectorCache(16)
-    cache.encode(["fine text"], e.encode)  # cached: the error still names the index among all the texts
+    enc(cache, ["fine text"], e.encode)  # cached: the error still names the index among all the texts
     with pytest.raises(ValueError, match=rf"texts\[{index}\]"):
-        cache.encode(bad, e.encode)
+        enc(cache, bad, e.encode)
 
 
 def test_sizes_are_checked():
@@ -101,7 +106,7 @@ def test_threads_sharing_the_cache_get_each_text_its_own_vector():
         rng = np.random.default_rng(seed)
         for _ in range(20):
             batch = [texts[i] for i in rng.integers(0, len(texts), size=int(rng.integers(1, 10)))]
-            for t, v in zip(batch, cache.encode(batch, model.encode)):
+            for t, v in zip(batch, enc(cache, batch, model.encode)):
                 if not np.array_equal(v, alone[t]):
                     wrong.append(t)
 
@@ -128,4 +133,23 @@ def test_the_store_embeds_a_repeated_query_once_across_writes(tmp_path, size):
         assert not again.cached and again[0].memory_id == first[0].memory_id
         assert e.embedded.count(TEXTS[0]) == (1 if size else 2)
         stats = s.stats()["embed_cache"]
-        assert stats["hits"] == (1 if size else 0) and stats["size"] == (len(TEXTS) + 1 if size else 0)
+        # Added texts are looked up, not kept: a bulk ingest must not evict the queries.
+        assert stats["hits"] == (1 if size else 0) and stats["size"] == (1 if size else 0)
+
+
+def test_adds_look_texts_up_without_keeping_them():
+    e, cache = Counting("int8"), VectorCache(16)
+    enc(cache, TEXTS[:2], e.encode, remember=False)
+    assert len(cache) == 0
+    enc(cache, [TEXTS[0]], e.encode)  # a query: kept
+    enc(cache, [TEXTS[0], TEXTS[2]], e.encode, remember=False)  # an add: finds it, keeps nothing new
+    assert e.embedded == [TEXTS[0], TEXTS[1], TEXTS[0], TEXTS[2]] and len(cache) == 1
+
+
+def test_a_misbehaving_embedder_is_not_cached():
+    cache = VectorCache(16)
+    wide = lambda texts: np.ones((len(texts), DIM + 1), np.float32)  # noqa: E731
+    short = lambda texts: np.ones((max(0, len(texts) - 1), DIM), np.float32)  # noqa: E731
+    assert enc(cache, TEXTS[:2], wide).shape == (2, DIM + 1)  # the caller's shape check names it
+    assert enc(cache, TEXTS[:2], short).shape == (1, DIM)
+    assert len(cache) == 0

@@ -604,8 +604,9 @@ def test_search_one_answers_as_search_does(idx):
         idx.search_one(q[0], mids, k=0, n_probe=2)
     with pytest.raises(ValueError, match="NaN|finite"):
         idx.search_one(np.full(DIM, np.nan, np.float32), mids, k=3, n_probe=2)
-    with pytest.raises(ValueError, match="dim 16"):
-        idx.search_one(np.ones(DIM + 1, np.float32), mids, k=3, n_probe=2)
+    for width in (DIM + 1, 2 * DIM, 0):  # two queries' worth, or none, is one query's error too
+        with pytest.raises(ValueError, match="dim 16"):
+            idx.search_one(np.ones(width, np.float32), mids, k=3, n_probe=2)
     with pytest.raises(ValueError, match="memory_ids has 5 entries"):
         idx.search_one(x[0], mids[:5], k=3, n_probe=2, mode="flat")
     with pytest.raises(ValueError, match="mode must be"):

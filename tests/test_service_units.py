@@ -141,9 +141,9 @@ def test_store_errors_map_to_statuses_without_internals():
 
 def test_serve_process_runs_numpy_on_one_blas_thread():
     """``serve()`` sets numpy's OpenBLAS to one thread (``server.blas``): the count reads back
-    as 1, products on one thread are deterministic and agree with the threaded ones to float32
-    rounding (not bit for bit: on some CPUs OpenBLAS' threaded kernels block the sums
-    differently). In a child process, so this process keeps its own count."""
+    as 1 (what is tested) and products still agree with the threaded ones to float32 rounding
+    (not bit for bit: on some CPUs OpenBLAS' threaded kernels block the sums differently). In a
+    child process, so this process keeps its own count."""
     import subprocess
     import sys
 
@@ -158,9 +158,7 @@ a, b = rng.random((300, 384), np.float32), rng.random((384, 700), np.float32)
 before = a @ b
 had = blas.limit_to_one_thread()
 assert blas.threads() == 1, blas.threads()
-after = a @ b
-assert np.array_equal(a @ b, after)
-np.testing.assert_allclose(after, before, rtol=1e-5)
+np.testing.assert_allclose(a @ b, before, rtol=1e-5)
 print("had", had)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

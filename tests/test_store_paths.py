@@ -472,7 +472,7 @@ def test_deleted_memories_leave_the_lexical_statistics(tmp_path):
         assert search_scores(a, "quokka") == search_scores(b, "quokka")
 
 
-def test_single_vector_search_answers_as_the_batch_path_does(tmp_path):
+def test_single_vector_search_answers_as_the_batch_path_does(tmp_path, monkeypatch):
     """search(vector) takes the single-vector path (one native call); search_many takes the
     batch path. Both give the same hits, under no filter, filters, deletions, a decay policy,
     a fixed n_probe, a k past the probed rows and on an unclustered store."""
@@ -480,6 +480,16 @@ def test_single_vector_search_answers_as_the_batch_path_does(tmp_path):
     config = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", forgetting=policy)
     vecs, top = topic_vectors(400, 8, seed=3)
     queries = topic_vectors(12, 8, seed=5)[0]
+    from clag_fast.index import VectorIndex
+
+    native_one = VectorIndex.search_one
+    taken = []
+
+    def counted(self, *args, **kwargs):
+        taken.append(1)
+        return native_one(self, *args, **kwargs)
+
+    monkeypatch.setattr(VectorIndex, "search_one", counted)
 
     def same(s, **kw):
         for qv in queries:
@@ -502,8 +512,11 @@ def test_single_vector_search_answers_as_the_batch_path_does(tmp_path):
         s.organize()
         s.delete(5)
         for kw in (dict(), dict(namespace="b"), dict(n_probe=2), dict(k=300), dict(kind="note")):
+            taken.clear()
             hits = same(s, **kw)
             assert kw != dict() or hits.mode == "two_stage"
+            if kw in (dict(), dict(namespace="b"), dict(n_probe=2)):
+                assert taken, f"{kw}: the single-vector path was not taken"
         before = s.stats()["searches"]
         s.search(queries[1], k=3)
         assert s.stats()["searches"] == before + 1

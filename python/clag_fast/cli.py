@@ -223,6 +223,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ray is not None:
         from clag_fast.distributed.frontdoor import run
 
+        if args.embed_cache != ServeConfig.embed_cache:
+            raise ValueError("--embed-cache is not passed to the Ray shard owners (they keep the default): "
+                             "leave it out with --ray")
         run(ServeConfig(store=Path(args.store), host=args.host, port=args.port,
                         keys=Path(args.keys) if args.keys else None, llm=args.llm, embedder=not args.no_embedder,
                         dim=args.dim), address=args.ray, shards=_ray_shards(args), replicas=args.replicas, blocking=True)

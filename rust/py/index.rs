@@ -387,7 +387,15 @@ impl PyVectorIndex {
         };
         let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap, min_rows });
         let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: None, rows_vectors: None };
-        let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
+        let r = py.detach(|| {
+            self.with(|ix| {
+                // One query: `search` would read a longer slice as several queries.
+                if q.len() != ix.dim() {
+                    return Err(Error::Value(format!("query has {} values but the index has dim {}", q.len(), ix.dim())));
+                }
+                ix.search(q, &p)
+            })
+        })?;
         let count = r.counts[0] as usize;
         let rows = &r.ids[..count];
         if rows.iter().any(|&row| row < 0 || row as usize >= mids.len()) {

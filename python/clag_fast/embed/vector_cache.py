@@ -42,9 +42,12 @@ class VectorCache:
     def __len__(self) -> int:
         return len(self._items)
 
-    def encode(self, texts: list[str], embed: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+    def encode(self, texts: list[str], embed: Callable[[list[str]], np.ndarray], dim: int,
+               remember: bool = True) -> np.ndarray:
         """``embed(texts)`` with the texts seen recently taken from the cache and a text
-        repeated within ``texts`` embedded once. ``embed`` returns float32 (n, dim)."""
+        repeated within ``texts`` embedded once. ``embed`` returns float32 (n, ``dim``).
+        ``remember=False`` looks texts up without keeping new ones: the store's adds, so a
+        bulk ingest does not evict the queries and label phrases the cache is for."""
         if not self.size or not all(type(t) is str for t in texts):
             return embed(texts)  # a wrong item is the embedder's to refuse
         rows: list[np.ndarray | None] = [None] * len(texts)
@@ -68,13 +71,17 @@ class VectorCache:
                 # Bad items (empty, unencodable) are refused naming their index: among all
                 # the texts, as without a cache.
                 return embed(texts)
-            if vecs.ndim != 2 or len(vecs) != len(fresh):
-                return vecs  # a misbehaving embedder: the caller's shape check names it
+            if vecs.shape != (len(fresh), dim):
+                # A misbehaving embedder: nothing is kept, and the caller's shape check names
+                # what it returns for the whole request.
+                return embed(texts)
+            if len(fresh) == len(texts) and not remember:
+                return vecs  # nothing cached, nothing repeated: the embedder's own array
             with self._lock:
                 for t, row in zip(fresh, vecs):
                     for i in missing[t]:
                         rows[i] = row
-                    if len(t) <= MAX_CHARS:
+                    if remember and len(t) <= MAX_CHARS:
                         items[t] = row.copy()  # not a view: it would keep the whole batch alive
                 while len(items) > self.size:
                     items.popitem(last=False)

@@ -262,11 +262,12 @@ def _qa_summary(acc: _Acc) -> dict:
 
 
 def _store_config(organisation: str, overrides: dict[str, Any] | None):
-    """StoreConfig for one organisation: the retrieval cache is off so that every search is
-    measured, and the SLM is off for the vector-only organisation."""
+    """StoreConfig for one organisation: the retrieval cache and the cache of texts' vectors
+    are off so that every search is measured, and the SLM is off for the vector-only
+    organisation."""
     from clag_fast.config import SLMConfig, StoreConfig
 
-    changes: dict[str, Any] = {"cache_size": 0}
+    changes: dict[str, Any] = {"cache_size": 0, "embed_cache": 0}
     slm: dict[str, Any] = {"mode": "auto" if organisation == "slm" else "off"}
     for name, value in (overrides or {}).items():
         # "slm.route_batch=2" sets a field of the nested SLMConfig.

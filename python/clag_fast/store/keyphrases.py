@@ -262,7 +262,7 @@ class ClusterPhrases:
     candidates: list[Keyphrase] = field(default_factory=list)
     neutral: str | None = None
     head: list[str] | None = None  # the label's phrases when chosen (``by_distinctness``)
-    members: int = 0  # members read by ``rank`` (the wide look serves bigger clusters first)
+    members: int = 0  # the cluster's live members (``rank``: those it read; the wide look serves bigger clusters first)
     # Each embedded phrase's margin alone (``by_distinctness``): > 0 when it points at this
     # cluster's centre rather than another.
     margins: dict[str, float] = field(default_factory=dict)
@@ -679,10 +679,11 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
                                     if k not in pools[c]] for c in still}
             _look_again(live, got, pools, slot, centres, vectors, WEAK_SHORTLIST, WEAK_TRIES)
             still = [c for c in still if got[c] <= 0]
-            still = sorted(still, key=lambda c: -live[c].members)[:WIDE_CLUSTERS]
-            if still and WIDE_PHRASES:
-                pools = _wide_pools({c: live[c] for c in still}, slot, centres, vectors)
-                _look_again(live, got, pools, slot, centres, vectors, WIDE_SHORTLIST, WIDE_TRIES)
+        # The wide look does not depend on the last one having run.
+        still = sorted(still, key=lambda c: -live[c].members)[:WIDE_CLUSTERS]
+        if still and WIDE_PHRASES:
+            pools = _wide_pools({c: live[c] for c in still}, slot, centres, vectors)
+            _look_again(live, got, pools, slot, centres, vectors, WIDE_SHORTLIST, WIDE_TRIES)
     return got
 
 
@@ -751,11 +752,13 @@ def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache
     centres = idx.centres()
     vecs = idx.vectors()
     members: dict[int, np.ndarray] = {}
+    sizes: dict[int, int] = {}  # live members, before the MAX_MEMBERS cut (the wide look's order)
     for c in cids:
         if c not in slot:
             continue
         m = idx.members(c)
         m = m[rows.live[m]] if len(m) else m
+        sizes[c] = len(m)
         # Nearest the centre first: the most typical members; the nearest MAX_MEMBERS stand
         # for a bigger cluster.
         m = m[np.argsort(-(vecs[m] @ centres[slot[c]]), kind="stable")[:MAX_MEMBERS]]
@@ -797,4 +800,5 @@ def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache
     for c, m in members.items():
         df, n_bg = bg_df[ns_of[c]]
         out[c] = rank([phr[r] for r in m.tolist() if r in phr], df, n_bg, limit)
+        out[c].members = sizes[c]
     return out

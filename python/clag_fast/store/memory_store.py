@@ -33,7 +33,6 @@ from clag_fast.store import catalog as catalog_mod
 from clag_fast.store import filters, forgetting, organize, placement, recovery
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.fields import FieldTable
-from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.rowtable import RowTable
 from clag_fast.store.search import Searcher
 from clag_fast.store.locks import WriterLock
@@ -314,7 +313,7 @@ class MemoryStore:
         namespaces_l = _per_item(namespaces, n, "default", "namespaces")
         meta_json = _metadata_json(metadata, n)
         keys_l = _check_keys(keys, n)
-        vectors = self._vectors(texts, embeddings)
+        vectors = self._vectors(texts, embeddings, remember=False)
         if n == 0:
             return []
         if self.config.labels is not None and not self._catalog.template_clusters():
@@ -415,7 +414,8 @@ class MemoryStore:
         vectors = None
         if text is not None:
             text = _check_texts([text])[0]
-            vectors = self._vectors([text], None if embedding is None else np.asarray(embedding)[None, ...])
+            vectors = self._vectors([text], None if embedding is None else np.asarray(embedding)[None, ...],
+                                    remember=False)
         meta = None if metadata is None else _metadata_json([metadata], 1)[0]
         state = self._state
         with state.lock.write():
@@ -863,10 +863,12 @@ class MemoryStore:
             self._searcher = Searcher(state, recovery.open_lexical(state))
 
     # -- internals ---------------------------------------------------------------------
-    def _vectors(self, texts: list[str], embeddings: np.ndarray | None) -> np.ndarray:
+    def _vectors(self, texts: list[str], embeddings: np.ndarray | None, remember: bool = True) -> np.ndarray:
+        """Vectors of ``texts``: ``embeddings`` checked, or the embedder's through the store's
+        cache of texts' vectors (``remember=False``: adds, looked up but not kept)."""
         if embeddings is None:
             t0 = time.perf_counter()
-            vecs = self._state.embed_cache.encode(texts, self._get_embedder().encode)
+            vecs = self._state.embed_cache.encode(texts, self._get_embedder().encode, self.config.dim, remember)
             self._state.count("embed_s", time.perf_counter() - t0)
             vecs = np.ascontiguousarray(vecs, dtype=np.float32)
             if vecs.shape != (len(texts), self.config.dim):

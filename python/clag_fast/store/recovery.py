@@ -38,19 +38,14 @@ LEXICAL = "lexical.bin"
 
 
 def vector_file_has_rows(path: Path) -> bool:
-    """Whether ``<store>/index/vectors.f32`` holds at least one row (header is 64 bytes or
-    less; a row is 4 * dim bytes, so anything past 4 KiB... is checked by opening it)."""
+    """Whether ``<store>/index/vectors.f32`` commits at least one row (read from its header)."""
     f = path / INDEX_DIR / VECTORS
     if not f.exists() or f.stat().st_size == 0:
         return False
     try:
-        idx = VectorIndex.open(path / INDEX_DIR, read_only=True)
+        return VectorIndex.committed_rows(path / INDEX_DIR) > 0
     except (OSError, ValueError):
         return True  # unreadable but not empty: treat as data, never as a blank store
-    try:
-        return len(idx) > 0
-    finally:
-        idx.close()
 
 
 def refuse_blank_database(path: Path, db_is_new: bool) -> None:
@@ -194,6 +189,7 @@ class LexicalPreload:
 
     def __init__(self, path: Path) -> None:
         self._out: tuple[LexicalIndex | None, str | None] = (None, None)
+        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if path.exists():
             self._thread = threading.Thread(target=self._load, args=(path,), name="clag-fast-lexical-load",
@@ -205,10 +201,14 @@ class LexicalPreload:
             self._out = (LexicalIndex.load(path), None)
         except OSError as e:
             self._out = (None, str(e))
+        except BaseException as e:  # anything else fails the open, as a load in place would
+            self._error = e
 
     def result(self) -> tuple[LexicalIndex | None, str | None]:
         if self._thread is not None:
             self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self._out
 
 
