@@ -4,7 +4,7 @@ refused as without it; writes do not clear it."""
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -110,11 +110,8 @@ def test_threads_sharing_the_cache_get_each_text_its_own_vector():
                 if not np.array_equal(v, alone[t]):
                     wrong.append(t)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(4)))  # a worker's exception is raised here, not lost in its thread
     assert not wrong
     assert cache.hits > 0 and len(cache) <= 8
 

@@ -15,6 +15,12 @@ from clag_fast.decay import ForgettingPolicy
 __all__ = ["SLMConfig", "StoreConfig"]
 
 
+def valid_embed_cache(value: object) -> bool:
+    """Whether ``value`` is a size for the store's cache of texts' vectors (an int >= 0):
+    ``StoreConfig``, ``ServeConfig`` and ``embed.vector_cache.VectorCache`` all check it so."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _check(owner: str, checks: list[tuple[bool, str]]) -> None:
     for ok, message in checks:
         if not ok:
@@ -225,7 +231,7 @@ class StoreConfig:
             (self.topic_weight >= 0, "topic_weight must be >= 0"),
             (self.organize_every >= 0, "organize_every must be >= 0"),
             (self.cache_size >= 0, "cache_size must be >= 0"),
-            (isinstance(self.embed_cache, int) and not isinstance(self.embed_cache, bool) and self.embed_cache >= 0,
+            (valid_embed_cache(self.embed_cache),
              f"embed_cache must be a non-negative number of vectors, got {self.embed_cache!r}"),
             (0 <= self.lexical_weight <= 1, "lexical_weight must be in [0, 1]"),
             (self.lexical_fusion in ("minmax", "zscore", "bound", "rrf"),

@@ -62,6 +62,29 @@ fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, what: &str) -> 
     a.as_slice().map_err(|_| PyValueError::new_err(format!("{what} must be C-contiguous")))
 }
 
+/// A search's optional row filters as the core takes them: the mask as bytes, the weights.
+type Filters<'a> = (Option<&'a [u8]>, Option<&'a [f32]>);
+
+/// `Filters` from the optional numpy arrays (checked C-contiguous).
+fn filters<'a>(
+    mask: &'a Option<PyReadonlyArray1<'_, bool>>,
+    weights: &'a Option<PyReadonlyArray1<'_, f32>>,
+) -> PyResult<Filters<'a>> {
+    let m = match mask {
+        Some(a) => {
+            let b = slice(a, "mask")?;
+            // SAFETY: numpy bools are one byte holding 0 or 1; reading them as u8 is exact.
+            Some(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len()) })
+        }
+        None => None,
+    };
+    let w = match weights {
+        Some(a) => Some(slice(a, "weights")?),
+        None => None,
+    };
+    Ok((m, w))
+}
+
 impl PyVectorIndex {
     fn read(&self) -> Result<RwLockReadGuard<'_, Option<Index>>, Error> {
         // A panic while holding the lock poisons it; the data is still consistent enough to
@@ -322,16 +345,7 @@ impl PyVectorIndex {
     )> {
         let q = slice2(&queries, "queries")?;
         let nq = queries.shape()[0];
-        let m: Option<&[bool]> = match &mask {
-            Some(a) => Some(slice(a, "mask")?),
-            None => None,
-        };
-        // SAFETY: numpy bools are one byte holding 0 or 1; reading them as u8 is exact.
-        let m: Option<&[u8]> = m.map(|b| unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len()) });
-        let w = match &weights {
-            Some(a) => Some(slice(a, "weights")?),
-            None => None,
-        };
+        let (m, w) = filters(&mask, &weights)?;
         let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap, min_rows });
         let r = match &rows {
             Some(a) => Some(slice(a, "rows")?),
@@ -375,16 +389,7 @@ impl PyVectorIndex {
     ) -> PyResult<SearchOne<'py>> {
         let q = slice(&query, "query")?;
         let mids = slice(&memory_ids, "memory_ids")?;
-        let m: Option<&[bool]> = match &mask {
-            Some(a) => Some(slice(a, "mask")?),
-            None => None,
-        };
-        // SAFETY: as in `search`: numpy bools are one byte holding 0 or 1.
-        let m: Option<&[u8]> = m.map(|b| unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, b.len()) });
-        let w = match &weights {
-            Some(a) => Some(slice(a, "weights")?),
-            None => None,
-        };
+        let (m, w) = filters(&mask, &weights)?;
         let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap, min_rows });
         let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: None, rows_vectors: None };
         let r = py.detach(|| {

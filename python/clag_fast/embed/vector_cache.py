@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+from clag_fast.config import valid_embed_cache
+
 #: Longer texts are not kept (a 32k-character text as a key costs more memory than its vector;
 #: the repeats are short queries and label phrases).
 MAX_CHARS = 2048
@@ -31,7 +33,7 @@ class VectorCache:
     """
 
     def __init__(self, size: int) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        if not valid_embed_cache(size):
             raise ValueError(f"embed_cache must be a non-negative number of vectors, got {size!r}")
         self.size = size
         self._items: OrderedDict[str, np.ndarray] = OrderedDict()

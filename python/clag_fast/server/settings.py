@@ -7,6 +7,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clag_fast.config import valid_embed_cache
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -70,7 +72,7 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
-        if isinstance(self.embed_cache, bool) or not isinstance(self.embed_cache, int) or self.embed_cache < 0:
+        if not valid_embed_cache(self.embed_cache):
             raise ValueError(f"embed_cache must be a non-negative number of vectors, got {self.embed_cache!r}")
         if self.keys is None and not is_loopback(self.host):
             raise ValueError(

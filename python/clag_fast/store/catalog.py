@@ -583,8 +583,8 @@ class Catalog:
                                     [(m,) for m in memory_ids[~some].tolist()])
             if some.any():
                 # An upsert, not INSERT OR REPLACE: REPLACE deletes the row and inserts it
-                # again (with a foreign-key lookup), 1.8x the cost of updating it in place for
-                # the re-assignment waves of organisation (250k rows: 0.87 vs 0.49 s).
+                # again, 1.7x the cost of updating it in place for the re-assignment waves of
+                # organisation (200k rows: 0.36 vs 0.21 s).
                 self.db.executemany(
                     "INSERT INTO assignments (memory_id, pairs) VALUES (?, ?) "
                     "ON CONFLICT (memory_id) DO UPDATE SET pairs = excluded.pairs",

@@ -621,9 +621,8 @@ class MemoryStore:
     def _searched(self, hits: Hits, t0: float) -> Hits:
         """Book a finished search (latency, counters, the confusion trigger); returns ``hits``."""
         hits.latency_s = time.perf_counter() - t0
-        counters = self._state.counters
-        counters["searches"] += 1
-        counters["search_s"] += hits.latency_s
+        self._state.count("searches")
+        self._state.count("search_s", hits.latency_s)
         self._slm.after_search(hits[0].score if hits else float("-inf"))
         return hits
 

@@ -185,16 +185,21 @@ class LexicalPreload:
     """``index/lexical.bin`` read in a background thread, started at open before the row
     table is read: the native load releases the GIL, so the two overlap (at 1M memories a
     1.1 s load beside a 1.9 s read). ``result()`` waits: (index, None), (None, the OSError's
-    message) for an unreadable file, (None, None) when there is none."""
+    message) for an unreadable file, (None, None) when there is none. ``background=False``
+    reads it at once (nothing to overlap: no thread)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, background: bool = True) -> None:
         self._out: tuple[LexicalIndex | None, str | None] = (None, None)
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if path.exists():
+        if not path.exists():
+            return
+        if background:
             self._thread = threading.Thread(target=self._load, args=(path,), name="clag-fast-lexical-load",
                                             daemon=True)
             self._thread.start()
+        else:
+            self._load(path)
 
     def _load(self, path: Path) -> None:
         try:
@@ -228,7 +233,7 @@ def open_lexical(state: StoreState, preload: LexicalPreload | None = None) -> Le
     rows = state.rows
     live = rows.live[: rows.n]
     path = lexical_path(state.path)
-    lex, reason = (preload or LexicalPreload(path)).result()
+    lex, reason = (preload or LexicalPreload(path, background=False)).result()
     if lex is not None:
         if len(lex) > len(state.index):
             reason = f"it covers {len(lex)} vector rows but the vector file holds {len(state.index)}"

@@ -106,7 +106,7 @@ class Searcher:
             self._filters = {}
             self._subset_bytes = 0
 
-    def probe_plan(self, n_probe: int | None, hybrid: bool = False) -> tuple[int, dict]:
+    def probe_plan(self, n_probe: int | None, hybrid: bool = False, n_clusters: int | None = None) -> tuple[int, dict]:
         """(cap, probe-rule arguments) for the native two-stage search.
 
         Default: adaptive probing; the automatic count is only the cap, the core probes the
@@ -118,19 +118,21 @@ class Searcher:
         one, since the lexical side finds much of what the far clusters would (LoCoMo hybrid
         Recall@10 0.644 flat, 0.644 at cap 8 scanning 25%, vs 46% at the full cap)."""
         cfg = self.state.config
+        auto = self.auto_probe(n_clusters)
         fixed = n_probe if n_probe is not None else cfg.n_probe
         if fixed is not None:
-            return max(fixed, self.auto_probe()), {"probe_gap": 0.0, "min_probe": fixed}
-        cap = max(4, self.auto_probe() // 4) if hybrid else self.auto_probe()
+            return max(fixed, auto), {"probe_gap": 0.0, "min_probe": fixed}
+        cap = max(4, auto // 4) if hybrid else auto
         if cfg.probe_gap is None:
             return cap, {}
         return cap, {"probe_gap": cfg.probe_gap, "min_probe": cfg.min_probe}
 
-    def auto_probe(self) -> int:
-        """The automatic cap: ``probe_fraction`` of the clusters, at least 4 and at most
-        ``max_probe``."""
+    def auto_probe(self, n_clusters: int | None = None) -> int:
+        """The automatic cap: ``probe_fraction`` of the clusters (``n_clusters`` when the
+        caller has counted them), at least 4 and at most ``max_probe``."""
         cfg = self.state.config
-        n_clusters = self.state.index.n_clusters()
+        if n_clusters is None:
+            n_clusters = self.state.index.n_clusters()
         return int(min(max(4, math.ceil(cfg.probe_fraction * n_clusters)), cfg.max_probe))
 
     def search(self, qvecs: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None,
@@ -160,7 +162,7 @@ class Searcher:
             res = self._subset_search(qvecs, k, entry, weights)
             return [Hits(self._hits(res, q), scanned=candidates, candidates=candidates, mode="flat")
                     for q in range(len(qvecs))]
-        probe, adaptive = self.probe_plan(n_probe, hybrid)
+        probe, adaptive = self.probe_plan(n_probe, hybrid, n_clusters)
         if hybrid:
             out = []
             for q, text in enumerate(texts):
@@ -206,7 +208,7 @@ class Searcher:
             state = self.state
             n_clusters = state.index.n_clusters()
             if n_clusters and (entry.mask is None or candidates > n_clusters):
-                probe, adaptive = self.probe_plan(n_probe)
+                probe, adaptive = self.probe_plan(n_probe, n_clusters=n_clusters)
                 rows, scores, clusters, mids, scanned, probed = state.index.search_one(
                     q, state.rows.memory_id, k, probe, mode, entry.mask, self._decay_weights(), **adaptive)
                 if len(rows) >= min(k, candidates):

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from clag_fast.embed.vector_cache import VectorCache
-
 from clag_fast.config import StoreConfig
+from clag_fast.embed.vector_cache import VectorCache
 from clag_fast.index import VectorIndex
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.fields import FieldTable
