@@ -14,6 +14,8 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::kmeans::{self, KMeansConfig};
@@ -24,6 +26,16 @@ pub const PENDING: u32 = u32::MAX;
 /// Row removed with `unassign` (deleted / archived): only flat search sees it.
 pub const DETACHED: u32 = u32::MAX - 1;
 const EMPTY: u32 = u32::MAX;
+
+/// (rows, cluster ids n x k, scores n x k): `Clusters::near_assign`.
+pub type NearAssignment = (Vec<i64>, Vec<i64>, Vec<f32>);
+
+/// The 2-means of a split. An oversized cluster is cut where its members fall apart, and the
+/// store re-assigns both halves' members among nearby centres right after, so the cut needs
+/// no exact convergence: it stops once 1% of the members move (at most 8 rounds) instead of
+/// 0.1% (20 rounds). Splits are frequent while a store grows (hundreds per 100k adds).
+const SPLIT_KMEANS: KMeansConfig =
+    KMeansConfig { max_iter: 8, sample_per_centre: 256, seed_per_centre: 16, full_passes: 2, settled_per_mille: 10 };
 
 #[inline]
 pub fn is_slot(s: u32) -> bool {
@@ -559,6 +571,76 @@ impl Clusters {
     }
 
     /// Pairs of clusters whose centres have cosine >= threshold: (a, b, cos), a < b, best first.
+    /// Re-assignment after a split, merge or drift: the primary members of clusters `ids` (in
+    /// that order), each scored against its cluster's `near` nearest centres (its own
+    /// included) instead of every centre. A member's best centres lie next to the one it was
+    /// routed to. Returns (rows, cluster ids, scores), the last two n x `k`, best first,
+    /// padded with -1 / -inf (fewer than `k` near centres). Parallel over the clusters.
+    pub fn near_assign(&self, ids: &[i64], near: usize, k: usize, data: &[f32]) -> Result<NearAssignment> {
+        let dim = self.dim;
+        let slots: Vec<usize> = ids.iter().map(|&id| self.slot(id)).collect::<Result<_>>()?;
+        let valid = self.has_centres();
+        let near = near.min(valid.iter().filter(|&&v| v).count());
+        if k == 0 {
+            return Err(Error::Value("k must be >= 1".into()));
+        }
+        if near == 0 || slots.is_empty() {
+            return Ok((Vec::new(), Vec::new(), Vec::new()));
+        }
+        // Every cluster's nearest centres in one product.
+        let mut own = vec![0.0f32; slots.len() * dim];
+        for (j, &s) in slots.iter().enumerate() {
+            own[j * dim..(j + 1) * dim].copy_from_slice(&self.centres[s * dim..(s + 1) * dim]);
+        }
+        let mut nid = vec![-1i64; slots.len() * near];
+        let mut nsc = vec![f32::NEG_INFINITY; slots.len() * near];
+        kernels::top_centres(&own, &self.centres, dim, near, Some(&valid), &mut nid, &mut nsc);
+        drop(own);
+        let parts: Vec<NearAssignment> = slots
+            .par_iter()
+            .enumerate()
+            .map(|(j, &s)| {
+                let members = &self.slots[s].primary;
+                let nb: Vec<usize> = nid[j * near..(j + 1) * near].iter().filter(|&&x| x >= 0).map(|&x| x as usize).collect();
+                if members.is_empty() || nb.is_empty() {
+                    return (Vec::new(), Vec::new(), Vec::new());
+                }
+                let mut b = vec![0.0f32; nb.len() * dim];
+                for (i, &c) in nb.iter().enumerate() {
+                    b[i * dim..(i + 1) * dim].copy_from_slice(&self.centres[c * dim..(c + 1) * dim]);
+                }
+                let mut a = vec![0.0f32; members.len() * dim];
+                for (i, &r) in members.iter().enumerate() {
+                    a[i * dim..(i + 1) * dim].copy_from_slice(&data[r as usize * dim..(r as usize + 1) * dim]);
+                }
+                let kk = k.min(nb.len());
+                let mut li = vec![-1i64; members.len() * kk];
+                let mut ls = vec![f32::NEG_INFINITY; members.len() * kk];
+                kernels::top_centres(&a, &b, dim, kk, None, &mut li, &mut ls);
+                let mut out_ids = vec![-1i64; members.len() * k];
+                let mut out_sc = vec![f32::NEG_INFINITY; members.len() * k];
+                for i in 0..members.len() {
+                    for c in 0..kk {
+                        let l = li[i * kk + c];
+                        if l >= 0 {
+                            out_ids[i * k + c] = self.slots[nb[l as usize]].id;
+                            out_sc[i * k + c] = ls[i * kk + c];
+                        }
+                    }
+                }
+                (members.iter().map(|&r| r as i64).collect(), out_ids, out_sc)
+            })
+            .collect();
+        let n: usize = parts.iter().map(|p| p.0.len()).sum();
+        let (mut rows, mut out_ids, mut out_sc) = (Vec::with_capacity(n), Vec::with_capacity(n * k), Vec::with_capacity(n * k));
+        for (r, i, sc) in parts {
+            rows.extend(r);
+            out_ids.extend(i);
+            out_sc.extend(sc);
+        }
+        Ok((rows, out_ids, out_sc))
+    }
+
     pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
         let c = self.slots.len();
         let mut g = vec![0.0f32; c * c];
@@ -613,7 +695,7 @@ impl Clusters {
         Ok(new_ids)
     }
 
-    /// 2-means on one cluster's primary members: two new clusters, the old one is dropped
+    /// 2-means on one cluster's primary members (`SPLIT_KMEANS`): two new clusters, the old one is dropped
     /// (its anchor with it). Returns the new ids.
     pub fn split(&mut self, id: i64, seed: u64, data: &[f32]) -> Result<(i64, i64)> {
         let s = self.slot(id)?;
@@ -621,7 +703,7 @@ impl Clusters {
         if rows.len() < 2 {
             return Err(Error::Value(format!("cluster {id} has {} members; a split needs at least 2", rows.len())));
         }
-        let km = kmeans::fit(data, &rows, self.dim, 2, seed, &KMeansConfig::default())?;
+        let km = kmeans::fit(data, &rows, self.dim, 2, seed, &SPLIT_KMEANS)?;
         let ids = self.install(&rows, km, data)?;
         if self.slot_of.contains_key(&id) {
             self.drop_cluster(id)?;

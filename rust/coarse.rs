@@ -50,7 +50,7 @@ impl Coarse {
             return None;
         }
         let groups = (c as f64).sqrt().round() as usize;
-        let cfg = KMeansConfig { max_iter: 10, sample_per_centre: 64, seed_per_centre: 8, full_passes: 1 };
+        let cfg = KMeansConfig { max_iter: 10, sample_per_centre: 64, seed_per_centre: 8, full_passes: 1, settled_per_mille: 1 };
         let km = kmeans::fit(centres, &ids, dim, groups, 0x5eed, &cfg).ok()?;
         Some(Coarse { centroids: km.centres, built_for: c, filing: Mutex::new((Vec::new(), 0)) })
     }

@@ -126,6 +126,11 @@ impl Index {
     }
 
     /// Centre pairs with cosine >= threshold, most similar first.
+    /// `Clusters::near_assign` over the vector file (nothing changes).
+    pub fn near_assign(&self, ids: &[i64], near: usize, k: usize) -> Result<crate::clusters::NearAssignment> {
+        self.cl.near_assign(ids, near, k, self.vf.rows())
+    }
+
     pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
         self.cl.merge_candidates(threshold)
     }

@@ -45,11 +45,13 @@ pub struct KMeansConfig {
     /// Lloyd passes over every row after training on the sample (when the sample is not
     /// already every row); each costs one full assignment.
     pub full_passes: usize,
+    /// Training stops once an iteration moves at most this many rows per thousand.
+    pub settled_per_mille: usize,
 }
 
 impl Default for KMeansConfig {
     fn default() -> Self {
-        KMeansConfig { max_iter: 20, sample_per_centre: 256, seed_per_centre: 16, full_passes: 2 }
+        KMeansConfig { max_iter: 20, sample_per_centre: 256, seed_per_centre: 16, full_passes: 2, settled_per_mille: 1 }
     }
 }
 
@@ -154,7 +156,7 @@ pub fn fit(data: &[f32], ids: &[u32], dim: usize, k: usize, seed: u64, cfg: &KMe
         let changed = labels.iter().zip(&new_labels).filter(|(a, b)| a != b).count();
         std::mem::swap(&mut labels, &mut new_labels);
         update_centres(&train, &all, &labels, &best, dim, k, &mut centres);
-        if it > 0 && changed * 1000 <= sample_n {
+        if it > 0 && changed * 1000 <= sample_n * cfg.settled_per_mille {
             break;
         }
     }
@@ -172,7 +174,7 @@ pub fn fit(data: &[f32], ids: &[u32], dim: usize, k: usize, seed: u64, cfg: &KMe
         let changed = final_labels.iter().zip(&next).filter(|(a, b)| a != b).count();
         std::mem::swap(&mut final_labels, &mut next);
         update_centres(data, ids, &final_labels, &final_best, dim, k, &mut centres);
-        if changed * 1000 <= n {
+        if changed * 1000 <= n * cfg.settled_per_mille {
             break;
         }
     }

@@ -67,3 +67,36 @@ def test_a_member_far_from_its_cluster_falls_back_to_every_centre(tmp_path):
         assert int(state.index.cluster_of(np.array([row]))[0]) == best
         _primary_and_db_agree(state)
     s.close()
+
+
+def test_near_assign_matches_numpy_over_each_clusters_nearest_centres(tmp_path):
+    """The native kernel behind reassign_near, against the same computation in numpy: each
+    member's top-k among its cluster's ``near`` nearest centres (by centre cosine)."""
+    s, _ = _store(tmp_path)
+    idx = s._state.index
+    ids, centres, vectors = idx.cluster_ids(), idx.centres(), idx.vectors()
+    want = ids[::7]
+    near, k = 8, 3
+    rows, got_ids, got_scores = idx.near_assign(want, near, k)
+    expect_rows = np.concatenate([idx.members(c) for c in want.tolist()])
+    np.testing.assert_array_equal(rows, expect_rows)
+    at = 0
+    for c in want.tolist():
+        nb = np.argsort(-(centres @ centres[np.searchsorted(ids, c)]), kind="stable")[:near]
+        members = idx.members(c)
+        sims = vectors[members] @ centres[nb].T
+        top = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+        np.testing.assert_allclose(got_scores[at:at + len(members)], np.take_along_axis(sims, top, axis=1), atol=1e-5)
+        # Same ids wherever the scores are not tied.
+        gap = np.take_along_axis(sims, top, axis=1)
+        clear = np.ones(len(members), bool) if k == 1 else (np.abs(np.diff(gap, axis=1)) > 1e-5).all(axis=1)
+        np.testing.assert_array_equal(got_ids[at:at + len(members)][clear], ids[nb][top][clear])
+        at += len(members)
+    assert got_ids.shape == (len(rows), k) and got_scores.dtype == np.float32
+    try:
+        idx.near_assign(np.array([int(ids.max()) + 1000]), near, k)
+    except KeyError as e:
+        assert "unknown cluster" in str(e)
+    else:
+        raise AssertionError("an unknown cluster id must be refused")
+    s.close()

@@ -308,6 +308,18 @@ class VectorIndex:
         k = _positive_int(k, "k")
         return self._ix.soft_assign(_as_matrix(vectors, self.dim, "vectors"), k)
 
+    def near_assign(self, cluster_ids: Any, near: int, k: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The primary members of ``cluster_ids`` (in that order), each scored against its
+        cluster's ``near`` nearest centres (its own included) instead of every centre: the
+        re-assignment a split, merge or drift needs. Changes nothing.
+
+        Returns (int64[n] rows, int64[n, k] cluster ids, float32[n, k] cosines), best first,
+        padded with -1 / -inf. KeyError for an unknown cluster. Multi-threaded, GIL released.
+        """
+        near = _positive_int(near, "near")
+        k = _positive_int(k, "k")
+        return self._ix.near_assign(_as_ids(cluster_ids, "cluster_ids"), near, k)
+
     def assign(self, rows: Any, cluster_ids: Any) -> None:
         """Set memberships. ``cluster_ids`` is int64[n] (hard) or int64[n, K] (soft).
 

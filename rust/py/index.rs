@@ -312,6 +312,25 @@ impl PyVectorIndex {
         Ok(py.detach(|| self.with_mut(|ix| ix.merge(keep, absorb)))?)
     }
 
+    /// Returns (rows int64[n], cluster ids int64[n, k], scores float32[n, k]).
+    #[allow(clippy::type_complexity)]
+    fn near_assign<'py>(
+        &self,
+        py: Python<'py>,
+        cluster_ids: PyReadonlyArray1<'py, i64>,
+        near: usize,
+        k: usize,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+        let c = slice(&cluster_ids, "cluster_ids")?;
+        let (rows, ids, sc) = py.detach(|| self.with(|ix| ix.near_assign(c, near, k)))?;
+        let n = rows.len();
+        Ok((
+            PyArray1::from_vec(py, rows),
+            Array2::from_shape_vec((n, k), ids).expect("shape").into_pyarray(py),
+            Array2::from_shape_vec((n, k), sc).expect("shape").into_pyarray(py),
+        ))
+    }
+
     #[pyo3(signature = (threshold=0.9))]
     fn merge_candidates(&self, py: Python<'_>, threshold: f32) -> PyResult<Vec<(i64, i64, f32)>> {
         Ok(py.detach(|| self.with(|ix| Ok(ix.merge_candidates(threshold))))?)

@@ -232,34 +232,15 @@ def reassign_near(state: StoreState, cids: set[int]) -> int:
         return 0
     if len(ids) <= NEAR_CENTRES:  # every centre is near: the exact path costs the same
         return reassign(state, np.concatenate([idx.members(c) for c in want.tolist()]))
-    centres, vectors = idx.centres(), idx.vectors()
     k = min(cfg.soft_k, NEAR_CENTRES)
-    slots = np.searchsorted(ids, want)
-    parts_rows, parts_ids, parts_scores = [], [], []
-    for lo in range(0, len(slots), 1024):  # bounds the (touched x clusters) product
-        part = slots[lo:lo + 1024]
-        near = np.argpartition(-(centres[part] @ centres.T), NEAR_CENTRES - 1, axis=1)[:, :NEAR_CENTRES]
-        # One small product per touched cluster: its members against its nearby centres.
-        for cid, nb in zip(ids[part].tolist(), near):
-            rows = idx.members(cid)
-            if len(rows) == 0:
-                continue
-            # einsum, not @: products this small lose more to BLAS's thread hand-offs than
-            # they gain on 2 busy cores (0.36 vs 0.18 s for 250 clusters, up to 4 s under load).
-            sims = np.einsum("ij,kj->ik", vectors[rows], centres[nb])
-            top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-            top_s = np.take_along_axis(sims, top, axis=1)
-            order = np.argsort(-top_s, axis=1, kind="stable")
-            parts_rows.append(rows)
-            parts_ids.append(ids[nb][np.take_along_axis(top, order, axis=1)])
-            parts_scores.append(np.take_along_axis(top_s, order, axis=1))
-    if not parts_rows:
+    rows, near_ids, near_scores = idx.near_assign(want, NEAR_CENTRES, k)
+    if len(rows) == 0:
         return 0
-    rows = np.concatenate(parts_rows)
+    vectors = idx.vectors()
     got_ids = np.full((len(rows), cfg.soft_k), -1, np.int64)
     got_scores = np.full((len(rows), cfg.soft_k), -np.inf, np.float32)
-    got_ids[:, :k] = np.concatenate(parts_ids)
-    got_scores[:, :k] = np.concatenate(parts_scores)
+    got_ids[:, :k] = near_ids
+    got_scores[:, :k] = near_scores
     threshold = cfg.slm.new_cluster_threshold
     far = np.flatnonzero(got_scores[:, 0] < threshold) if threshold is not None else np.zeros(0, np.int64)
     if len(far):
