@@ -436,3 +436,55 @@ def test_placement_labels_a_new_cluster_without_copying_it(texts):
     summary, tags = vector_profile(["We booked the Kamogawa Residence in Kyoto for five nights in April."])
     assert not is_copy(summary, ["We booked the Kamogawa Residence in Kyoto for five nights in April."])
     assert "Kamogawa Residence" in summary
+
+
+def test_background_counts_kept_across_passes_equal_a_fresh_count(tmp_path, monkeypatch):
+    """The namespace's background document counts are updated by the rows that entered or left
+    its sample, not recounted: the ranking equals one from a fresh cache after adds, deletes
+    and a change of the sampling stride, and a second pass reads only the new rows' texts."""
+    monkeypatch.setattr(kp, "MAX_BACKGROUND", 24)
+    rng = np.random.default_rng(4)
+    dim = 16
+    axes = np.eye(dim, dtype=np.float32)[:3]
+    groups = [HOTELS, TRAINS, FOOD]
+
+    def batch(n: int, start: int) -> tuple[list[str], np.ndarray]:
+        texts, vecs = [], []
+        for i in range(n):
+            g = i % 3
+            texts.append(f"{groups[g][i % len(groups[g])]} (note {start + i})")
+            v = axes[g] + 0.05 * rng.standard_normal(dim).astype(np.float32)
+            vecs.append(v / np.linalg.norm(v))
+        return texts, np.stack(vecs)
+
+    cfg = StoreConfig(dim=dim, min_memories_to_cluster=10, organize_every=0, slm=SLMConfig(mode="off"))
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+        s.add_many(*batch(40, 0))
+        s.organize()
+        state = s._state
+        kept = kp.PhraseCache()
+
+        def both() -> None:
+            cids = state.index.cluster_ids().tolist()
+            with state.lock.read():
+                warm = kp.cluster_phrases(state, cids, kept)
+                cold = kp.cluster_phrases(state, cids, kp.PhraseCache())
+            assert warm.keys() == cold.keys()
+            for c in cids:
+                assert [(p.text, p.score) for p in warm[c].candidates] == [(p.text, p.score) for p in cold[c].candidates]
+
+        both()
+        read: list[int] = []
+        real_texts = state.catalog.texts
+        monkeypatch.setattr(state.catalog, "texts", lambda mids: read.append(len(mids)) or real_texts(mids))
+        with state.lock.read():
+            kp.cluster_phrases(state, [], kept)  # nothing asked: nothing read
+            kp.cluster_phrases(state, state.index.cluster_ids().tolist()[:1], kept)
+        assert sum(read) <= kp.MAX_MEMBERS, "an unchanged sample is not read again"
+        monkeypatch.setattr(state.catalog, "texts", real_texts)
+        more = s.add_many(*batch(9, 40))  # the sample grows by a few rows
+        both()
+        s.delete_many(more[-5:])  # rows leave the sample (the last ones: the rest stays)
+        both()
+        s.add_many(*batch(60, 49))  # the stride doubles: most of the sample is new
+        both()

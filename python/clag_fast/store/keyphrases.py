@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import threading
 import unicodedata
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -306,12 +307,14 @@ class ClusterPhrases:
 
 
 class PhraseCache:
-    """Phrases per memory text, kept across re-organisations (bounded, oldest dropped first)."""
+    """Phrases per memory text, kept across re-organisations (bounded, oldest dropped first),
+    and each namespace's background document counts (``background``)."""
 
     def __init__(self, max_items: int = 100_000) -> None:
         self.max_items = max_items
         self._items: OrderedDict[str, dict[str, str]] = OrderedDict()
         self.misses = 0
+        self.background = BackgroundCounts()
 
     def get(self, text: str) -> dict[str, str]:
         got = self._items.get(text)
@@ -325,6 +328,40 @@ class PhraseCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class BackgroundCounts:
+    """In how many rows of each namespace's background sample every phrase key occurs, kept
+    across re-organisations and updated by the rows that entered or left the sample. The
+    sample (every stride-th live row) barely changes between two periodic passes, and
+    counting it afresh read ~4,000 rows' phrases (and fetched their texts) at every pass:
+    most of the labelling cost of a bulk ingest of short texts in small batches. Rows are
+    never reused and their text never changes (an edit writes a new row), so the counts
+    equal a fresh count of the same sample."""
+
+    def __init__(self) -> None:
+        self._by_ns: dict[int, tuple[dict[int, tuple[str, ...]], Counter[str]]] = {}
+        self._lock = threading.Lock()
+
+    def counts(self, ns: int, take: list[int], phrases_of: Callable[[list[int]], dict[int, dict[str, str]]]) -> Counter[str]:
+        """Counts over the rows ``take``; ``phrases_of(rows)`` gives the phrases of rows not
+        counted yet (a row it leaves out counts as having none, as before)."""
+        with self._lock:
+            held, df = self._by_ns.get(ns, ({}, Counter()))
+            wanted = set(take)
+            gone = [r for r in held if r not in wanted]
+            new = [r for r in take if r not in held]
+            if len(gone) + len(new) >= len(take):  # mostly a new sample: count afresh
+                held, df, gone, new = {}, Counter(), [], list(take)
+            for r in gone:
+                df.subtract(held.pop(r))
+            got = phrases_of(new)
+            for r in new:
+                keys = tuple(got.get(r, {}))
+                held[r] = keys
+                df.update(keys)
+            self._by_ns[ns] = (held, df)
+            return df
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -739,6 +776,14 @@ def _look_again(live: dict[int, ClusterPhrases], got: dict[int, float], pools: d
             live[c].head, live[c].candidates = before[c]
 
 
+def _phrases_of_rows(state: "StoreState", row_list: list[int], cache: PhraseCache) -> dict[int, dict[str, str]]:
+    """Phrases of the memories in vector rows ``row_list`` (rows without a text left out)."""
+    rows = state.rows
+    mids = rows.memory_id[np.asarray(row_list, np.int64)].tolist() if row_list else []
+    texts = state.catalog.texts([m for m in mids if m >= 0])
+    return {r: cache.get(texts[m]) for r, m in zip(row_list, mids) if m in texts}
+
+
 def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache,
                     limit: int = 12) -> dict[int, ClusterPhrases]:
     """Ranked candidates for clusters ``cids`` against their namespace (the namespace most of
@@ -782,17 +827,10 @@ def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache
     need = set()
     for m in members.values():
         need.update(m.tolist())
-    for take, _ in background.values():
-        need.update(take.tolist())
-    row_list = sorted(need)
-    mids = rows.memory_id[np.asarray(row_list, np.int64)].tolist() if row_list else []
-    texts = state.catalog.texts([m for m in mids if m >= 0])
-    phr = {r: cache.get(texts[m]) for r, m in zip(row_list, mids) if m in texts}
+    phr = _phrases_of_rows(state, sorted(need), cache)
     bg_df: dict[int, tuple[Counter, int]] = {}
     for ns, (take, scale) in background.items():
-        df: Counter[str] = Counter()
-        for r in take.tolist():
-            df.update(phr.get(r, {}).keys())
+        df = cache.background.counts(ns, take.tolist(), lambda rows: _phrases_of_rows(state, rows, cache))
         if scale != 1.0:
             df = Counter({k: int(round(v * scale)) for k, v in df.items()})
         bg_df[ns] = (df, int(round(len(take) * scale)))
