@@ -576,6 +576,13 @@ class Catalog:
         if n == 0:
             return
         cluster_ids = np.asarray(cluster_ids, np.int64)
+        affinities = np.asarray(affinities)
+        if n > 1 and not (np.diff(memory_ids) > 0).all():
+            # In key order: re-assignment waves come cluster by cluster, in random id order,
+            # and B-tree updates in key order touch each page once (100k upserts into a 300k
+            # table: 1.15 vs 1.8-2.1 us per row). Stable, so a repeated id's last row still wins.
+            order = np.argsort(memory_ids, kind="stable")
+            memory_ids, cluster_ids, affinities = memory_ids[order], cluster_ids[order], affinities[order]
         some = (cluster_ids >= 0).any(axis=1)
         with self.transaction():
             if not some.all():
@@ -588,7 +595,7 @@ class Catalog:
                 self.db.executemany(
                     "INSERT INTO assignments (memory_id, pairs) VALUES (?, ?) "
                     "ON CONFLICT (memory_id) DO UPDATE SET pairs = excluded.pairs",
-                    zip(memory_ids[some].tolist(), _pack(cluster_ids[some], np.asarray(affinities)[some])))
+                    zip(memory_ids[some].tolist(), _pack(cluster_ids[some], affinities[some])))
 
     def assignments(self) -> list[tuple[int, int, int, float]]:
         """(memory id, rank, cluster id, affinity) of every stored assignment, by rank (pairs of

@@ -245,6 +245,9 @@ def reassign_near(state: StoreState, cids: set[int]) -> int:
     far = np.flatnonzero(got_scores[:, 0] < threshold) if threshold is not None else np.zeros(0, np.int64)
     if len(far):
         got_ids[far], got_scores[far] = _soft_assign_padded(state, vectors[rows[far]])
+    # Written in memory-id order, so each chunk's upserts walk the B-tree in key order.
+    order = np.argsort(state.rows.memory_id[rows], kind="stable")
+    rows, got_ids, got_scores = rows[order], got_ids[order], got_scores[order]
     with state.catalog.transaction():
         for lo in range(0, len(rows), REASSIGN_CHUNK):
             sl = slice(lo, lo + REASSIGN_CHUNK)
