@@ -195,7 +195,7 @@ import ray
 sys.path.insert(0, {python!r})
 from clag_fast.distributed import ingest
 ray.init(address={address!r}, namespace="clag_fast", log_to_driver=False)
-ingest({src!r}, {root!r}, shards=4, namespace="bulk", batch_size=256, embedders={cpus}, embed_threads=1)
+ingest({src!r}, {root!r}, shards=4, namespace="bulk", embedders={cpus}, embed_threads=1)
 """
 
 
@@ -203,6 +203,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
     """Embedding rate of one process vs the Ray Data ingest (read -> embed -> write), then,
     with ``kill_at``, an ingest driver SIGKILLed once that fraction of the rows is stored and
     a second run resuming it: the store must end with exactly ``n`` memories."""
+    import inspect
     import json
 
     import ray
@@ -227,16 +228,17 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
     # from the engine's.
     single_store = MemoryStore.open(root.parent / "bulk-single", config=StoreConfig(dim=DIM, slm="off"), llm=False)
     t0 = time.perf_counter()
-    for i in range(0, n, 256):
-        single_store.add_many(texts[i:i + 256], embeddings=vectors[i:i + 256], namespaces="bulk",
-                              keys=[row_key("bulk", t) for t in texts[i:i + 256]])
+    batch = inspect.signature(ingest).parameters["batch_size"].default  # the pipeline's writes
+    for i in range(0, n, batch):
+        single_store.add_many(texts[i:i + batch], embeddings=vectors[i:i + batch], namespaces="bulk",
+                              keys=[row_key("bulk", t) for t in texts[i:i + batch]])
     write_s = time.perf_counter() - t0
     single_store.close()
     del vectors
     out: dict = {"single_texts_s": n / embed_s, "single_ingest_s": n / (embed_s + write_s)}
     print(f"  single process: embedding {n / embed_s:.0f} texts/s; embedding + writing "
           f"{n / (embed_s + write_s):.0f} texts/s", flush=True)
-    report = ingest(str(src), root, shards=4, namespace="bulk", batch_size=256, embedders=cpus, embed_threads=1)
+    report = ingest(str(src), root, shards=4, namespace="bulk", embedders=cpus, embed_threads=1)
     store = ShardedStore(root)
     out.update(ray_texts_s=report.rate, ray_s=report.seconds, added=report.added, stored=len(store))
     store.shutdown()
@@ -265,7 +267,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
     if proc.returncode != -signal.SIGKILL:
         raise RuntimeError(f"the ingest to kill ended by itself (exit {proc.returncode}) before {kill_at:.0%}")
     print(f"  killed the ingest driver at {at_kill} stored rows ({killed_s:.0f} s)", flush=True)
-    again = ingest(str(src), resumed, namespace="bulk", batch_size=256, embedders=cpus, embed_threads=1)
+    again = ingest(str(src), resumed, namespace="bulk", embedders=cpus, embed_threads=1)
     store = ShardedStore(resumed)
     out.update(killed_at=at_kill, killed_s=killed_s, resumed_added=again.added, resumed_skipped=again.skipped,
                resumed_s=again.seconds, resumed_stored=len(store),

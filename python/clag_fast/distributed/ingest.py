@@ -177,7 +177,7 @@ def _embed_cpus(embedders: int, threads: int | None) -> float:
 def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = None, namespace: str = "default",
            text_column: str = "text", key_column: str | None = None, namespace_column: str | None = None,
            kind_column: str | None = None, vector_column: str | None = None, dim: int | None = None,
-           batch_size: int = 256, embed_batch: int = 2048, embedders: int = 1, embed_threads: int | None = None,
+           batch_size: int = 2048, embed_batch: int = 2048, embedders: int = 1, embed_threads: int | None = None,
            num_gpus: float = 0,
            resume: bool = True, progress: Callable[[int], None] | None = None) -> IngestReport:
     """Add every row of ``dataset`` to the sharded store at ``root``, at most once per key.
@@ -189,7 +189,10 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
       namespace and the text, so identical texts of a namespace are stored once).
     namespace_column: per-row namespaces (else every row goes to ``namespace``).
     vector_column: precomputed embeddings (then nothing is embedded).
-    batch_size: rows per write (one atomic ``add_many`` per shard owner).
+    batch_size: rows per write (one atomic ``add_many`` per shard owner). Each write may run
+      a periodic re-organisation with its cluster labels, whose cost does not shrink with
+      the batch: writing 20k short texts into one store in calls of 256 took 145 us of CPU
+      per memory, in calls of 2,048 65 us.
     embed_batch: texts per embedding call. The embedder sorts a call's texts by length and
       pads each inner batch to its longest, so a call of 256 texts pads far more than one
       process embedding everything at once would.
