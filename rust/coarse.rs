@@ -41,6 +41,9 @@ const REFILE_EVERY: usize = 8;
 /// centres scored per probe).
 const FILE_WIDTH: usize = 2;
 
+/// Rows of a group scored per product in `top_centres` (64 rows x ~100 centres: a 25 KB block).
+const GROUP_CHUNK: usize = 64;
+
 impl Coarse {
     /// Group the valid rows of `centres` (slots x dim). None when there are too few.
     pub fn build(centres: &[f32], valid: &[bool], dim: usize) -> Option<Coarse> {
@@ -142,24 +145,40 @@ pub fn top_centres(
         .filter(|&grp| !rows_of[grp].is_empty() && !members[grp].is_empty())
         .map(|grp| {
             let (rs, ms) = (&rows_of[grp], &members[grp]);
-            let mut a = vec![0.0f32; rs.len() * dim];
-            for (i, &r) in rs.iter().enumerate() {
-                let r = r as usize;
-                a[i * dim..(i + 1) * dim].copy_from_slice(&rows[r * dim..(r + 1) * dim]);
+            let mut b = Vec::with_capacity(ms.len() * dim);
+            for &m in ms {
+                b.extend_from_slice(&centres[m as usize * dim..(m as usize + 1) * dim]);
             }
-            let mut b = vec![0.0f32; ms.len() * dim];
-            for (i, &m) in ms.iter().enumerate() {
-                let m = m as usize;
-                b[i * dim..(i + 1) * dim].copy_from_slice(&centres[m * dim..(m + 1) * dim]);
-            }
+            let prep = PreparedB::new(&b, dim);
             let mut gi = vec![-1i64; rs.len() * k];
             let mut gs = vec![f32::NEG_INFINITY; rs.len() * k];
-            let mut block = vec![0.0f32; rs.len() * ms.len()];
-            PreparedB::new(&b, dim).gemm(&a, &mut block);
-            for i in 0..rs.len() {
-                let (oid, osc) = (&mut gi[i * k..(i + 1) * k], &mut gs[i * k..(i + 1) * k]);
-                for (j, &sc) in block[i * ms.len()..(i + 1) * ms.len()].iter().enumerate() {
-                    insert_sorted(oid, osc, ms[j] as i64, sc);
+            // Rows in chunks, so a chunk's gathered rows and its score block stay in cache
+            // between the product and the selection (one block for every row of a group was
+            // ~1 MB, read back from memory).
+            let mut a = Vec::with_capacity(GROUP_CHUNK * dim);
+            let mut block = vec![0.0f32; GROUP_CHUNK * ms.len()];
+            for (ci, chunk) in rs.chunks(GROUP_CHUNK).enumerate() {
+                a.clear();
+                for &r in chunk {
+                    a.extend_from_slice(&rows[r as usize * dim..(r as usize + 1) * dim]);
+                }
+                let block = &mut block[..chunk.len() * ms.len()];
+                prep.gemm(&a, block);
+                for i in 0..chunk.len() {
+                    let at = (ci * GROUP_CHUNK + i) * k;
+                    let (oid, osc) = (&mut gi[at..at + k], &mut gs[at..at + k]);
+                    // Most scores lose to the current k-th best: one comparison against a
+                    // local threshold skips them.
+                    let mut thr = f32::NEG_INFINITY;
+                    for (j, &sc) in block[i * ms.len()..(i + 1) * ms.len()].iter().enumerate() {
+                        if sc < thr {
+                            continue;
+                        }
+                        insert_sorted(oid, osc, ms[j] as i64, sc);
+                        if oid[k - 1] >= 0 {
+                            thr = osc[k - 1];
+                        }
+                    }
                 }
             }
             (grp, gi, gs)
