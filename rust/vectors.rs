@@ -24,6 +24,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
@@ -43,6 +44,8 @@ const SLOT_LEN: usize = 24;
 pub const MAX_DIM: usize = 1 << 16;
 /// Smallest growth step; bigger files grow by half their size, so remaps are rare.
 const MIN_GROW_BYTES: usize = 4 << 20;
+/// Bytes of rows normalised and written per pwrite in `append`.
+const APPEND_CHUNK_BYTES: usize = 1 << 20;
 
 /// FNV-1a 64: tiny, dependency free, and plenty to tell a torn slot from a written one.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
@@ -254,15 +257,26 @@ impl VectorFile {
         }
         self.reserve(first + n)?;
         let dim = self.dim;
-        // SAFETY: rows first..first+n lie inside the mapping (reserve), past the committed
-        // count, so no reader or view can be looking at them.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut((self.map.as_mut_ptr().add(HEADER_LEN) as *mut f32).add(first * dim), n * dim)
-        };
-        for ((d, s), f) in dst.chunks_exact_mut(dim).zip(data.chunks_exact(dim)).zip(inv) {
-            for (o, x) in d.iter_mut().zip(s) {
-                *o = x * f;
+        // The rows go in with pwrite, not through the mapping: a store into a mapped page
+        // past the file's written data faults and allocates that page on the spot (100k rows
+        // of 384: 380-580 ms through the mapping, 80-110 ms with pwrite). The mapping shares
+        // the page cache, so it sees the rows once the call returns. Normalised in chunks
+        // of APPEND_CHUNK_BYTES, so the buffer stays small and in cache.
+        let rb = dim * 4;
+        let per = (APPEND_CHUNK_BYTES / rb).max(1);
+        let mut buf: Vec<f32> = Vec::with_capacity(per.min(n) * dim);
+        for (c, (rows, scales)) in data.chunks(per * dim).zip(inv.chunks(per)).enumerate() {
+            buf.clear();
+            for (s, &f) in rows.chunks_exact(dim).zip(scales) {
+                buf.extend(s.iter().map(|x| x * f));
             }
+            // SAFETY: plain f32s viewed as their bytes (the file is little endian, as are
+            // the targets this crate builds for; the mapping reads them back the same way).
+            let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, buf.len() * 4) };
+            let off = HEADER_LEN + (first + c * per) * rb;
+            self.file
+                .write_all_at(bytes, off as u64)
+                .map_err(|e| Error::Io(format!("{}: cannot write rows: {e}", self.path.display())))?;
         }
         // Rows must be in memory before the count that makes them visible.
         fence(Ordering::Release);
