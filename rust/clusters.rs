@@ -391,13 +391,17 @@ impl Clusters {
         let mut left_s = vec![false; ns];
         let mut push_p: Vec<(u32, u32)> = Vec::new();
         let mut push_s: Vec<(u32, u32)> = Vec::new();
-        // Last occurrence wins: walk backwards and skip rows already handled.
-        let mut seen = std::collections::HashSet::with_capacity(rows.len());
+        // Last occurrence wins: walk backwards and skip rows already handled (a bitmap over
+        // every row: one bit test per row, where a hash set cost more than the rest of a
+        // large re-assignment wave's bookkeeping).
+        let mut seen = vec![0u64; self.primary_of.len().div_ceil(64)];
         for i in (0..rows.len()).rev() {
             let r = rows[i];
-            if !seen.insert(r) {
+            let (word, bit) = (r as usize / 64, 1u64 << (r % 64));
+            if seen[word] & bit != 0 {
                 continue;
             }
+            seen[word] |= bit;
             let (old, new) = (self.primary_of[r as usize], prim[i]);
             let v = &data[r as usize * dim..(r as usize + 1) * dim];
             if old != new {
@@ -427,14 +431,13 @@ impl Clusters {
                 self.primary_of[r as usize] = new;
             }
             let old_sec = self.sec.get(r);
-            let mut new_sec: Vec<u32> = match secs {
-                Some(s) => s[i].clone(),
-                None => old_sec.clone(),
+            let new_sec: &[u32] = match secs {
+                Some(s) => &s[i],
+                None => &old_sec,
             };
-            new_sec.retain(|&s| s != new);
             let mut dedup = Vec::with_capacity(new_sec.len());
-            for s in new_sec {
-                if !dedup.contains(&s) {
+            for &s in new_sec {
+                if s != new && !dedup.contains(&s) {
                     dedup.push(s);
                 }
             }
