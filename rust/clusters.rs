@@ -682,7 +682,12 @@ impl Clusters {
     fn install(&mut self, ids: &[u32], km: kmeans::KMeans, data: &[f32]) -> Result<Vec<i64>> {
         let dim = self.dim;
         let k = km.centres.len() / dim;
-        let before: Vec<(i64, bool)> = self.slots.iter().map(|c| (c.id, !c.primary.is_empty())).collect();
+        // Only the clusters these rows leave can be emptied by the move: the slots of their
+        // current primaries (every slot was checked before: O(clusters) per split).
+        let mut left: Vec<usize> = ids.iter().map(|&r| self.primary_of[r as usize]).filter(|&s| is_slot(s)).map(|s| s as usize).collect();
+        left.sort_unstable();
+        left.dedup();
+        let before: Vec<(i64, bool)> = left.iter().map(|&s| (self.slots[s].id, !self.slots[s].primary.is_empty())).collect();
         let first_slot = self.slots.len() as u32;
         let new_ids: Vec<i64> =
             (0..k).map(|j| self.push_slot(None, 0.0, Some(&km.centres[j * dim..(j + 1) * dim]))).collect();

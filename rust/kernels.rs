@@ -516,6 +516,9 @@ pub fn nearest_centre_gather(
         .par_chunks_mut(BLOCK_ROWS)
         .zip(best.par_chunks_mut(BLOCK_ROWS))
         .zip(ids.par_chunks(BLOCK_ROWS))
+        // At least 4 blocks per task: the 2-means of a split (a few hundred rows, ~10 rounds)
+        // spent more on waking a second thread per round than on the products.
+        .with_min_len(4)
         .for_each(|((lab, bs), bids)| {
             let m = bids.len();
             let mut block = vec![0.0f32; m * c];
