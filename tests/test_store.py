@@ -698,3 +698,16 @@ def test_reopen_rebuilds_the_row_table_column_for_column(tmp_path):
     for name in before:
         diff = [(i, b, a) for i, (b, a, ok) in enumerate(zip(before[name], after[name], live)) if ok and a != b]
         assert not diff, (name, diff[:5], len(diff))
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (7, TypeError, "text 2 is int, not str"),
+    ("  \n", ValueError, "text 2 is empty or whitespace only"),
+    ("\ud800", ValueError, "text 2 is not valid unicode"),
+])
+def test_add_many_names_the_bad_text_and_writes_nothing(store, bad, error, message):
+    vecs, _ = topic_vectors(3, 1, seed=5)
+    with pytest.raises(error, match=message):
+        store.add_many(["fine", "also fine", bad], embeddings=vecs)
+    assert len(store) == 0
+    assert store.add_many(["fine", "also fine", "third"], embeddings=vecs) == [1, 2, 3]

@@ -985,6 +985,15 @@ def _check_texts(texts: Iterable[str]) -> list[str]:
     if isinstance(texts, str):
         raise TypeError("add_many takes a list of texts, not one string (use add)")
     out = list(texts)
+    # The common case checked in C loops (map over builtins, one encode): a per-text Python
+    # loop cost ~2 us per memory of a bulk add_many. Any failure falls through to the loop
+    # below, which names the first bad text.
+    try:
+        if all(map(str.strip, out)):
+            "".join(out).encode("utf-8")
+            return out
+    except (TypeError, UnicodeEncodeError):
+        pass
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise TypeError(f"text {i} is {type(t).__name__}, not str")
