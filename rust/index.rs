@@ -144,11 +144,21 @@ impl Index {
 
     /// Durable point: rows synced first, then the cluster state replaced atomically.
     pub fn flush(&mut self) -> Result<()> {
+        self.save(true)
+    }
+
+    /// Save the cluster state (replaced atomically); `durable`: sync the new rows first and
+    /// fsync the state (`flush`). Without it a process that dies keeps everything (the page
+    /// cache outlives it) and a power loss may cost the rows and state since the last
+    /// durable save, which opening recovers from (`truncate_rows`, state rebuilt).
+    pub fn save(&mut self, durable: bool) -> Result<()> {
         if !self.vf.writable() {
             return Ok(());
         }
-        self.vf.sync()?;
-        state::save(&self.cl, &self.dir.join(CLUSTERS))
+        if durable {
+            self.vf.sync()?;
+        }
+        state::save(&self.cl, &self.dir.join(CLUSTERS), durable)
     }
 
     pub fn close(mut self) -> Result<()> {

@@ -139,8 +139,8 @@ pub fn decode(b: &[u8], dim: usize) -> Result<(Clusters, usize)> {
 }
 
 /// Atomically replace `path` with the encoded state.
-pub fn save(c: &Clusters, path: &Path) -> Result<()> {
-    files::write_atomic(path, &encode(c))
+pub fn save(c: &Clusters, path: &Path, durable: bool) -> Result<()> {
+    files::replace(path, &encode(c), durable)
 }
 
 /// Load `path`; errors name the file.

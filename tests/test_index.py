@@ -334,6 +334,31 @@ def test_persistence_round_trip(tmp_path):
         assert ix.cluster_of([500, 501, 502]).tolist() == [-1, -1, -1]
 
 
+def test_a_flush_without_syncs_survives_a_process_that_dies(tmp_path):
+    """flush(durable=False) (what organisation does without StoreConfig.fsync) saves the
+    cluster state for the next open; only a power loss could take it, and rows with it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    p = tmp_path / "ix"
+    code = textwrap.dedent(
+        f"""
+        import os, numpy as np
+        from clag_fast.index import VectorIndex
+        ix = VectorIndex.open({str(p)!r}, dim=4)
+        ix.append(np.eye(4)); ix.kmeans(2); ix.flush(durable=False)
+        ix.append(np.ones((2, 4))); ix.assign([4, 5], [ix.cluster_ids()[0]] * 2); ix.flush(durable=False)
+        print(ix.cluster_of(np.arange(6)).tolist())
+        os._exit(0)  # no close, no durable flush
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    with VectorIndex.open(p, dim=4) as ix:
+        assert len(ix) == 6 and ix.n_pending() == 0
+        assert str(ix.cluster_of(np.arange(6)).tolist()) == out.strip()
+
+
 def test_rows_appended_after_flush_are_unassigned_on_reopen(tmp_path):
     import subprocess
     import sys

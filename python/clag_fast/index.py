@@ -219,10 +219,12 @@ class VectorIndex:
         it). Safe while other threads search; returns how many clusters have one."""
         return self._ix.warm()
 
-    def flush(self) -> None:
+    def flush(self, durable: bool = True) -> None:
         """Make everything durable: new rows synced to disk first, then the cluster state
-        written to a temp file, fsynced and renamed over ``clusters.bin``."""
-        self._ix.flush()
+        written to a temp file, fsynced and renamed over ``clusters.bin``. ``durable=False``
+        saves the cluster state without the syncs: safe against a process that dies, not
+        against a power loss (then the state is rebuilt on open)."""
+        self._ix.flush(durable)
 
     def close(self) -> None:
         """Flush and close; idempotent. Views from :meth:`vectors` stay readable."""

@@ -190,8 +190,9 @@ impl PyVectorIndex {
         })?)
     }
 
-    fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        Ok(py.detach(|| self.with_mut(|ix| ix.flush()))?)
+    #[pyo3(signature = (durable=true))]
+    fn flush(&self, py: Python<'_>, durable: bool) -> PyResult<()> {
+        Ok(py.detach(|| self.with_mut(|ix| ix.save(durable)))?)
     }
 
     /// Flush and release the files; later calls raise OSError. Idempotent.
