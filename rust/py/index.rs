@@ -19,9 +19,6 @@ use crate::index::Index;
 use crate::search::{Adaptive, Params};
 use crate::vectors::{Map, HEADER_LEN};
 
-/// Row lookups up to this many keep the GIL (`cluster_of`).
-const SMALL_LOOKUP: usize = 1024;
-
 /// (cluster ids, scores) arrays of a soft assignment.
 type IdsScores<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>);
 
@@ -233,13 +230,9 @@ impl PyVectorIndex {
         Ok(PyArray1::from_vec(py, v))
     }
 
-    /// One lookup per row. A search asks for tens of rows (its hits, its lexical top rows):
-    /// those keep the GIL, as `members` does, since in a process whose threads share the GIL
-    /// (the service) every release is a chance to lose it and wait for it back, which costs
-    /// more than the lookups. Whole-store calls (organisation, open) release it.
     fn cluster_of<'py>(&self, py: Python<'py>, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let r = slice(&rows, "rows")?;
-        let v = if r.len() <= SMALL_LOOKUP { self.with(|ix| ix.cluster_of(r))? } else { py.detach(|| self.with(|ix| ix.cluster_of(r)))? };
+        let v = py.detach(|| self.with(|ix| ix.cluster_of(r)))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
