@@ -104,6 +104,27 @@ def test_coalescer_batches_concurrent_jobs_and_isolates_failures():
     assert calls[2] == ("h", ["z"])                   # another group -> its own batch
 
 
+def test_search_group_joins_equal_options_only():
+    from clag_fast.server.service import search_group
+
+    def opts(**changes):
+        base = {"k": 5, "namespace": "a", "kind": None, "since": None, "until": None, "mode": "two_stage",
+                "n_probe": None, "lexical_weight": None, "where": None}
+        return dict(base, **changes)
+
+    assert search_group("text", opts()) == search_group("text", opts())
+    assert search_group("text", opts()) != search_group("vector", opts())
+    for change in ({"k": 6}, {"namespace": "b"}, {"namespace": None}, {"kind": "fact"}, {"since": 1.0},
+                   {"until": 2.0}, {"mode": "flat"}, {"n_probe": 3}, {"lexical_weight": 0.0},
+                   {"where": {"x": 1}}):
+        assert search_group("text", opts(**change)) != search_group("text", opts()), change
+    # A metadata filter compares as canonical JSON: key order does not matter, values do.
+    assert search_group("text", opts(where={"a": 1, "b": {"$gt": 2}})) == \
+        search_group("text", opts(where={"b": {"$gt": 2}, "a": 1}))
+    assert search_group("text", opts(where={"a": 1})) != search_group("text", opts(where={"a": 2}))
+    assert search_group("text", opts(where={"a": "1"})) != search_group("text", opts(where={"a": 1}))
+
+
 def test_coalescer_refuses_beyond_max_pending():
     gate = threading.Event()
 

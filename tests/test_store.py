@@ -446,6 +446,39 @@ def test_retrieval_cache_hits_and_invalidates(tmp_path):
         assert not after.cached and len({h.text for h in after}) == 1
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_write_between_a_search_and_its_cache_filing_is_not_hidden(tmp_path, batch):
+    """A search files its hits after releasing the read lock; another thread's add can land
+    in between (the service runs adds and searches side by side). The hits from before the
+    add must not be filed: the next identical search is answered afresh and finds the new
+    memory. The add is made at the search's last step before filing (in the searching
+    thread: the read lock is already released there)."""
+    emb = _CountingEmbedder()
+    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, llm=False) as s:
+        s.add_many(["alpha", "beta", "gamma"])
+        added: list[int] = []
+        scheduler = s._slm
+        original = scheduler.after_search if batch else s._searched
+
+        def write_then(*args):
+            out = original(*args)
+            if not added:
+                added.append(s.add("alpha", kind="late"))
+            return out
+
+        if batch:
+            scheduler.after_search = write_then
+        else:
+            s._searched = write_then
+        first = s.search_many(["alpha"], k=2)[0] if batch else s.search("alpha", k=2)
+        assert added and added[0] not in [h.memory_id for h in first]  # searched before the add
+        again = s.search("alpha", k=2)
+        assert not again.cached
+        assert added[0] in [h.memory_id for h in again]
+        # Without a write in between, the result is filed as before.
+        assert s.search("alpha", k=2).cached
+
+
 def test_search_many_shares_the_retrieval_cache_with_search(tmp_path):
     emb = _CountingEmbedder()
     # The same memories in a store without a cache: what a fresh search answers.

@@ -610,12 +610,13 @@ class MemoryStore:
             selected = self._slm.select_clusters(query, qvec, n_probe or self.config.n_probe or self._searcher.auto_probe())
         nested = state.lock.acquire_read()
         try:
+            generation = state.cache.generation  # no write clears the cache while we read
             hits = self._searcher.search(qvec[None, :], k, filt, mode, n_probe, selected, [query], lw)[0]
         finally:
             state.lock.release_read(nested)
         self._searched(hits, t0)
         if key is not None:
-            state.cache.put(key, hits)
+            state.cache.put(key, hits, generation)
         return hits
 
     def _searched(self, hits: Hits, t0: float) -> Hits:
@@ -688,6 +689,7 @@ class MemoryStore:
         if len(qvecs) == 0:
             return []
         with state.lock.read():
+            generation = state.cache.generation  # no write clears the cache while we read
             fresh = self._searcher.search(qvecs, k, (namespace, kind, since, until, cond), mode, n_probe,
                                           texts=fresh_texts, lexical_weight=lw)
         latency = time.perf_counter() - t0
@@ -695,7 +697,7 @@ class MemoryStore:
             hits.latency_s = latency / len(fresh)
             self._slm.after_search(hits[0].score if hits else float("-inf"))
             if use_cache:
-                state.cache.put(keys[i], hits)
+                state.cache.put(keys[i], hits, generation)
         state.count("searches", len(fresh))
         state.count("search_s", latency)
         if not found:

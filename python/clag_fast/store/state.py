@@ -32,12 +32,18 @@ COUNTERS = ("adds", "searches", "cache_hits", "organizations", "embed_s", "add_s
 
 
 class ResultCache:
-    """LRU of search results keyed by the query and its filters; any write clears it."""
+    """LRU of search results keyed by the query and its filters; any write clears it.
+
+    A search computes its hits under the store's read lock and files them after releasing
+    it, so a write can land in between (another thread's add, in the service). ``put`` then
+    takes the ``generation`` the search read under the lock and files nothing when a clear
+    came since: a result from before a write never outlives it."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self.generation = 0  # bumped by every clear()
 
     def get(self, key: tuple) -> Any | None:
         with self._lock:
@@ -46,16 +52,21 @@ class ResultCache:
                 self._items.move_to_end(key)
             return value
 
-    def put(self, key: tuple, value: Any) -> None:
+    def put(self, key: tuple, value: Any, generation: int) -> None:
+        """File ``value``, computed when the cache was at ``generation`` (read under the
+        store's read lock); nothing when the cache was cleared since."""
         if not self.size:
             return
         with self._lock:
+            if generation != self.generation:
+                return
             self._items[key] = value
             if len(self._items) > self.size:
                 self._items.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:
+            self.generation += 1
             self._items.clear()
 
 
