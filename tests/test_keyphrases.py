@@ -434,13 +434,14 @@ def words_embed(vocab: list[str]):
 
 
 OPENING_MEMBERS = ["Sam: No worries, see you soon.", "Sam: No worries at all, happy to help.",
-                   "Sam: Help is on the way, no worries.", "Sam: Glad to help! Enjoy the evening."]
+                   "Sam: Help is on the way, no worries.", "Sam: Glad to help! Enjoy the evening.",
+                   "Sam: No problem, no rush, no stress."]
 
 
 def opening_case():
     """A chat cluster of reassurances whose every topic phrase points elsewhere: "worries"
     alone at a rival about worries, "help" at a help desk; its centre is "no worries", which
-    only the clause opening "No worries" says."""
+    only the clause openings "No worries", "No problem", ... say."""
     rivals = ["Worries about the exam keep me up", "More worries about rent", "Help desk open", "Help desk ticket"]
     got = kp.rank([kp.extract(t) for t in OPENING_MEMBERS], *background(OPENING_MEMBERS, rivals),
                   texts=OPENING_MEMBERS)
@@ -453,7 +454,7 @@ def opening_case():
 def test_openings_are_offered_most_said_first_and_only_with_the_members_texts():
     got, _, _ = opening_case()
     said = got.opening_phrases(10)
-    assert said[0].text == "No worries" and said[0].count == 3 and said[0].coverage == 0.75
+    assert said[0].text == "No worries" and said[0].count == 3 and said[0].coverage == 0.6
     assert [k.count for k in said] == sorted((k.count for k in said), reverse=True)
     assert len(got.opening_phrases(1)) == 1
     assert kp.rank([kp.extract(t) for t in OPENING_MEMBERS]).opening_phrases(10) == []
@@ -466,9 +467,14 @@ def test_the_wide_look_names_a_chat_cluster_by_a_clause_opening_when_no_phrase_p
     assert all(kp.margins(embed([p]), [0], centres)[0] <= 0 for p in kp.extract(" ".join(OPENING_MEMBERS)).values())
     best = kp.by_distinctness({1: got}, [1, 2, 3], centres, embed)
     summary, tags = kp.phrases_label(got)
-    assert best[1] > 0 and "No worries" in summary.split(" · ")
+    said = {k.text for k in got.opening_phrases(kp.WIDE_OPENINGS)}
+    assert best[1] > 0 and set(summary.split(" · ")) & said
     assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(best[1], abs=1e-5)
     assert not is_copy(summary, OPENING_MEMBERS) and groundedness(summary, tags, OPENING_MEMBERS) == 1.0
+    # Openings name the cluster in its label; its tags stay phrases, though an opening the
+    # label left out ranks above them among the candidates.
+    rest = [p for p in got.phrases() if p not in summary.split(" · ")]
+    assert rest[0] in said and tags and not said & set(tags)
 
 
 def test_without_openings_that_chat_cluster_keeps_a_label_pointing_elsewhere(monkeypatch):

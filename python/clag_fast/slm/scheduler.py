@@ -439,7 +439,9 @@ class SLMScheduler:
             embed = None
         for cid, ph in phrases.items():
             if cid in briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
-                briefs[cid].candidates = ph.phrases()
+                # Tags come from these: phrases, not clause openings (an SLM may still pick one
+                # of those among its choices).
+                briefs[cid].candidates = ph.tag_phrases()
                 # The SLM picks among the phrases that, embedded alone, point at this cluster:
                 # a pick among all candidates pointed elsewhere two times in three (102 of 148
                 # picks replaced on three LoCoMo conversations), one among these almost never

@@ -288,6 +288,9 @@ class Keyphrase:
     score: float
     count: int
     coverage: float
+    # A clause opening (``openings``), not a phrase: it may name a chat cluster in its label,
+    # never as a tag ("It gives" alone reads as a fragment).
+    opening: bool = False
 
 
 @dataclass
@@ -315,6 +318,10 @@ class ClusterPhrases:
 
     def phrases(self, n: int | None = None) -> list[str]:
         return [k.text for k in self.candidates[:n]]
+
+    def tag_phrases(self) -> list[str]:
+        """The candidates in rank order without clause openings: what tags are made of."""
+        return [k.text for k in self.candidates if not k.opening]
 
     def pointing(self, n: int | None = None) -> list[str]:
         """The first ``n`` candidates whose embedding alone points at this cluster (margin > 0,
@@ -498,7 +505,7 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
                 first.setdefault(key, r)
         # Members come nearest the centre first: a tie goes to the more typical member's.
         keys = sorted(said, key=lambda k: (-said[k], first[k], k))[:limit]
-        return [Keyphrase(form[k], round(said[k] / n, 4), said[k], round(said[k] / n, 3)) for k in keys]
+        return [Keyphrase(form[k], round(said[k] / n, 4), said[k], round(said[k] / n, 3), opening=True) for k in keys]
 
     return ClusterPhrases(chosen, neutral, members=n, find_typical=find_typical, find_every=find_every,
                           find_openings=find_openings if texts is not None else None)
@@ -526,10 +533,11 @@ def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
 
 def phrases_label(phrases: ClusterPhrases) -> tuple[str, list[str]]:
     """A cluster's vector profile: its chosen ``head`` (or top candidates) as the label, the
-    next candidates as tags; the neutral label (candidates as tags) when it has one."""
+    next candidates that are not clause openings as tags; the neutral label (candidates as
+    tags) when it has one."""
     if phrases.neutral is not None:
         return phrases.neutral, phrases.phrases(MAX_TAGS)
-    return label(phrases.phrases(), phrases.head, neutral=phrases.neutral)
+    return label(phrases.tag_phrases(), phrases.head, neutral=phrases.neutral)
 
 
 def texts_label(texts: Sequence[str]) -> tuple[str, list[str]]:
