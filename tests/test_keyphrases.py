@@ -272,6 +272,7 @@ def test_by_distinctness_finds_the_pair_that_points_at_the_cluster_beyond_the_to
     summary, _ = kp.phrases_label(found[1])
     assert got[1] > 0 and {"kyoto", "hotel"} <= set(summary.split(" · "))
     assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(got[1], abs=1e-5)
+    assert not found[1].wide  # the first look found it: the SLM may choose among its phrases
 
 
 def test_by_distinctness_embeds_each_text_once_and_stays_within_its_budget():
@@ -356,7 +357,7 @@ def test_a_cluster_no_candidate_or_typical_phrase_names_gets_a_wide_look_at_ever
     assert "lighthouse" in {k.text for k in got.every_phrase(kp.WIDE_PHRASES)}
     best = kp.by_distinctness({1: got}, [1, 2], centres, embed)
     summary, tags = kp.phrases_label(got)
-    assert best[1] > 0 and any("lighthouse" in p for p in summary.split(" · "))
+    assert best[1] > 0 and any("lighthouse" in p for p in summary.split(" · ")) and got.wide
     assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(best[1], abs=1e-5)
     # One phrase per idea: "lighthouse" and "help lighthouse" never in one label.
     words = [w for p in summary.split(" · ") for w in p.casefold().split()]
@@ -366,7 +367,7 @@ def test_a_cluster_no_candidate_or_typical_phrase_names_gets_a_wide_look_at_ever
 def test_without_the_wide_look_that_cluster_keeps_a_label_pointing_elsewhere(monkeypatch):
     monkeypatch.setattr(kp, "WIDE_PHRASES", 0)
     got, embed, centres = wide_look_case()
-    assert kp.by_distinctness({1: got}, [1, 2], centres, embed)[1] <= 0
+    assert kp.by_distinctness({1: got}, [1, 2], centres, embed)[1] <= 0 and not got.wide
 
 
 def test_the_wide_look_offers_one_phrase_per_idea_best_margin_first():

@@ -300,6 +300,9 @@ class ClusterPhrases:
     candidates: list[Keyphrase] = field(default_factory=list)
     neutral: str | None = None
     head: list[str] | None = None  # the label's phrases when chosen (``by_distinctness``)
+    # The head came from the wide look (``by_distinctness``): no topic phrase pointed at the
+    # cluster, and the label is the best of hundreds of combinations embedded.
+    wide: bool = False
     members: int = 0  # the cluster's live members (``rank``: those it read; the wide look serves bigger clusters first)
     # Each embedded phrase's margin alone (``by_distinctness``): > 0 when it points at this
     # cluster's centre rather than another.
@@ -758,7 +761,10 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
         still = sorted(still, key=lambda c: -live[c].members)[:WIDE_CLUSTERS]
         if still and WIDE_PHRASES:
             pools = _wide_pools({c: live[c] for c in still}, slot, centres, vectors)
+            before = {c: got[c] for c in pools}
             _look_again(live, got, pools, slot, centres, vectors, WIDE_SHORTLIST, WIDE_TRIES)
+            for c in pools:
+                live[c].wide = got[c] > before[c]
     return got
 
 
