@@ -733,11 +733,12 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
     ``LAST_MEMBERS`` members; one still without gets a wide look at every phrase of its
     members and their clause openings (``WIDE_PHRASES``, ``WIDE_OPENINGS``, ``_wide_pools``;
     at most ``WIDE_CLUSTERS`` per call, the largest first). A later look's label replaces an
-    earlier one only when its margin is better. Costs one embedding per candidate and
-    ``TRIES`` per label, about 30 more for each cluster that needs a second or last look, and up
-    to ``WIDE_PHRASES + WIDE_OPENINGS + WIDE_TRIES`` for one that needs the wide look (each text embedded once per
-    call; on ten LoCoMo conversations 11.5k texts in all, 8.5k without the wide look). Returns
-    the chosen label's margin per cluster (<= 0: even the best label points elsewhere).
+    earlier one only when its margin is better (``wide`` marks the clusters it named). Costs one
+    embedding per candidate and ``TRIES`` per label, about 30 more for each cluster that needs a
+    second or last look, and up to ``WIDE_PHRASES + WIDE_OPENINGS + WIDE_TRIES`` for one that
+    needs the wide look (each text embedded once per call; on ten LoCoMo conversations 11.5k
+    texts in all, 8.5k without the wide look). Returns the chosen label's margin per cluster
+    (<= 0: even the best label points elsewhere).
     """
     slot = {int(c): i for i, c in enumerate(ids)}
     live = {c: ph for c, ph in found.items() if c in slot and ph.candidates and ph.neutral is None}
