@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.labels import is_copy
+from clag_fast.eval.labels import groundedness, is_copy
 from clag_fast.store import MemoryStore
 from clag_fast.store import keyphrases as kp
 
@@ -66,6 +67,23 @@ def test_phrases_never_span_punctuation_or_start_or_end_with_a_stopword():
         words = p.casefold().split()
         assert words[0] not in kp.STOPWORDS and words[-1] not in kp.STOPWORDS, p
     assert "train to Kyoto" in got  # a joiner inside a three-word phrase is fine
+
+
+def test_clause_openings_start_a_clause_with_a_stopword_and_end_on_a_content_word():
+    text = "Jon: Thanks! You rock. No worries, I'm here for you and the food was great. Can't wait to hear more"
+    got = kp.openings(text)
+    assert {"You rock", "No worries", "Can't wait to hear"} <= set(got.values())
+    phrases = set(kp.extract(text))
+    for key, p in got.items():
+        words = p.split()
+        assert key == p.casefold() and 2 <= len(words) <= kp.OPENING_WORDS, p
+        assert words[0].casefold() in kp.STOPWORDS and kp.content_words(words[-1]), p
+        assert key not in phrases  # what extract gives is not offered twice
+        assert p in text  # never spans punctuation
+    # Not from a clause's middle ("here for you", "the food"), nor a conjunction's tail, nor
+    # without a content word ("I'm here for you").
+    assert not {"here for you", "the food", "and the food", "I'm here for you", "Jon"} & set(got.values())
+    assert kp.openings("") == {} and kp.openings("東京に行きます") == {}
 
 
 def test_other_scripts_give_phrases_in_their_own_script():
@@ -254,6 +272,7 @@ def test_by_distinctness_finds_the_pair_that_points_at_the_cluster_beyond_the_to
     summary, _ = kp.phrases_label(found[1])
     assert got[1] > 0 and {"kyoto", "hotel"} <= set(summary.split(" · "))
     assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(got[1], abs=1e-5)
+    assert not found[1].wide  # the first look found it: the SLM may choose among its phrases
 
 
 def test_by_distinctness_embeds_each_text_once_and_stays_within_its_budget():
@@ -338,7 +357,7 @@ def test_a_cluster_no_candidate_or_typical_phrase_names_gets_a_wide_look_at_ever
     assert "lighthouse" in {k.text for k in got.every_phrase(kp.WIDE_PHRASES)}
     best = kp.by_distinctness({1: got}, [1, 2], centres, embed)
     summary, tags = kp.phrases_label(got)
-    assert best[1] > 0 and any("lighthouse" in p for p in summary.split(" · "))
+    assert best[1] > 0 and any("lighthouse" in p for p in summary.split(" · ")) and got.wide
     assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(best[1], abs=1e-5)
     # One phrase per idea: "lighthouse" and "help lighthouse" never in one label.
     words = [w for p in summary.split(" · ") for w in p.casefold().split()]
@@ -348,7 +367,7 @@ def test_a_cluster_no_candidate_or_typical_phrase_names_gets_a_wide_look_at_ever
 def test_without_the_wide_look_that_cluster_keeps_a_label_pointing_elsewhere(monkeypatch):
     monkeypatch.setattr(kp, "WIDE_PHRASES", 0)
     got, embed, centres = wide_look_case()
-    assert kp.by_distinctness({1: got}, [1, 2], centres, embed)[1] <= 0
+    assert kp.by_distinctness({1: got}, [1, 2], centres, embed)[1] <= 0 and not got.wide
 
 
 def test_the_wide_look_offers_one_phrase_per_idea_best_margin_first():
@@ -401,6 +420,70 @@ def test_the_wide_look_embeds_each_phrase_once_within_its_budget(monkeypatch):
     assert len(seen) - len(seen2) <= 4 + kp.WIDE_TRIES
 
 
+def words_embed(vocab: list[str]):
+    """Texts -> unit bag-of-words vectors over ``vocab``, stopwords included ("no" counts):
+    a stand-in for an embedder that reads how a thing is said, not only its topic words."""
+    def embed(texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), len(vocab)), np.float32)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"[\w']+", t.casefold()):
+                if w in vocab:
+                    out[i, vocab.index(w)] += 1
+        n = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.where(n == 0, 1, n)
+    return embed
+
+
+OPENING_MEMBERS = ["Sam: No worries, see you soon.", "Sam: No worries at all, happy to help.",
+                   "Sam: Help is on the way, no worries.", "Sam: Glad to help! Enjoy the evening.",
+                   "Sam: No problem, no rush, no stress."]
+
+
+def opening_case():
+    """A chat cluster of reassurances whose every topic phrase points elsewhere: "worries"
+    alone at a rival about worries, "help" at a help desk; its centre is "no worries", which
+    only the clause openings "No worries", "No problem", ... say."""
+    rivals = ["Worries about the exam keep me up", "More worries about rent", "Help desk open", "Help desk ticket"]
+    got = kp.rank([kp.extract(t) for t in OPENING_MEMBERS], *background(OPENING_MEMBERS, rivals),
+                  texts=OPENING_MEMBERS)
+    embed = words_embed(["no", "worries", "help"])
+    own = np.array([0.7, 0.7, 0.2], np.float32)
+    centres = np.stack([own / np.linalg.norm(own), embed(["worries"])[0], embed(["help"])[0]])
+    return got, embed, centres
+
+
+def test_openings_are_offered_most_said_first_and_only_with_the_members_texts():
+    got, _, _ = opening_case()
+    said = got.opening_phrases(10)
+    assert said[0].text == "No worries" and said[0].count == 3 and said[0].coverage == 0.6
+    assert [k.count for k in said] == sorted((k.count for k in said), reverse=True)
+    assert len(got.opening_phrases(1)) == 1
+    assert kp.rank([kp.extract(t) for t in OPENING_MEMBERS]).opening_phrases(10) == []
+    with pytest.raises(ValueError, match="texts"):
+        kp.rank([kp.extract(t) for t in OPENING_MEMBERS], texts=OPENING_MEMBERS[:2])
+
+
+def test_the_wide_look_names_a_chat_cluster_by_a_clause_opening_when_no_phrase_points_home():
+    got, embed, centres = opening_case()
+    assert all(kp.margins(embed([p]), [0], centres)[0] <= 0 for p in kp.extract(" ".join(OPENING_MEMBERS)).values())
+    best = kp.by_distinctness({1: got}, [1, 2, 3], centres, embed)
+    summary, tags = kp.phrases_label(got)
+    said = {k.text for k in got.opening_phrases(kp.WIDE_OPENINGS)}
+    assert best[1] > 0 and set(summary.split(" · ")) & said
+    assert kp.margins(embed([summary]), [0], centres)[0] == pytest.approx(best[1], abs=1e-5)
+    assert not is_copy(summary, OPENING_MEMBERS) and groundedness(summary, tags, OPENING_MEMBERS) == 1.0
+    # Openings name the cluster in its label; its tags stay phrases, though an opening the
+    # label left out ranks above them among the candidates.
+    rest = [p for p in got.phrases() if p not in summary.split(" · ")]
+    assert rest[0] in said and tags and not said & set(tags)
+
+
+def test_without_openings_that_chat_cluster_keeps_a_label_pointing_elsewhere(monkeypatch):
+    monkeypatch.setattr(kp, "WIDE_OPENINGS", 0)
+    got, embed, centres = opening_case()
+    assert kp.by_distinctness({1: got}, [1, 2, 3], centres, embed)[1] <= 0
+
+
 # ----------------------------------------------------------------------------- in a store
 
 
@@ -425,6 +508,13 @@ def test_store_labels_are_keyphrases_never_members(tmp_path):
         q = s.label_quality()
         assert q["copies"] == 0 and q["grounded"] == 1.0 and "self_at_1" not in q  # no embedder
         assert s.stats()["labels"]["vector"] >= 3
+        # The store's clusters are ranked with their members' texts: the wide look can read
+        # their clause openings ("Is the", "Okay, no JR Pass": "no JR Pass").
+        state = s._state
+        with state.lock.read():
+            found = kp.cluster_phrases(state, state.index.cluster_ids().tolist(), kp.PhraseCache())
+        said = {k.text for ph in found.values() for k in ph.opening_phrases(kp.WIDE_OPENINGS)}
+        assert "no JR Pass" in said
 
 
 @pytest.mark.parametrize("texts", [["ok", "ok"], ["👍", "🙂"]])

@@ -160,22 +160,55 @@ def test_an_slm_that_is_down_or_slow_leaves_the_vector_label(tmp_path, fake_serv
         assert sorted(c.summary for c in s.clusters()) == vector_labels
 
 
-def test_an_slm_pick_becomes_the_label(tmp_path, fake_server):  # noqa: F811
-    def pick_last_first(body):
-        groups = body["response_format"]["schema"]["properties"].get("groups", {}).get("prefixItems", [])
-        return 200, completion(json.dumps({"groups": [[g["items"]["enum"][-1], g["items"]["enum"][0]]
-                                                      for g in groups]}))
+def pick_last_first(body):
+    """A fake SLM's profile answer: for each group, its last offered phrase then its first."""
+    groups = body["response_format"]["schema"]["properties"].get("groups", {}).get("prefixItems", [])
+    return 200, completion(json.dumps({"groups": [[g["items"]["enum"][-1], g["items"]["enum"][0]]
+                                                  for g in groups]}))
 
+
+def profile_requests(server) -> list[dict]:
+    return [r for r in server.chat_requests() if "shared by a group" in r["messages"][0]["content"]]
+
+
+def test_an_slm_pick_becomes_the_label(tmp_path, fake_server):  # noqa: F811
     fake_server.behaviour = pick_last_first
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
     with synthetic_store(tmp_path / "s", llm=llm) as s:
         s.organize()
-        asked = [r for r in fake_server.chat_requests() if "shared by a group" in r["messages"][0]["content"]]
+        asked = profile_requests(fake_server)
         assert len(asked) == 1  # three clusters, one call (SLMConfig.profile_batch)
         enums = [g["items"]["enum"] for g in asked[0]["response_format"]["schema"]["properties"]["groups"]["prefixItems"]]
         assert len(enums) == 3 and all(len(e) >= 2 and len(set(e)) == len(e) for e in enums)
         assert {c.summary for c in s.clusters()} == {f"{e[-1]} · {e[0]}" for e in enums}
         assert s.stats()["labels"]["slm"] == 3 and s.stats()["llm"]["profile_calls"] == 1
+
+
+def test_the_slm_is_not_asked_for_a_cluster_only_the_wide_look_named(tmp_path, fake_server, monkeypatch):  # noqa: F811
+    # As if the wide look had found the label of one cluster (a chat cluster no topic phrase
+    # names) and the first look those of the other two: the SLM chooses for the two only.
+    wide: list[int] = []
+
+    def by_distinctness(found, ids, centres, embed, top=8):
+        if not wide:
+            wide.append(min(found))
+        for c, ph in found.items():
+            ph.wide = c == wide[0]
+        return {c: 0.1 for c in found}
+
+    monkeypatch.setattr(kp, "by_distinctness", by_distinctness)
+    fake_server.behaviour = pick_last_first
+    llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
+    with synthetic_store(tmp_path / "s", llm=llm) as s:
+        s.organize()
+        asked = profile_requests(fake_server)
+        assert len(asked) == 1
+        assert len(asked[0]["response_format"]["schema"]["properties"]["groups"]["prefixItems"]) == 2
+        assert s.stats()["labels"]["slm"] == 2
+        state = s._state
+        with state.lock.read():
+            ph = kp.cluster_phrases(state, [wide[0]], kp.PhraseCache())[wide[0]]
+        assert {c.id: c.summary for c in s.clusters()}[wide[0]] == kp.phrases_label(ph)[0]
 
 
 # ----------------------------------------------------------------------------- the map and the CLI

@@ -439,7 +439,9 @@ class SLMScheduler:
             embed = None
         for cid, ph in phrases.items():
             if cid in briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
-                briefs[cid].candidates = ph.phrases()
+                # Tags come from these: phrases, not clause openings (an SLM may still pick one
+                # of those among its choices).
+                briefs[cid].candidates = ph.tag_phrases()
                 # The SLM picks among the phrases that, embedded alone, point at this cluster:
                 # a pick among all candidates pointed elsewhere two times in three (102 of 148
                 # picks replaced on three LoCoMo conversations), one among these almost never
@@ -450,7 +452,12 @@ class SLMScheduler:
         # The SLM's pick is kept only if it points at its cluster, and the best vector label is
         # the best of the top candidates' combinations: where even it does not point at its
         # cluster, an SLM pick almost never does (27 of 53 picks lost on a LoCoMo conversation).
-        big = [c for c in todo if briefs[c].size >= self.config.profile_min_size and best.get(c, 1.0) > 0]
+        # Nor is the SLM asked where only the wide look found a label pointing home (a chat
+        # cluster no topic phrase names): its choices are the few phrases and clause openings
+        # of that exhaustive search, so a pick adds a call and no topic (asking them cost
+        # conv-26 8 profile calls instead of 6 once clause openings let the wide look succeed).
+        big = [c for c in todo if briefs[c].size >= self.config.profile_min_size and best.get(c, 1.0) > 0
+               and not (c in phrases and phrases[c].wide)]
         retry: set[int] = set()
         if self.enabled and big and use_slm:
             org = self.organizer()
