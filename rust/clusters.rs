@@ -573,7 +573,6 @@ impl Clusters {
         self.drop_cluster(absorb)
     }
 
-    /// Pairs of clusters whose centres have cosine >= threshold: (a, b, cos), a < b, best first.
     /// Re-assignment after a split, merge or drift: the primary members of clusters `ids` (in
     /// that order), each scored against its cluster's `near` nearest centres (its own
     /// included) instead of every centre. A member's best centres lie next to the one it was
@@ -644,6 +643,7 @@ impl Clusters {
         Ok((rows, out_ids, out_sc))
     }
 
+    /// Pairs of clusters whose centres have cosine >= threshold: (a, b, cos), a < b, best first.
     pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
         let c = self.slots.len();
         let mut g = vec![0.0f32; c * c];
