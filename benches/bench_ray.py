@@ -195,7 +195,7 @@ import ray
 sys.path.insert(0, {python!r})
 from clag_fast.distributed import ingest
 ray.init(address={address!r}, namespace="clag_fast", log_to_driver=False)
-ingest({src!r}, {root!r}, shards=4, namespace="bulk", embedders={cpus}, embed_threads=1)
+ingest({src!r}, {root!r}, shards=4, namespace="bulk", embedders=1, embed_threads={cpus})
 """
 
 
@@ -238,7 +238,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
     out: dict = {"single_texts_s": n / embed_s, "single_ingest_s": n / (embed_s + write_s)}
     print(f"  single process: embedding {n / embed_s:.0f} texts/s; embedding + writing "
           f"{n / (embed_s + write_s):.0f} texts/s", flush=True)
-    report = ingest(str(src), root, shards=4, namespace="bulk", embedders=cpus, embed_threads=1)
+    report = ingest(str(src), root, shards=4, namespace="bulk", embedders=1, embed_threads=cpus)
     store = ShardedStore(root)
     out.update(ray_texts_s=report.rate, ray_s=report.seconds, added=report.added, stored=len(store))
     store.shutdown()
@@ -267,7 +267,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
     if proc.returncode != -signal.SIGKILL:
         raise RuntimeError(f"the ingest to kill ended by itself (exit {proc.returncode}) before {kill_at:.0%}")
     print(f"  killed the ingest driver at {at_kill} stored rows ({killed_s:.0f} s)", flush=True)
-    again = ingest(str(src), resumed, namespace="bulk", embedders=cpus, embed_threads=1)
+    again = ingest(str(src), resumed, namespace="bulk", embedders=1, embed_threads=cpus)
     store = ShardedStore(resumed)
     out.update(killed_at=at_kill, killed_s=killed_s, resumed_added=again.added, resumed_skipped=again.skipped,
                resumed_s=again.seconds, resumed_stored=len(store),

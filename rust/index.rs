@@ -125,12 +125,12 @@ impl Index {
         self.cl.secondary_of(row)
     }
 
-    /// Centre pairs with cosine >= threshold, most similar first.
     /// `Clusters::near_assign` over the vector file (nothing changes).
     pub fn near_assign(&self, ids: &[i64], near: usize, k: usize) -> Result<crate::clusters::NearAssignment> {
         self.cl.near_assign(ids, near, k, self.vf.rows())
     }
 
+    /// Centre pairs with cosine >= threshold, most similar first.
     pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
         self.cl.merge_candidates(threshold)
     }
@@ -147,17 +147,17 @@ impl Index {
         self.save(true)
     }
 
-    /// Save the cluster state (replaced atomically); `durable`: sync the new rows first and
-    /// fsync the state (`flush`). Without it a process that dies keeps everything (the page
-    /// cache outlives it) and a power loss may cost the rows and state since the last
-    /// durable save, which opening recovers from (`truncate_rows`, state rebuilt).
+    /// Sync the new rows, then save the cluster state (replaced atomically); `durable` also
+    /// fsyncs the state file and its directory (`flush`). Without that a process that dies
+    /// keeps everything, and a power loss may cost the state since the last durable save,
+    /// which opening rebuilds from the rows and the database. The rows are always synced:
+    /// the database may reference them once it checkpoints, and a database pointing past
+    /// the vector file is a store that refuses to open.
     pub fn save(&mut self, durable: bool) -> Result<()> {
         if !self.vf.writable() {
             return Ok(());
         }
-        if durable {
-            self.vf.sync()?;
-        }
+        self.vf.sync()?;
         state::save(&self.cl, &self.dir.join(CLUSTERS), durable)
     }
 

@@ -80,3 +80,14 @@ def test_a_schema_3_database_is_converted_on_open(tmp_path):
     assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert "pairs" in {r[1] for r in con.execute("PRAGMA table_info(assignments)")}
     con.close()
+
+
+def test_arrays_in_any_id_order_stay_aligned_and_the_last_upsert_wins(tmp_path):
+    cat = _catalog_with_memories(tmp_path / "m.db", 5)
+    mids = np.array([4, 2, 5, 2, 1], np.int64)  # unsorted, memory 2 twice
+    ids = np.array([[40, -1], [20, 21], [50, 51], [22, -1], [10, 11]], np.int64)
+    aff = np.array([[0.4, -np.inf], [0.2, 0.1], [0.5, 0.4], [0.3, -np.inf], [0.9, 0.8]], np.float32)
+    cat.replace_assignment_arrays(mids, ids, aff)
+    got = {(m, r): (c, round(a, 3)) for m, r, c, a in cat.assignments()}
+    assert got == {(1, 0): (10, 0.9), (1, 1): (11, 0.8), (2, 0): (22, 0.3), (4, 0): (40, 0.4),
+                   (5, 0): (50, 0.5), (5, 1): (51, 0.4)}

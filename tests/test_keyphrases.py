@@ -564,17 +564,33 @@ def test_background_counts_kept_across_passes_equal_a_fresh_count(tmp_path, monk
                 assert [(p.text, p.score) for p in warm[c].candidates] == [(p.text, p.score) for p in cold[c].candidates]
 
         both()
-        read: list[int] = []
-        real_texts = state.catalog.texts
-        monkeypatch.setattr(state.catalog, "texts", lambda mids: read.append(len(mids)) or real_texts(mids))
+        # An unchanged sample is not read again: no background row's phrases are asked for.
+        asked: list[int] = []
+        real_rows = kp._phrases_of_rows
+        monkeypatch.setattr(kp, "_phrases_of_rows", lambda st, rows, cache: asked.append(len(rows)) or real_rows(st, rows, cache))
         with state.lock.read():
-            kp.cluster_phrases(state, [], kept)  # nothing asked: nothing read
             kp.cluster_phrases(state, state.index.cluster_ids().tolist()[:1], kept)
-        assert sum(read) <= kp.MAX_MEMBERS, "an unchanged sample is not read again"
-        monkeypatch.setattr(state.catalog, "texts", real_texts)
+            assert sum(asked) == 0
+            kp.cluster_phrases(state, state.index.cluster_ids().tolist()[:1], kp.PhraseCache())
+            assert sum(asked) > 0  # a fresh cache does read the sample
+        monkeypatch.setattr(kp, "_phrases_of_rows", real_rows)
         more = s.add_many(*batch(9, 40))  # the sample grows by a few rows
         both()
         s.delete_many(more[-5:])  # rows leave the sample (the last ones: the rest stays)
         both()
         s.add_many(*batch(60, 49))  # the stride doubles: most of the sample is new
         both()
+
+
+def test_background_counts_hand_out_copies_and_forget_old_namespaces():
+    bc = kp.BackgroundCounts(max_namespaces=2)
+    phr = {r: {f"w{r}": f"w{r}", "all": "all"} for r in range(10)}
+    first = bc.counts(0, list(range(8)), lambda rows: {r: phr[r] for r in rows})
+    second = bc.counts(0, list(range(2, 10)), lambda rows: {r: phr[r] for r in rows})
+    assert first is not second and first["w0"] == 1 and first["all"] == 8  # not changed later
+    assert second["w0"] == 0 and second["w9"] == 1 and second["all"] == 8
+    bc.counts(1, [0], lambda rows: {r: phr[r] for r in rows})
+    bc.counts(2, [0], lambda rows: {r: phr[r] for r in rows})
+    read: list[int] = []
+    bc.counts(0, list(range(2, 10)), lambda rows: read.extend(rows) or {r: phr[r] for r in rows})
+    assert len(read) == 8, "namespace 0 was the least recently counted of three: dropped, counted afresh"

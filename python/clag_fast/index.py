@@ -222,8 +222,8 @@ class VectorIndex:
     def flush(self, durable: bool = True) -> None:
         """Make everything durable: new rows synced to disk first, then the cluster state
         written to a temp file, fsynced and renamed over ``clusters.bin``. ``durable=False``
-        saves the cluster state without the syncs: safe against a process that dies, not
-        against a power loss (then the state is rebuilt on open)."""
+        still syncs the rows but does not fsync the state file: safe against a process that
+        dies; after a power loss the state may be older or unreadable, and is rebuilt on open."""
         self._ix.flush(durable)
 
     def close(self) -> None:

@@ -393,8 +393,11 @@ class BackgroundCounts:
     never reused and their text never changes (an edit writes a new row), so the counts
     equal a fresh count of the same sample."""
 
-    def __init__(self) -> None:
-        self._by_ns: dict[int, tuple[dict[int, tuple[str, ...]], Counter[str]]] = {}
+    def __init__(self, max_namespaces: int = 64) -> None:
+        # Least recently counted namespaces are dropped first (a store of many small tenants
+        # would otherwise keep every tenant's sample).
+        self.max_namespaces = max_namespaces
+        self._by_ns: OrderedDict[int, tuple[dict[int, tuple[str, ...]], Counter[str]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def counts(self, ns: int, take: list[int], phrases_of: Callable[[list[int]], dict[int, dict[str, str]]]) -> Counter[str]:
@@ -415,7 +418,12 @@ class BackgroundCounts:
                 held[r] = keys
                 df.update(keys)
             self._by_ns[ns] = (held, df)
-            return df
+            self._by_ns.move_to_end(ns)
+            while len(self._by_ns) > self.max_namespaces:
+                self._by_ns.popitem(last=False)
+            # A copy: the ranking keeps the counts in closures used after this returns, and
+            # the next pass updates the held ones in place.
+            return Counter(df)
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -87,9 +87,9 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
         add_clusters(state, new, now, profiles)
         sync_clusters(state, now)
         state.catalog.set_meta("last_organized", repr(now))
-    # Saved so a reopen finds the state; synced to disk only with ``StoreConfig.fsync`` (the
-    # database is not synced per commit either): the sync cost ~60 ms per organisation of a
-    # growing store, and a state lost with the power is rebuilt on open.
+    # Rows synced, the state saved so a reopen finds it; the state file itself is fsynced
+    # only with ``StoreConfig.fsync`` (derived state: one lost with the power is rebuilt on
+    # open from the rows and the database).
     idx.flush(durable=state.config.fsync)
     _settle_references(state, touched_all)
     state.count("organizations")
@@ -248,14 +248,11 @@ def reassign_near(state: StoreState, cids: set[int]) -> int:
     far = np.flatnonzero(got_scores[:, 0] < threshold) if threshold is not None else np.zeros(0, np.int64)
     if len(far):
         got_ids[far], got_scores[far] = _soft_assign_padded(state, vectors[rows[far]])
-    # Written in memory-id order, so each chunk's upserts walk the B-tree in key order.
-    order = np.argsort(state.rows.memory_id[rows], kind="stable")
-    rows, got_ids, got_scores = rows[order], got_ids[order], got_scores[order]
+    # One index update for the wave, in cluster order (each touched member list is rebuilt
+    # once); the database write sorts it by memory id (B-tree updates in key order).
     with state.catalog.transaction():
-        for lo in range(0, len(rows), REASSIGN_CHUNK):
-            sl = slice(lo, lo + REASSIGN_CHUNK)
-            idx.assign(rows[sl], routing.memberships(got_ids[sl], got_scores[sl], cfg.soft_k, cfg.spill_margin))
-            state.catalog.replace_assignment_arrays(state.rows.memory_id[rows[sl]], got_ids[sl], got_scores[sl])
+        idx.assign(rows, routing.memberships(got_ids, got_scores, cfg.soft_k, cfg.spill_margin))
+        state.catalog.replace_assignment_arrays(state.rows.memory_id[rows], got_ids, got_scores)
     return len(rows)
 
 
