@@ -603,18 +603,12 @@ impl Clusters {
             .enumerate()
             .map(|(j, &s)| {
                 let members = &self.slots[s].primary;
-                let nb: Vec<usize> = nid[j * near..(j + 1) * near].iter().filter(|&&x| x >= 0).map(|&x| x as usize).collect();
+                let nb: Vec<u32> = nid[j * near..(j + 1) * near].iter().filter(|&&x| x >= 0).map(|&x| x as u32).collect();
                 if members.is_empty() || nb.is_empty() {
                     return (Vec::new(), Vec::new(), Vec::new());
                 }
-                let mut b = vec![0.0f32; nb.len() * dim];
-                for (i, &c) in nb.iter().enumerate() {
-                    b[i * dim..(i + 1) * dim].copy_from_slice(&self.centres[c * dim..(c + 1) * dim]);
-                }
-                let mut a = vec![0.0f32; members.len() * dim];
-                for (i, &r) in members.iter().enumerate() {
-                    a[i * dim..(i + 1) * dim].copy_from_slice(&data[r as usize * dim..(r as usize + 1) * dim]);
-                }
+                let b = kmeans::gather(&self.centres, &nb, dim);
+                let a = kmeans::gather(data, members, dim);
                 let kk = k.min(nb.len());
                 let mut li = vec![-1i64; members.len() * kk];
                 let mut ls = vec![f32::NEG_INFINITY; members.len() * kk];
@@ -625,7 +619,7 @@ impl Clusters {
                     for c in 0..kk {
                         let l = li[i * kk + c];
                         if l >= 0 {
-                            out_ids[i * k + c] = self.slots[nb[l as usize]].id;
+                            out_ids[i * k + c] = self.slots[nb[l as usize] as usize].id;
                             out_sc[i * k + c] = ls[i * kk + c];
                         }
                     }

@@ -145,10 +145,7 @@ pub fn top_centres(
         .filter(|&grp| !rows_of[grp].is_empty() && !members[grp].is_empty())
         .map(|grp| {
             let (rs, ms) = (&rows_of[grp], &members[grp]);
-            let mut b = Vec::with_capacity(ms.len() * dim);
-            for &m in ms {
-                b.extend_from_slice(&centres[m as usize * dim..(m as usize + 1) * dim]);
-            }
+            let b = kmeans::gather(centres, ms, dim);
             let prep = PreparedB::new(&b, dim);
             let mut gi = vec![-1i64; rs.len() * k];
             let mut gs = vec![f32::NEG_INFINITY; rs.len() * k];

@@ -61,7 +61,8 @@ pub struct KMeans {
     pub labels: Vec<u32>,
 }
 
-fn gather(data: &[f32], ids: &[u32], dim: usize) -> Vec<f32> {
+/// The rows `ids` of `data` (row-major, `dim` wide), copied into one contiguous matrix.
+pub(crate) fn gather(data: &[f32], ids: &[u32], dim: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; ids.len() * dim];
     out.par_chunks_mut(dim * 1024).zip(ids.par_chunks(1024)).for_each(|(o, ch)| {
         for (i, &r) in ch.iter().enumerate() {

@@ -22,6 +22,11 @@ use crate::vectors::{Map, HEADER_LEN};
 /// (cluster ids, scores) arrays of a soft assignment.
 type IdsScores<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>);
 
+/// A row-major `rows` x `cols` result as a numpy matrix (the native side sized `v` so).
+fn matrix<'py, T: numpy::Element>(py: Python<'py>, rows: usize, cols: usize, v: Vec<T>) -> Bound<'py, PyArray2<T>> {
+    Array2::from_shape_vec((rows, cols), v).expect("shape").into_pyarray(py)
+}
+
 /// `search_one`'s answer: (rows, scores, clusters, memory ids) lists, rows scanned, probed list.
 type SearchOne<'py> = (
     Bound<'py, pyo3::types::PyList>,
@@ -213,7 +218,7 @@ impl PyVectorIndex {
 
     fn centres<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let (v, dim) = self.with(|ix| Ok((ix.centres(), ix.dim())))?;
-        Ok(Array2::from_shape_vec((v.len() / dim.max(1), dim), v).expect("shape").into_pyarray(py))
+        Ok(matrix(py, v.len() / dim.max(1), dim, v))
     }
 
     fn cluster_sizes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
@@ -252,8 +257,8 @@ impl PyVectorIndex {
         let n = vectors.shape()[0];
         let (ids, sc) = py.detach(|| self.with(|ix| ix.soft_assign(x, k)))?;
         Ok((
-            Array2::from_shape_vec((n, k), ids).expect("shape").into_pyarray(py),
-            Array2::from_shape_vec((n, k), sc).expect("shape").into_pyarray(py),
+            matrix(py, n, k, ids),
+            matrix(py, n, k, sc),
         ))
     }
 
@@ -327,8 +332,8 @@ impl PyVectorIndex {
         let n = rows.len();
         Ok((
             PyArray1::from_vec(py, rows),
-            Array2::from_shape_vec((n, k), ids).expect("shape").into_pyarray(py),
-            Array2::from_shape_vec((n, k), sc).expect("shape").into_pyarray(py),
+            matrix(py, n, k, ids),
+            matrix(py, n, k, sc),
         ))
     }
 
@@ -378,12 +383,12 @@ impl PyVectorIndex {
         let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: r, rows_vectors: rv };
         let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
         Ok((
-            Array2::from_shape_vec((nq, k), r.ids).expect("shape").into_pyarray(py),
-            Array2::from_shape_vec((nq, k), r.scores).expect("shape").into_pyarray(py),
-            Array2::from_shape_vec((nq, k), r.clusters).expect("shape").into_pyarray(py),
+            matrix(py, nq, k, r.ids),
+            matrix(py, nq, k, r.scores),
+            matrix(py, nq, k, r.clusters),
             PyArray1::from_vec(py, r.counts),
             PyArray1::from_vec(py, r.scanned),
-            Array2::from_shape_vec((nq, r.probe_width), r.probed).expect("shape").into_pyarray(py),
+            matrix(py, nq, r.probe_width, r.probed),
         ))
     }
 

@@ -400,8 +400,10 @@ class BackgroundCounts:
         self._by_ns: OrderedDict[int, tuple[dict[int, tuple[str, ...]], Counter[str]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def counts(self, ns: int, take: list[int], phrases_of: Callable[[list[int]], dict[int, dict[str, str]]]) -> Counter[str]:
-        """Counts over the rows ``take``; ``phrases_of(rows)`` gives the phrases of rows not
+    def counts(self, ns: int, take: list[int], phrases_of: Callable[[list[int]], dict[int, dict[str, str]]],
+               scale: float = 1.0) -> Counter[str]:
+        """Counts over the rows ``take``, each times ``scale`` (rounded: the sample stands for
+        ``scale`` times as many rows); ``phrases_of(rows)`` gives the phrases of rows not
         counted yet (a row it leaves out counts as having none, as before)."""
         with self._lock:
             held, df = self._by_ns.get(ns, ({}, Counter()))
@@ -423,7 +425,9 @@ class BackgroundCounts:
                 self._by_ns.popitem(last=False)
             # A copy: the ranking keeps the counts in closures used after this returns, and
             # the next pass updates the held ones in place.
-            return Counter(df)
+            if scale == 1.0:
+                return Counter(df)
+            return Counter({k: int(round(v * scale)) for k, v in df.items()})
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -930,9 +934,7 @@ def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache
     phr = {r: cache.get(t) for r, t in row_text.items()}
     bg_df: dict[int, tuple[Counter, int]] = {}
     for ns, (take, scale) in background.items():
-        df = cache.background.counts(ns, take.tolist(), lambda rows: _phrases_of_rows(state, rows, cache))
-        if scale != 1.0:
-            df = Counter({k: int(round(v * scale)) for k, v in df.items()})
+        df = cache.background.counts(ns, take.tolist(), lambda rows: _phrases_of_rows(state, rows, cache), scale)
         bg_df[ns] = (df, int(round(len(take) * scale)))
     out = {}
     for c, m in members.items():

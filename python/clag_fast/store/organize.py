@@ -235,15 +235,11 @@ def reassign_near(state: StoreState, cids: set[int]) -> int:
         return 0
     if len(ids) <= NEAR_CENTRES:  # every centre is near: the exact path costs the same
         return reassign(state, np.concatenate([idx.members(c) for c in want.tolist()]))
-    k = min(cfg.soft_k, NEAR_CENTRES)
-    rows, near_ids, near_scores = idx.near_assign(want, NEAR_CENTRES, k)
+    # soft_k columns, padded by the core where fewer centres are near.
+    rows, got_ids, got_scores = idx.near_assign(want, NEAR_CENTRES, cfg.soft_k)
     if len(rows) == 0:
         return 0
     vectors = idx.vectors()
-    got_ids = np.full((len(rows), cfg.soft_k), -1, np.int64)
-    got_scores = np.full((len(rows), cfg.soft_k), -np.inf, np.float32)
-    got_ids[:, :k] = near_ids
-    got_scores[:, :k] = near_scores
     threshold = cfg.slm.new_cluster_threshold
     far = np.flatnonzero(got_scores[:, 0] < threshold) if threshold is not None else np.zeros(0, np.int64)
     if len(far):
