@@ -8,7 +8,7 @@ step the index's cluster state and the database must agree:
 * deleted and replaced rows are in no cluster, primary or secondary;
 * cluster sizes equal their member counts, and no row points at a dropped cluster;
 * each centre is the normalised sum of its primary members (no anchors without an SLM);
-* the assignments table's rank-0 cluster is the index's primary cluster of every live memory.
+* the assignment records' rank-0 cluster is the index's primary cluster of every live memory.
 """
 
 from __future__ import annotations
@@ -72,14 +72,14 @@ def check_invariants(store: MemoryStore) -> None:
             np.testing.assert_allclose(centres[slot], s / np.linalg.norm(s), atol=2e-4)
     # Exactly one primary cluster per assigned row.
     assert (seen == (primary >= 0)).all()
-    # The database's rank-0 cluster is the index's primary.
-    rank0 = {m: c for m, r, c, _a in state.catalog.assignments() if r == 0}
-    for row in np.flatnonzero(live).tolist():
-        mid = int(rows.memory_id[row])
+    # The assignment record's rank-0 cluster is the index's primary.
+    live_rows = np.flatnonzero(live)
+    rank0 = state.assignments.read(live_rows)[0][:, 0]
+    for row, first in zip(live_rows.tolist(), rank0.tolist()):
         if primary[row] >= 0:
-            assert rank0.get(mid) == int(primary[row]), (mid, rank0.get(mid), int(primary[row]))
+            assert first == int(primary[row]), (row, first, int(primary[row]))
         else:
-            assert rank0.get(mid) not in alive
+            assert first not in alive
     assert len(store) == int(live.sum())
 
 

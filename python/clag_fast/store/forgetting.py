@@ -34,7 +34,7 @@ def forget(state: StoreState, now: float) -> dict[str, Any]:
                 state.index.drop_cluster(cid)
             report["archived_clusters"].append(cid)
         state.catalog.archive_clusters(stale)
-    state.index.flush()
+    state.flush_index()
     return report
 
 

@@ -37,7 +37,8 @@ from clag_fast.store.rowtable import RowTable
 from clag_fast.store.search import Searcher
 from clag_fast.store.locks import WriterLock
 from clag_fast.store.recovery import DB_NAME, INDEX_DIR
-from clag_fast.store.state import StoreState
+from clag_fast.store.assignments import Assignments
+from clag_fast.store.state import ASSIGNMENTS, StoreState
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,9 @@ class MemoryStore:
             self._searcher = Searcher(self._state, recovery.open_lexical(self._state, lexical))
             self._slm = SLMScheduler(self._state, llm, lambda texts: self._vectors(texts, None))
             self._closed = False
-            if not read_only:
-                with self._state.lock.write():
+            with self._state.lock.write():
+                recovery.adopt_legacy_assignments(self._state)
+                if not read_only:
                     recovery.rebuild_clusters(self._state)
                     recovery.reconcile(self._state)
         except BaseException:
@@ -239,7 +241,7 @@ class MemoryStore:
         if self._slm is not None:
             self._slm.close()
         if self._state is not None:
-            self._state.index.close()
+            self._state.close_index()
         if self._catalog is not None:
             self._catalog.close()
         if self._writer_lock is not None:
@@ -372,7 +374,7 @@ class MemoryStore:
                                               rows[fresh].tolist(), _take(keys, fresh))
                 self._catalog.replace_memories(_take(ids, old), _take(texts, old), _take(kinds, old),
                                                _take(meta_json, old), rows[old].tolist())
-            placement.record_placement(state, ids, texts, placed, now)
+            placement.record_placement(state, rows, texts, placed, now)
         self._searcher.lexical.add(rows, texts, namespaces)  # after the commit; replayed from SQLite on open
         r = state.rows
         r.settle_access()  # the replaced memories' counts are read below
@@ -400,7 +402,7 @@ class MemoryStore:
         state.cache.clear()
         self._slm.note_routes(ids, rows, texts, placed)
         if self.config.fsync:
-            state.index.flush()
+            state.flush_index()
         return ids
 
     def update(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default",
@@ -428,7 +430,7 @@ class MemoryStore:
                     new_row = state.index.append(vectors)
                     placed = placement.route_new_rows(state, new_row, state.index.vectors()[new_row])
                     self._catalog.set_text(memory_id, text, int(new_row[0]))
-                    placement.record_placement(state, [memory_id], [text], placed, time.time())
+                    placement.record_placement(state, new_row, [text], placed, time.time())
             if vectors is not None:
                 r = state.rows
                 self._searcher.lexical.add(new_row, [text], [r.name("namespace", old_row)])
@@ -534,7 +536,7 @@ class MemoryStore:
         self._slm.drain()
         with self._state.lock.write():
             self._state.flush_access()
-            self._state.index.flush()
+            self._state.flush_index()
             self._save_lexical()
 
     def _save_lexical(self) -> None:
@@ -710,10 +712,10 @@ class MemoryStore:
         """The memory with this id, or with this ``key`` in ``namespace`` (exactly one of the
         two); KeyError naming it when there is none. Archived memories are returned too."""
         self._check_open()
-        r = self._catalog.memory(self._resolve(memory_id, key, namespace))
-        if r is None:
+        found = self._memories([self._resolve(memory_id, key, namespace)])
+        if not found:
             raise KeyError(f"no memory with id {memory_id}")
-        return _memory(r)
+        return found[0]
 
     def get_many(self, memory_ids: Sequence[int] | None = None, *, keys: Sequence[str] | None = None,
                  namespace: str = "default") -> list[Memory]:
@@ -728,7 +730,7 @@ class MemoryStore:
             ids = [found[k][0] for k in keys if k in found]
         else:
             ids = [_check_id(m) for m in memory_ids]
-        return [_memory(r) for r in self._catalog.memories(ids)]
+        return self._memories(ids)
 
     def memories(self, namespace: str | None = None, cluster: int | None = None,
                  where: dict[str, Any] | None = None, kind: str | None = None, limit: int = 100,
@@ -759,7 +761,7 @@ class MemoryStore:
                 mids = np.partition(mids, limit)[: limit + 1]
             mids = np.sort(mids)
             page = mids[:limit].tolist()
-            items = [_memory(r) for r in self._catalog.memories(page)]
+            items = self._memories(page)
         more = len(mids) > limit
         return MemoryPage(items, _make_cursor(page[-1]) if more and page else None)
 
@@ -853,9 +855,11 @@ class MemoryStore:
             return
         state = self._state
         with state.lock.write():
-            state.index.close()
+            state.close_index()
             state.index = recovery.open_index(self.path, self.config.dim, True,
                                               rows_needed=self._catalog.max_vector_row() + 1)
+            state.assignments = Assignments(self.path / ASSIGNMENTS, self.config.soft_k, True)
+            recovery.adopt_legacy_assignments(state)
             state.rows = RowTable()
             state.fields = FieldTable()
             state.cache.clear()
@@ -917,6 +921,15 @@ class MemoryStore:
 
             self._embedder = Embedder(precision=self._embed_precision or "auto")
         return self._embedder
+
+    def _memories(self, memory_ids: list[int]) -> list[Memory]:
+        """The memories of ``memory_ids`` that exist, in the order asked, each with its
+        clusters and affinities from the assignment records (clusters the database no longer
+        lists are left out: a dropped cluster's pairs stay in the records until re-assignment)."""
+        found = self._catalog.memories(memory_ids)
+        pairs = self._state.assignments.pairs([r[10] for r in found])
+        listed = self._catalog.listed_clusters([c for p in pairs for c, _ in p])
+        return [_memory(r, [(c, a) for c, a in p if c in listed]) for r, p in zip(found, pairs)]
 
     def _resolve(self, memory_id: int | None, key: str | None, namespace: str) -> int:
         """The memory id named by an id or by a key in a namespace (exactly one given)."""
@@ -1075,9 +1088,9 @@ def _take(items: Sequence[Any], at: Sequence[int]) -> list[Any]:
     return [items[i] for i in at]
 
 
-def _memory(r: tuple) -> Memory:
-    """A ``Memory`` from ``Catalog.memories``' tuple."""
-    return Memory(*r[:9], r[9] != catalog_mod.LIVE, r[10], r[11])
+def _memory(r: tuple, clusters: list[tuple[int, float]]) -> Memory:
+    """A ``Memory`` from ``Catalog.memories``' tuple and its (cluster, affinity) pairs."""
+    return Memory(*r[:9], r[9] != catalog_mod.LIVE, clusters, r[11])
 
 
 def _make_cursor(memory_id: int) -> str:

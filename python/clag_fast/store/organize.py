@@ -90,7 +90,7 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
     # Rows synced, the state saved so a reopen finds it; the state file itself is fsynced
     # only with ``StoreConfig.fsync`` (derived state: one lost with the power is rebuilt on
     # open from the rows and the database).
-    idx.flush(durable=state.config.fsync)
+    state.flush_index(durable=state.config.fsync)
     _settle_references(state, touched_all)
     state.count("organizations")
     state.cache.clear()
@@ -109,7 +109,7 @@ def create_label_clusters(state: StoreState, labels: list[str], vectors: np.ndar
     with state.catalog.transaction():
         add_clusters(state, new, now, profiles, profiled=True)
     reassign(state, state.rows.live_rows())
-    idx.flush()
+    state.flush_index()
     return [c for c, _ in new]
 
 
@@ -206,19 +206,19 @@ def _merge_redundant(state: StoreState, report: dict, now: float) -> set[int]:
 
 
 def reassign(state: StoreState, rows: np.ndarray) -> int:
-    """Recompute the soft assignment of ``rows`` against the current centres (index + db)."""
+    """Recompute the soft assignment of ``rows`` against the current centres (index and
+    assignment records)."""
     if len(rows) == 0:
         return 0
     idx, cfg = state.index, state.config
     vectors = idx.vectors()
     # In chunks: a split wave can re-assign most of a large store at once, and one gather of
     # every row's vector would hold a copy of the whole vector file in memory.
-    with state.catalog.transaction():
-        for lo in range(0, len(rows), REASSIGN_CHUNK):
-            part = rows[lo:lo + REASSIGN_CHUNK]
-            ids, scores = idx.soft_assign(vectors[part], k=cfg.soft_k)
-            idx.assign(part, routing.memberships(ids, scores, cfg.soft_k, cfg.spill_margin))
-            state.catalog.replace_assignment_arrays(state.rows.memory_id[part], ids, scores)
+    for lo in range(0, len(rows), REASSIGN_CHUNK):
+        part = rows[lo:lo + REASSIGN_CHUNK]
+        ids, scores = idx.soft_assign(vectors[part], k=cfg.soft_k)
+        idx.assign(part, routing.memberships(ids, scores, cfg.soft_k, cfg.spill_margin))
+        state.assignments.write(part, ids, scores)
     return len(rows)
 
 
@@ -244,11 +244,9 @@ def reassign_near(state: StoreState, cids: set[int]) -> int:
     far = np.flatnonzero(got_scores[:, 0] < threshold) if threshold is not None else np.zeros(0, np.int64)
     if len(far):
         got_ids[far], got_scores[far] = _soft_assign_padded(state, vectors[rows[far]])
-    # One index update for the wave, in cluster order (each touched member list is rebuilt
-    # once); the database write sorts it by memory id (B-tree updates in key order).
-    with state.catalog.transaction():
-        idx.assign(rows, routing.memberships(got_ids, got_scores, cfg.soft_k, cfg.spill_margin))
-        state.catalog.replace_assignment_arrays(state.rows.memory_id[rows], got_ids, got_scores)
+    # One index update for the wave, in cluster order (each touched member list is rebuilt once).
+    idx.assign(rows, routing.memberships(got_ids, got_scores, cfg.soft_k, cfg.spill_margin))
+    state.assignments.write(rows, got_ids, got_scores)
     return len(rows)
 
 

@@ -97,10 +97,10 @@ def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> 
     return placement
 
 
-def record_placement(state: StoreState, memory_ids: list[int], texts: list[str],
+def record_placement(state: StoreState, rows: np.ndarray, texts: list[str],
                      placement: Placement, now: float) -> None:
-    """Inside the caller's transaction: save the clusters a batch opened and the memories'
-    assignments. A new cluster is labelled by its first memory until the next profile pass
+    """Inside the caller's transaction: save the clusters a batch opened; then the rows'
+    assignment records. A new cluster is labelled by its first memory until the next profile pass
     (SLM or vector) rewrites it, so no hit is ever returned unlabelled."""
     provisional = {}
     if placement.new_clusters:
@@ -109,7 +109,7 @@ def record_placement(state: StoreState, memory_ids: list[int], texts: list[str],
         for c, _ in placement.new_clusters:
             provisional[c] = vector_profile([texts[first_row[c]]])
     add_clusters(state, placement.new_clusters, now, provisional)
-    state.catalog.replace_assignment_arrays(np.asarray(memory_ids, np.int64), placement.ids, placement.affin)
+    state.assignments.write(rows, placement.ids, placement.affin)
 
 
 def add_clusters(state: StoreState, clusters: list[tuple[int, str]], now: float,
@@ -128,10 +128,9 @@ def move_rows(state: StoreState, memory_ids: list[int], rows: np.ndarray, target
     if not keep:
         return
     rows = rows[keep]
-    memory_ids = [memory_ids[i] for i in keep]
     targets_a = np.asarray([targets[i] for i in keep], np.int64)
     slot = {c: i for i, c in enumerate(ids.tolist())}
     centres = idx.centres()[[slot[t] for t in targets_a.tolist()]]
     sims = np.einsum("ij,ij->i", centres, idx.vectors()[rows])
     idx.assign(rows, targets_a)
-    state.catalog.replace_assignments(memory_ids, [[(int(t), float(s))] for t, s in zip(targets_a, sims)])
+    state.assignments.write(rows, targets_a[:, None], sims[:, None])

@@ -3,7 +3,9 @@ costs data, and never silently hides it.
 
 * The cluster file (``index/clusters.bin``) is derived state: a corrupt or unreadable one is
   moved aside (``clusters.bin.corrupt-<time>``) with a warning and the clusters are rebuilt
-  from the database's assignments and the vectors (``rebuild_clusters``).
+  from the database's clusters, the assignment records and the vectors (``rebuild_clusters``).
+* The assignment records (``index/assignments.bin``) follow the index: an unreadable file is
+  moved aside and rebuilt, and records a power loss took are rewritten (``settle_assignments``).
 * The database is the source of truth for which memories exist: a database that is missing,
   empty or brand new beside a vector file holding rows is refused, naming both files, rather
   than opened as an empty store.
@@ -24,6 +26,7 @@ import numpy as np
 from clag_fast.errors import StoreFormatError
 from clag_fast.index import VectorIndex
 from clag_fast.store import routing
+from clag_fast.store.assignments import renumbered
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.organize import reassign, sync_clusters
 from clag_fast.store.state import StoreState
@@ -104,33 +107,23 @@ def _open(path: Path, dim: int, read_only: bool, writable_store: bool) -> Vector
 
 
 def rebuild_clusters(state: StoreState) -> int:
-    """Recreate the clusters of an index that lost its cluster file, from the database: one
-    cluster per live cluster row, members from each memory's stored assignment (rank 0 is the
-    primary; a lower rank is a secondary membership within ``spill_margin`` of it, as routing
-    decides). Cluster ids are new (the index numbers them); the database is renumbered to
-    match in one transaction. Returns the clusters rebuilt."""
+    """Recreate the clusters of an index that lost its cluster file, from the database's
+    clusters and the assignment records: one cluster per live cluster row, members from each
+    memory's record (rank 0 is the primary; a lower rank is a secondary membership within
+    ``spill_margin`` of it, as routing decides). Cluster ids are new (the index numbers them);
+    the database and the records are renumbered to match. Returns the clusters rebuilt."""
     idx, cfg, rows = state.index, state.config, state.rows
     known = sorted(state.catalog.cluster_ids())
     if not known or len(idx.cluster_ids()):
         return 0
-    assignments = state.catalog.assignments()
     mapping = {old: idx.new_cluster() for old in known}
-    row_of = {int(m): r for r, m in enumerate(rows.memory_id[: rows.n].tolist()) if m >= 0}
-    by_memory: dict[int, list[tuple[int, float]]] = {}
-    for mid, _rank, cid, aff in assignments:
-        if cid in mapping and mid in row_of and rows.live[row_of[mid]]:
-            by_memory.setdefault(mid, []).append((mapping[cid], aff))
-    if by_memory:
-        mids = list(by_memory)
-        k = cfg.soft_k
-        ids = np.full((len(mids), k), -1, np.int64)
-        scores = np.full((len(mids), k), -np.inf, np.float32)
-        for i, m in enumerate(mids):
-            for j, (c, a) in enumerate(by_memory[m][:k]):
-                ids[i, j], scores[i, j] = c, a
-        idx.assign(np.asarray([row_of[m] for m in mids], np.int64),
-                   routing.memberships(ids, scores, k, cfg.spill_margin))
+    live = rows.live_rows()
+    ids, aff = renumbered(*state.assignments.read(live), mapping)
+    placed = ids[:, 0] >= 0
+    if placed.any():
+        idx.assign(live[placed], routing.memberships(ids[placed], aff[placed], cfg.soft_k, cfg.spill_margin))
     state.catalog.renumber_clusters(mapping)
+    state.assignments.renumber(mapping)
     state.profiles = state.catalog.profiles()
     # Empty clusters (their members were all deleted) would only waste probes.
     ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
@@ -138,24 +131,66 @@ def rebuild_clusters(state: StoreState) -> int:
     for cid in ids[sizes == 0].tolist():
         if cid not in templates:
             idx.drop_cluster(cid)
-    idx.flush()
-    log.warning("%s: rebuilt %d clusters from the database", state.path, len(mapping))
+    state.flush_index()
+    log.warning("%s: rebuilt %d clusters from the database and the assignment records", state.path, len(mapping))
     return len(mapping)
 
 
+def adopt_legacy_assignments(state: StoreState) -> int:
+    """A store made before ``index/assignments.bin`` kept its assignments in the database:
+    copy them into the file, make it durable, then empty the table (a crash in between
+    copies them again on the next open). A read-only store holds them in memory instead.
+    Returns the records copied."""
+    if not state.catalog.has_legacy_assignments():
+        return 0
+    rows, ids, aff = state.catalog.legacy_assignments()
+    state.assignments.write(rows, ids, aff)
+    if state.read_only:
+        return len(rows)  # held in memory (no file to write): the next writer moves them
+    state.assignments.flush()
+    state.catalog.drop_legacy_assignments()
+    log.info("%s: %d assignments moved from the database to the assignment records", state.path, len(rows))
+    return len(rows)
+
+
+def settle_assignments(state: StoreState) -> int:
+    """Make every live row's record agree with the index on its primary cluster. They part
+    only after a power loss took records written since the last sync, or when the file was
+    lost: such a row gets its index primary with that centre's similarity as its affinity.
+    Returns the records rewritten."""
+    idx, rows = state.index, state.rows
+    ids = idx.cluster_ids()
+    live = rows.live_rows()
+    if len(ids) == 0 or len(live) == 0:
+        return 0
+    primary = idx.cluster_of(live)
+    recorded, _ = state.assignments.read(live)
+    off = np.flatnonzero((primary >= 0) & (recorded[:, 0] != primary))
+    if len(off) == 0:
+        return 0
+    rows_off, cids = live[off], primary[off]
+    centres = idx.centres()[np.searchsorted(ids, cids)]  # cluster_ids() is ascending
+    sims = np.einsum("ij,ij->i", centres, idx.vectors()[rows_off]).astype(np.float32)
+    state.assignments.write(rows_off, cids[:, None], sims[:, None])
+    log.warning("%s: %d assignment records rebuilt from the clusters", state.path, len(off))
+    return int(len(off))
+
+
 def reconcile(state: StoreState) -> dict[str, int]:
-    """After open: make the index's cluster state and the database agree.
+    """After open: make the index's cluster state, the assignment records and the database
+    agree.
 
     The cluster state on disk is the last one saved (organisation, flush, close); memories
     added after it are unassigned in the index, and clusters opened after it are unknown to
     it. Unknown clusters are dropped from the database, rows the index does not place are
-    routed again, and rows the database no longer holds are removed from the clusters.
+    routed again, rows the database no longer holds are removed from the clusters, and the
+    records follow the index (``settle_assignments``).
     """
     idx, rows = state.index, state.rows
     live = rows.live_rows()
     with state.catalog.transaction():
         sync_clusters(state, time.time())
-    fixed = {"rerouted": 0, "unassigned": 0}
+    fixed = {"rerouted": 0, "unassigned": 0, "records": 0}
     n_idx = len(idx)
     if n_idx:
         placed = idx.cluster_of(np.arange(n_idx, dtype=np.int64))
@@ -169,9 +204,10 @@ def reconcile(state: StoreState) -> dict[str, int]:
                 fixed["rerouted"] = reassign(state, lost)
         elif len(live):
             # No clusters in the index: every stored assignment is stale.
-            state.catalog.clear_assignments()
-    if fixed["rerouted"] or fixed["unassigned"]:
-        idx.flush()
+            state.assignments.clear()
+    fixed["records"] = settle_assignments(state)
+    if any(fixed.values()):
+        state.flush_index()
         log.warning("recovered %s: %s", state.path, fixed)
     return fixed
 

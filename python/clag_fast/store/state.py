@@ -19,10 +19,14 @@ import numpy as np
 from clag_fast.config import StoreConfig
 from clag_fast.embed.vector_cache import VectorCache
 from clag_fast.index import VectorIndex
+from clag_fast.store.assignments import Assignments
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.fields import FieldTable
 from clag_fast.store.locks import RWLock
 from clag_fast.store.rowtable import RowTable
+
+#: The assignment records, beside the vectors (``store.assignments``).
+ASSIGNMENTS = "index/assignments.bin"
 
 #: Searches whose cluster hits are recorded before they are folded into ``AccessLog.clusters``.
 HIT_BATCH = 256
@@ -148,6 +152,8 @@ class StoreState:
     access: AccessLog = field(default_factory=AccessLog)
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     cache: ResultCache = field(init=False)
+    # Per vector row, its soft assignment (clusters and affinities): index/assignments.bin.
+    assignments: Assignments = field(init=False)
     embed_cache: VectorCache = field(init=False)  # text -> vector; writes do not clear it
     # (cluster ids, their centres) at the end of the last organisation in this process: the
     # next one re-assigns the members of clusters whose centre moved since (organize.drifted).
@@ -156,6 +162,7 @@ class StoreState:
     def __post_init__(self) -> None:
         self.cache = ResultCache(self.config.cache_size)
         self.embed_cache = VectorCache(self.config.embed_cache)
+        self.assignments = Assignments(self.path / ASSIGNMENTS, self.config.soft_k, self.read_only)
 
     def __len__(self) -> int:
         """Live memories."""
@@ -180,6 +187,16 @@ class StoreState:
         self.rows.kill(rows)
         self.rows.memory_id[rows] = -1
         self.cache.clear()
+
+    def flush_index(self, durable: bool = True) -> None:
+        """Save the index (rows synced, cluster state written; ``durable``: the state file
+        fsynced too) and sync the assignment records with it."""
+        self.index.flush(durable=durable)
+        self.assignments.flush(durable)
+
+    def close_index(self) -> None:
+        self.index.close()
+        self.assignments.close()
 
     def flush_access(self) -> None:
         accesses, hits = self.access.take(self.rows)
