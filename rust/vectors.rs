@@ -57,6 +57,23 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
+/// FNV-1a over 8-byte little-endian words (the tail bytes one by one): a checksum for large
+/// files, 8x fewer dependent multiplies than the byte-wise `fnv1a`.
+pub fn fnv1a_words(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    for w in words {
+        h ^= u64::from_le_bytes(w.try_into().unwrap());
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    for &b in tail {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
 fn slot_checksum(dim: u32, seq: u64, count: u64) -> u64 {
     let mut b = Vec::with_capacity(32);
     b.extend_from_slice(&MAGIC);
