@@ -1,8 +1,8 @@
 """The store's SQLite database: schema, migrations and every SQL statement the store runs.
 
-The database holds everything but the vectors: memory texts and metadata, cluster profiles,
-soft assignments and links. Vectors and cluster centres live in the native index beside it
-(``VectorIndex``); ``memories.vector_row`` is the join key. No other module writes SQL: they
+The database holds memory texts and metadata, cluster profiles and links. Vectors and cluster
+centres live in the native index beside it (``VectorIndex``), soft assignments in their
+per-row records (``store.assignments``); ``memories.vector_row`` is the join key. No other module writes SQL: they
 call :class:`Catalog`'s methods, so a schema change touches this file only.
 """
 

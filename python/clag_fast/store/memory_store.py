@@ -1,8 +1,9 @@
 """MemoryStore: the public API joining the native index, the embedder and the SLM organiser.
 
 One directory holds a store:
-  memories.db   SQLite (WAL): texts, metadata, cluster profiles, soft assignments, links
-  index/        the native VectorIndex: memory-mapped vectors + cluster state
+  memories.db   SQLite (WAL): texts, metadata, cluster profiles, links
+  index/        the native VectorIndex (memory-mapped vectors + cluster state), the soft
+                assignment records (assignments.bin) and the lexical index
   LOCK          the writer's lock file
 
 Write order (why a crash never loses a returned add): the vector row is appended first, then
