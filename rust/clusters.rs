@@ -111,11 +111,25 @@ impl Secondary {
         self.inline.resize(n, [EMPTY, EMPTY]);
     }
     pub fn get(&self, r: u32) -> Vec<u32> {
-        let mut v: Vec<u32> = self.inline[r as usize].iter().copied().filter(|&s| s != EMPTY).collect();
-        if let Some(o) = self.overflow.get(&r) {
-            v.extend_from_slice(o);
-        }
+        let mut v = Vec::new();
+        self.get_into(r, &mut v);
         v
+    }
+    /// `get` into a buffer the caller reuses (no allocation per row in a re-assignment wave).
+    pub fn get_into(&self, r: u32, out: &mut Vec<u32>) {
+        out.clear();
+        let i = self.inline[r as usize];
+        if i[0] == EMPTY {
+            return;
+        }
+        out.push(i[0]);
+        if i[1] == EMPTY {
+            return; // overflow only exists past two slots: no map lookup
+        }
+        out.push(i[1]);
+        if let Some(o) = self.overflow.get(&r) {
+            out.extend_from_slice(o);
+        }
     }
     #[inline]
     pub fn contains(&self, r: u32, s: u32) -> bool {
@@ -139,11 +153,12 @@ impl Secondary {
     }
     pub fn set(&mut self, r: u32, slots: &[u32]) {
         let e = &mut self.inline[r as usize];
+        let had_two = e[1] != EMPTY; // an overflow entry can only exist then
         e[0] = slots.first().copied().unwrap_or(EMPTY);
         e[1] = slots.get(1).copied().unwrap_or(EMPTY);
         if slots.len() > 2 {
             self.overflow.insert(r, slots[2..].to_vec());
-        } else {
+        } else if had_two {
             self.overflow.remove(&r);
         }
     }
@@ -395,6 +410,7 @@ impl Clusters {
         // every row: one bit test per row, where a hash set cost more than the rest of a
         // large re-assignment wave's bookkeeping).
         let mut seen = vec![0u64; self.primary_of.len().div_ceil(64)];
+        let (mut old_sec, mut dedup) = (Vec::new(), Vec::new());
         for i in (0..rows.len()).rev() {
             let r = rows[i];
             let (word, bit) = (r as usize / 64, 1u64 << (r % 64));
@@ -430,12 +446,12 @@ impl Clusters {
                 }
                 self.primary_of[r as usize] = new;
             }
-            let old_sec = self.sec.get(r);
+            self.sec.get_into(r, &mut old_sec);
             let new_sec: &[u32] = match secs {
                 Some(s) => &s[i],
                 None => &old_sec,
             };
-            let mut dedup = Vec::with_capacity(new_sec.len());
+            dedup.clear();
             for &s in new_sec {
                 if s != new && !dedup.contains(&s) {
                     dedup.push(s);
