@@ -181,3 +181,30 @@ def test_a_database_holding_assignments_moves_them_into_the_file(tmp_path, schem
     con.close()
     with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
         assert {m.memory_id: m.clusters for m in s.get_many(ids)} == before
+
+
+def test_the_database_is_checkpointed_only_after_the_rows_are_synced(tmp_path, monkeypatch):
+    """No automatic checkpoints: the database file takes the log's pages at flush points (the
+    rows synced first), or once CHECKPOINT_ROWS rows were added since the last one."""
+    from clag_fast.store import memory_store
+
+    cfg = StoreConfig(organize_every=0, min_memories_to_cluster=10_000, slm="off", dim=8)
+    db = tmp_path / "s" / "memories.db"
+    vecs = np.random.default_rng(1).standard_normal((8200, 8)).astype(np.float32)
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+        s.flush()
+        size = db.stat().st_size
+        # ~5 MB of log: SQLite's automatic checkpoint would have run at 4 MB.
+        s.add_many([f"m{i} " + "x" * 600 for i in range(8000)], embeddings=vecs[:8000])
+        assert db.stat().st_size == size, "a commit checkpointed by itself"
+        assert (tmp_path / "s" / "memories.db-wal").stat().st_size > 0
+        s.flush()
+        grown = db.stat().st_size
+        assert grown > size
+        monkeypatch.setattr(memory_store, "CHECKPOINT_ROWS", 150)
+        s.add_many([f"n{i}" for i in range(100)], embeddings=vecs[8000:8100])
+        assert db.stat().st_size == grown and s._state.rows_since_checkpoint == 100
+        s.add_many([f"o{i}" for i in range(100)], embeddings=vecs[8100:])
+        assert db.stat().st_size > grown and s._state.rows_since_checkpoint == 0
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+        assert len(s) == 8200

@@ -169,6 +169,12 @@ def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
             # NORMAL in WAL mode survives a process crash (SIGKILL) at any point; only an OS
             # crash or power loss can lose the last transactions (StoreConfig.fsync covers that).
             conn.execute("PRAGMA synchronous=NORMAL")
+            # No automatic checkpoints: a checkpoint makes the database durable, and it must
+            # not reference vector rows that are not (the store's rows are synced first, then
+            # ``Catalog.checkpoint``, at every organisation, flush and close, and after
+            # ``store.state.CHECKPOINT_ROWS`` added rows). Fewer, larger checkpoints also write
+            # each page once instead of at every 4 MB of log.
+            conn.execute("PRAGMA wal_autocheckpoint=0")
             # A 64 MiB page cache (the default is 2 MiB): a million-memory store's tables and
             # indexes then stay in SQLite's cache while batches are inserted. Pages are only
             # allocated as used, so a small store does not pay for it.
@@ -311,6 +317,12 @@ class Catalog:
 
     def close(self) -> None:
         self.db.close()
+
+    def checkpoint(self) -> None:
+        """Copy the write-ahead log into the database (not inside a transaction; readers in
+        other processes are not waited for: what they still use is copied next time)."""
+        if not self.db.in_transaction:
+            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def transaction(self) -> transaction:
         return transaction(self.db)

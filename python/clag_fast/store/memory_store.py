@@ -39,7 +39,7 @@ from clag_fast.store.search import Searcher
 from clag_fast.store.locks import WriterLock
 from clag_fast.store.recovery import DB_NAME, INDEX_DIR
 from clag_fast.store.assignments import Assignments
-from clag_fast.store.state import ASSIGNMENTS, StoreState
+from clag_fast.store.state import ASSIGNMENTS, CHECKPOINT_ROWS, StoreState
 
 log = logging.getLogger(__name__)
 
@@ -402,8 +402,11 @@ class MemoryStore:
             self._searcher.lexical.mark_synced(before, r.version)  # only rows added, all counted
         state.cache.clear()
         self._slm.note_routes(ids, rows, texts, placed)
+        state.rows_since_checkpoint += len(ids)
         if self.config.fsync:
             state.flush_index()
+        elif state.rows_since_checkpoint > CHECKPOINT_ROWS:
+            state.flush_index(durable=False)
         return ids
 
     def update(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default",

@@ -25,6 +25,11 @@ from clag_fast.store.fields import FieldTable
 from clag_fast.store.locks import RWLock
 from clag_fast.store.rowtable import RowTable
 
+#: Rows added since the last checkpoint past which an add syncs the rows and checkpoints the
+#: database (a store not organised periodically, organize_every=0, would otherwise grow its
+#: write-ahead log until close: ~0.7 kB per memory).
+CHECKPOINT_ROWS = 65_536
+
 #: The assignment records, beside the vectors (``store.assignments``).
 ASSIGNMENTS = "index/assignments.bin"
 
@@ -158,6 +163,7 @@ class StoreState:
     # (cluster ids, their centres) at the end of the last organisation in this process: the
     # next one re-assigns the members of clusters whose centre moved since (organize.drifted).
     organized_centres: tuple[np.ndarray, np.ndarray] | None = None
+    rows_since_checkpoint: int = 0
 
     def __post_init__(self) -> None:
         self.cache = ResultCache(self.config.cache_size)
@@ -190,9 +196,13 @@ class StoreState:
 
     def flush_index(self, durable: bool = True) -> None:
         """Save the index (rows synced, cluster state written; ``durable``: the state file
-        fsynced too) and sync the assignment records with it."""
+        fsynced too), sync the assignment records with it, then checkpoint the database (the
+        only checkpoints it gets: ``catalog.connect``)."""
         self.index.flush(durable=durable)
         self.assignments.flush(durable)
+        if not self.read_only:
+            self.catalog.checkpoint()  # after the rows it may reference are synced
+            self.rows_since_checkpoint = 0
 
     def close_index(self) -> None:
         self.index.close()
