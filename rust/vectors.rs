@@ -296,6 +296,7 @@ impl VectorFile {
                 .write_all_at(bytes, off as u64)
                 .map_err(|e| Error::Io(format!("{}: cannot write rows: {e}", self.path.display())))?;
         }
+        start_writeback(&self.file, HEADER_LEN + first * rb, n * rb);
         // Rows must be in memory before the count that makes them visible.
         fence(Ordering::Release);
         self.commit(first + n);
@@ -407,6 +408,23 @@ fn create(path: &Path, dim: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// Ask the kernel to start writing a just-appended byte range to disk, without waiting: the
+/// next `sync` (an organisation's, a flush's) then finds the pages clean or in flight instead
+/// of writing tens of MB while the caller waits (at 300k-400k memories the syncs of
+/// organisation waited ~0.8 s of I/O per 100k adds). Linux only; a no-op elsewhere, and a
+/// failure is ignored (the sync still writes whatever is left).
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &File, off: usize, len: usize) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on an open descriptor; no memory is passed.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), off as libc::off64_t, len as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _off: usize, _len: usize) {}
 
 #[cfg(test)]
 mod tests {
