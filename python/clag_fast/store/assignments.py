@@ -54,8 +54,9 @@ class Assignments:
         self.path = path
         self.read_only = read_only
         self.k = k
-        self._ids: np.ndarray = np.zeros((0, k), np.int64)
-        self._aff: np.ndarray = np.zeros((0, k), np.float32)
+        # (cluster ids + 1, affinities), one pair so a reader never sees one array of a new
+        # mapping with the other of the old (``get`` reads without the store's lock).
+        self._rec: tuple[np.ndarray, np.ndarray] = _empty(k)
         self._mm: np.memmap | None = None
         # Read-only without a file (a store made before it, not yet opened by a writer): the
         # records live in memory (``recovery.adopt_legacy_assignments`` fills them).
@@ -103,19 +104,19 @@ class Assignments:
         self.k = k
         if cap == 0:
             self._mm = None
-            self._ids, self._aff = np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+            self._rec = _empty(k)
             return
         self._mm = np.memmap(path, dtype=dt, mode="r" if self.read_only else "r+", offset=HEADER, shape=(cap,))
-        self._ids, self._aff = self._mm["ids"], self._mm["aff"]
+        self._rec = (self._mm["ids"], self._mm["aff"])
 
     def _convert(self, k: int) -> None:
         """Rewrite the records with ``k`` columns (``soft_k`` changed since the file was made)."""
-        ids, aff = self._ids[:, :k].copy(), self._aff[:, :k].copy()
+        ids, aff = (a[:, :k].copy() for a in self._rec)
         n = len(ids)
-        old = self.path.with_name(self.path.name + ".tmp")
+        tmp = self.path.with_name(self.path.name + ".tmp")
         self._mm = None
         self.k = k
-        with open(old, "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(_header(k))
             rec = np.zeros(n, _dtype(k))
             rec["ids"][:, : ids.shape[1]] = ids
@@ -123,24 +124,25 @@ class Assignments:
             f.write(rec.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        os.replace(old, self.path)
+        os.replace(tmp, self.path)
         self._map(self.path)
 
     def _ensure(self, n: int) -> None:
-        cap = len(self._ids)
+        cap = self.capacity
         if n <= cap:
             return
         new = max(n, 2 * cap, MIN_GROWTH)
         if self._in_memory:
-            self._ids = np.concatenate([self._ids, np.zeros((new - cap, self.k), np.int64)])
-            self._aff = np.concatenate([self._aff, np.zeros((new - cap, self.k), np.float32)])
+            ids, aff = self._rec
+            self._rec = (np.concatenate([ids, np.zeros((new - cap, self.k), np.int64)]),
+                         np.concatenate([aff, np.zeros((new - cap, self.k), np.float32)]))
             return
         os.truncate(self.path, HEADER + new * _dtype(self.k).itemsize)
         self._map(self.path)
 
     @property
     def capacity(self) -> int:
-        return len(self._ids)
+        return len(self._rec[0])
 
     # -- records -----------------------------------------------------------------------------
     def write(self, rows: np.ndarray, cluster_ids: np.ndarray, affinities: np.ndarray) -> None:
@@ -168,8 +170,9 @@ class Assignments:
         enc[:, :m] = np.where(ids[:, :m] >= 0, ids[:, :m] + 1, 0)
         vals = np.zeros((len(rows), self.k), np.float32)
         vals[:, :m] = np.where(ids[:, :m] >= 0, aff[:, :m], 0.0)
-        self._ids[rows] = enc
-        self._aff[rows] = vals
+        ids_out, aff_out = self._rec
+        ids_out[rows] = enc
+        aff_out[rows] = vals
 
     def read(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(cluster ids int64[n, k] with -1 for none, affinities float32[n, k]) of ``rows``;
@@ -177,10 +180,11 @@ class Assignments:
         rows = np.asarray(rows, np.int64)
         ids = np.full((len(rows), self.k), -1, np.int64)
         aff = np.zeros((len(rows), self.k), np.float32)
-        inside = rows < len(self._ids)
+        have, vals = self._rec
+        inside = rows < len(have)
         at = rows[inside]
-        ids[inside] = self._ids[at] - 1
-        aff[inside] = self._aff[at]
+        ids[inside] = have[at] - 1
+        aff[inside] = vals[at]
         return ids, aff
 
     def pairs(self, rows: list[int]) -> list[list[tuple[int, float]]]:
@@ -190,12 +194,12 @@ class Assignments:
 
     def clear(self) -> None:
         """Forget every record (the index lost its clusters: every stored one is stale)."""
-        if len(self._ids) and not self.read_only:
-            self._ids[:] = 0
+        if self.capacity and not self.read_only:
+            self._rec[0][:] = 0
 
     def renumber(self, mapping: dict[int, int]) -> None:
         """Give clusters new ids (old -> new); pairs of clusters not in ``mapping`` are removed."""
-        n = len(self._ids)
+        n = self.capacity
         if n == 0 or (self.read_only and not self._in_memory):
             return
         every = np.arange(n, dtype=np.int64)
@@ -209,7 +213,11 @@ class Assignments:
     def close(self) -> None:
         self.flush()
         self._mm = None
-        self._ids, self._aff = np.zeros((0, self.k), np.int64), np.zeros((0, self.k), np.float32)
+        self._rec = _empty(self.k)
+
+
+def _empty(k: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
 
 
 def _repeats(rows: np.ndarray, top: int) -> bool:
