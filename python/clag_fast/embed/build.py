@@ -185,33 +185,74 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES) 
     return model
 
 
-def int8_graph_bytes(fp32: onnx.ModelProto) -> bytes:
-    """int8 graph: every dense matmul of the encoder in int8, the rest fp32.
+QKV_SUFFIX = ".qkv.weight_t"
 
-    Attention output and FFN projections: per-token int8 (``_per_token_int8``). The fused
-    Attention nodes (Q/K/V projections): onnxruntime's ``quantize_dynamic`` into QAttention,
-    per-channel QInt8 weights, one activation scale per call (so int8 still embeds one text
-    per call, see ``Embedder``). Pooling and L2 norm stay fp32. Measured against
-    sentence-transformers on the 40 golden texts: min cosine 0.992 (mean 0.997); the
-    previous recipe (quantize_dynamic on everything but the FFN output projections, which
-    had to stay fp32) gave 0.990 and was ~1.2x slower.
+
+def _unfuse_attention_projections(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Split every fused ``Attention`` node into its Q/K/V projection and the attention proper.
+
+    ``Attention(x, W_qkv, b_qkv, mask_index)`` becomes ``MatMul(x, W_qkv)`` (weight named
+    ``*.qkv.weight_t``, so ``_per_token_int8`` quantises it like the other dense matmuls),
+    a ``Split`` into Q, K and V, and ``MultiHeadAttention(q, k, v, b_qkv, key_padding_mask)``
+    on the int32 ``[batch, seq]`` mask. The attention itself stays fp32 and per sequence.
+    Why: quantising the fused node gives ORT's QAttention, which scales the whole call's
+    activations with one number, so a text's vector depended on its call mates and int8 had
+    to embed one text per call. Per-token Q/K/V keeps every row to itself.
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnx import helper, numpy_helper
 
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    mask2d = "attention_mask_int32"
+    body = []
+    need_mask = True
+    for node in graph.node:
+        if node.output and node.output[0] == mask2d:
+            need_mask = False
+        if not (node.op_type == "Attention" and node.domain == "com.microsoft"):
+            body.append(node)
+            continue
+        heads = next(a.i for a in node.attribute if a.name == "num_heads")
+        w = numpy_helper.to_array(inits[node.input[1]])
+        p = node.name
+        wname = p + QKV_SUFFIX
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), wname))
+        sizes = p + "_sizes"
+        graph.initializer.append(numpy_helper.from_array(np.full(3, w.shape[1] // 3, np.int64), sizes))
+        qkv = [p + "_q", p + "_k", p + "_v"]
+        body += [
+            helper.make_node("MatMul", [node.input[0], wname], [p + "_qkv"], name=p + "_qkv"),
+            helper.make_node("Split", [p + "_qkv", sizes], qkv, name=p + "_split", axis=-1),
+            helper.make_node("MultiHeadAttention", qkv + [node.input[2], mask2d], [node.output[0]],
+                             name=p + "_mha", domain="com.microsoft", num_heads=heads),
+        ]
+    if need_mask:
+        body.insert(0, helper.make_node("Cast", ["attention_mask"], [mask2d], name="mask_int32",
+                                        to=onnx.TensorProto.INT32))
+    del graph.node[:]
+    graph.node.extend(body)
+    used = {i for nd in graph.node for i in nd.input}
+    keep = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    return model
+
+
+def int8_graph_bytes(fp32: onnx.ModelProto) -> bytes:
+    """int8 graph: every dense matmul of the encoder in int8 with per-token activation scales,
+    the rest (attention scores and context, LayerNorm, GELU, pooling, L2 norm) fp32.
+
+    The fused Attention nodes are first split into their Q/K/V projection and a fp32
+    ``MultiHeadAttention`` (``_unfuse_attention_projections``), then every dense projection
+    (Q/K/V, attention output, FFN in and out) goes through ``_per_token_int8``. No op mixes
+    rows of different texts, so a text's vector does not depend on its call mates and int8
+    embeds a batch in one ONNX call (the weights are then read once per call, not per text).
+    """
     model = onnx.ModelProto()
     model.CopyFrom(fp32)
-    model = _per_token_int8(model)
-    with tempfile.TemporaryDirectory(prefix="clag_fast_q_") as tmp, _quiet():
-        out = Path(tmp) / "int8.onnx"
-        quantize_dynamic(
-            model, out,
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["Attention"],
-            # shape inference cannot type the outputs of com.microsoft ops; they are float.
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-        return out.read_bytes()
+    model = _unfuse_attention_projections(model)
+    model = _per_token_int8(model, suffixes=_bert_onnx.DENSE_SUFFIXES + (QKV_SUFFIX,))
+    return model.SerializeToString()
 
 
 def build_model_bytes(model: str, precision: str) -> bytes:

@@ -330,8 +330,6 @@ class Embedder:
         bs = self.batch_size if batch_size is None else batch_size
         if not isinstance(bs, int) or bs < 1:
             raise ValueError(f"batch_size must be a positive int, got {bs!r}")
-        if self.precision == "int8":
-            bs = 1  # see the class docstring: batch-independent vectors
         n = len(texts)
         out = np.empty((n, self._dim), dtype=np.float32)
         truncated = np.zeros(n, dtype=bool)

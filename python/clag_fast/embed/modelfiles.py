@@ -30,7 +30,8 @@ from typing import Any
 from clag_fast.errors import ModelFilesError
 
 #: Bump when the graph builder or the quantisation recipe changes: invalidates cached builds.
-BUILDER_VERSION = "3"  # 2: no SkipLayerNormalization fusion; 3: per-token int8 matmuls
+BUILDER_VERSION = "4"  # 2: no SkipLayerNormalization fusion; 3: per-token int8 matmuls;
+# 4: int8 Q/K/V per token too (MultiHeadAttention instead of QAttention)
 PRECISIONS = ("fp32", "int8")
 DEFAULT_MODEL = "minilm-l6"
 
