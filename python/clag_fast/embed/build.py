@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import tempfile
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx

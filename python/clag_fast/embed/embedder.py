@@ -145,7 +145,7 @@ def _session(model: str, precision: str, device: str, threads: int | None):
     import onnxruntime as ort
 
     if device == "auto":
-        # Dynamic int8 kernels (DynamicQuantizeMatMul, QAttention) are CPU-only in ORT.
+        # ORT's int8 kernels (MatMulIntegerToFloat) are CPU-only.
         if precision == "fp32" and _cuda_available():
             try:
                 return _session(model, precision, "cuda", threads)
@@ -226,10 +226,11 @@ class Embedder:
             use (RSS +87 MB fp32, +46 MB int8; the first costs 174 / 49 MB).
         batch_size: most texts per ONNX call. Texts are sorted by token length before
             batching, so a call pads only to its own longest text, and a call holds at most
-            ``MAX_CALL_TOKENS`` padded tokens (smaller calls stay in cache). int8 ignores it
-            and runs one text per call: its Q/K/V quantisation scales activations per call,
-            so in a batch a text's vector would depend on its batch mates; one by one,
-            identical texts always get identical vectors.
+            ``MAX_CALL_TOKENS`` padded tokens (smaller calls stay in cache). int8 batches
+            too: its activation scales are per token, so a text's vector depends on its batch
+            mates only by the float rounding of the pooling (< 1e-6), and a call reads the
+            int8 weights once for all its texts (batches of 4 short texts: ~20-30% less time
+            per text than one call each).
 
     ``encode`` is safe to call from several threads at once.
     """
@@ -255,7 +256,7 @@ class Embedder:
         self._tok = _tokenizer(model)
         self._sep = self._tok.token_to_id("[SEP]")
         self._session, self.device = _session(model, precision, device, threads)
-        # Several ONNX calls in one encode() (int8: one per text; fp32: one per batch) run
+        # Several ONNX calls in one encode() (one per batch) run
         # side by side on `workers` threads, each call on one core (a 1-thread session),
         # instead of one call at a time split over every core: no per-operator fork/join.
         self._workers = 1 if self.device != "cpu" else (threads or usable_cpus())
