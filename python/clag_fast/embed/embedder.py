@@ -209,8 +209,8 @@ class Embedder:
             ``.precision`` tells which one was taken. ``"fp32"`` matches
             sentence-transformers to cosine >= 0.9999 on every golden text. ``"int8"`` (CPU
             only): every encoder matmul in int8 (see ``_model_build.int8_graph_bytes``);
-            cosine >= 0.99 to sentence-transformers on every golden text (min 0.990, mean
-            0.997). With the previous recipe (Q/K/V through QAttention, golden min 0.992):
+            cosine >= 0.99 to sentence-transformers on every golden text (min 0.995, mean
+            0.998). With the previous recipe (Q/K/V through QAttention, golden min 0.992):
             on 2,000 LoCoMo turns min 0.984 / mean 0.997 against fp32, LoCoMo Recall@10
             flat 0.419 vs 0.421, store two-stage 0.409 vs 0.417 (BENCHMARKS.md).
             On CPUs without VNNI, int8 is neither measured nor the default. A MemoryStore
