@@ -30,7 +30,9 @@ from typing import Any
 from clag_fast.errors import ModelFilesError
 
 #: Bump when the graph builder or the quantisation recipe changes: invalidates cached builds.
-BUILDER_VERSION = "3"  # 2: no SkipLayerNormalization fusion; 3: per-token int8 matmuls
+BUILDER_VERSION = "6"  # 2: no SkipLayerNormalization fusion; 3: per-token int8 matmuls;
+# 4: int8 Q/K/V per token too (MultiHeadAttention instead of QAttention); 5: int8 on a 2-D stream;
+# 6: the Q/K/V projections' largest input channel in fp32
 PRECISIONS = ("fp32", "int8")
 DEFAULT_MODEL = "minilm-l6"
 

@@ -26,10 +26,9 @@ MAX_CHARS = 2048
 class VectorCache:
     """LRU of text -> vector, at most ``size`` entries (0: off), ~1.6 kB each at dim 384.
 
-    The cached row is the one the embedder gave the text. With the default embedder at int8
-    (one ONNX call per text) that is bit for bit what a new call gives; at fp32, texts
-    embedded in one padded batch differ from alone within float rounding, as between any two
-    batchings.
+    The cached row is the one the embedder gave the text. Texts embedded in one padded batch
+    differ from alone within float rounding (int8: < 1e-6, only in the float pooling; every
+    quantisation scale is per token), as between any two batchings.
     """
 
     def __init__(self, size: int) -> None:
