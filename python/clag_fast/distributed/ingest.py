@@ -130,12 +130,15 @@ def _missing(layout: ShardMap, namespaces: list[str], keys: list[str], shards: n
 
 
 class _Embed:
-    """An embedding actor: one ONNX embedder, loaded once, for every batch it is given."""
+    """An embedding actor: one ONNX embedder, loaded once, for every batch it is given; it
+    writes each batch it embedded (``_write``) itself, so the texts and vectors never travel
+    through the object store to a writer of their own."""
 
-    def __init__(self, threads: int | None, device: str) -> None:
+    def __init__(self, threads: int | None, device: str, root: str, batch_size: int) -> None:
         from clag_fast.embed.embedder import Embedder
 
         self.embedder = Embedder(threads=threads, device=device)
+        self.root, self.batch_size = root, batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         new = np.flatnonzero(batch["new"])  # placeholders (row counts only) are not embedded
@@ -143,37 +146,39 @@ class _Embed:
         if len(new):
             vectors[new] = self.embedder.encode([str(t) for t in batch["text"][new]])
         batch["vector"] = vectors
-        return batch
+        return _write(batch, root=self.root, batch_size=self.batch_size)
 
 
-class _Write:
-    """Each batch split by shard; one atomic ``add_many`` per owner (in parallel)."""
+def _write(batch: dict[str, np.ndarray], *, root: str, batch_size: int) -> dict[str, np.ndarray]:
+    """The batch's new rows, by shard, in ``add_many`` calls of at most ``batch_size`` rows
+    (each one atomic), sent to the owners together; returns rows written and rows read."""
+    import ray
 
-    def __init__(self, root: str) -> None:
-        self.layout = ShardMap.load(root)
+    from clag_fast.distributed.backend import owner_handle
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import ray
-
-        from clag_fast.distributed.backend import owner_handle
-
-        new = batch["new"]
-        shards = batch["shard"]
-        refs = []
-        for shard in np.unique(shards[new]).tolist():
-            idx = np.flatnonzero(new & (shards == shard))
-            refs.append(owner_handle(self.layout, shard).add_many.remote(
+    layout = ShardMap.load(root)
+    new = batch["new"]
+    shards = batch["shard"]
+    refs = []
+    for shard in np.unique(shards[new]).tolist():
+        owner = owner_handle(layout, shard)
+        rows = np.flatnonzero(new & (shards == shard))
+        for start in range(0, len(rows), batch_size):
+            idx = rows[start:start + batch_size]
+            refs.append(owner.add_many.remote(
                 [str(t) for t in batch["text"][idx]], np.ascontiguousarray(batch["vector"][idx], np.float32),
                 [str(k) for k in batch["kind"][idx]], [str(n) for n in batch["namespace"][idx]], None,
                 [str(k) for k in batch["key"][idx]]))
-        added = sum(len(ids) for ids in ray.get(refs))
-        return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
+    added = sum(len(ids) for ids in ray.get(refs))
+    return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
 
 
 def _pool(size: int) -> Any:
     import ray.data
 
-    return ray.data.ActorPoolStrategy(size=size)
+    # Two calls at a time per actor: while one batch waits for its owners to write it, the
+    # next is embedded (one call at a time left the embedder idle for every write).
+    return ray.data.ActorPoolStrategy(size=size, max_concurrent_calls_per_actor=2)
 
 
 def _embed_cpus(embedders: int, threads: int | None) -> float:
@@ -229,13 +234,15 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
         batch_size=batch_size, batch_format="numpy")
     if vector_column is None:
         device = "cuda" if num_gpus else "cpu"
-        prepared = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device), batch_size=embed_batch,
-                                        batch_format="numpy", compute=_pool(embedders), num_gpus=num_gpus,
-                                        num_cpus=_embed_cpus(embedders, embed_threads))
-    # Writing waits on the owners most of the time: it reserves no core, so a small cluster
-    # never holds every core in actors while a read task waits for one.
-    written = prepared.map_batches(_Write, fn_constructor_args=(str(layout.root),), batch_size=batch_size,
-                                   batch_format="numpy", compute=_pool(1), num_cpus=0)
+        written = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device, str(layout.root), batch_size),
+                                       batch_size=embed_batch, batch_format="numpy", compute=_pool(embedders),
+                                       num_gpus=num_gpus, num_cpus=_embed_cpus(embedders, embed_threads))
+    else:  # given vectors: the read tasks prepare and write (Ray Data fuses the two maps into them)
+        written = prepared.map_batches(_write, fn_kwargs=dict(root=str(layout.root), batch_size=batch_size),
+                                       batch_size=batch_size, batch_format="numpy")
+    # Ray Data polls every map worker's memory (psutil, once a second) for its statistics:
+    # CPU the embedder could use, for numbers nothing here reads.
+    written.context.memory_usage_poll_interval_s = None
     added = rows = 0
     for out in written.iter_batches(batch_size=None, batch_format="numpy"):
         added += int(out["added"].sum())
