@@ -5,6 +5,12 @@
       -> embed: batches through the ONNX embedder on a pool of actors (GPU actors with num_gpus)
       -> write: each batch split by shard, one ``add_many(embeddings=, keys=)`` per owner
 
+Prepare and write are plain functions that Ray Data runs inside the embedding actor (or,
+with given vectors, inside the read tasks): no process of their own, and the texts and
+vectors are not copied through the object store between the stages. As actors of their
+own, with a ``Dataset.count()`` pass before the run, they cost 0.2-0.3 ms of CPU per text
+beside ~1.7 ms of embedding (20-30k texts on 2 cores).
+
 Idempotent and resumable by keys: every row has one (its ``key_column``, or a hash of its
 namespace and text), a key already in its namespace is skipped before it is embedded, and a
 batch is one atomic ``add_many`` on its owner, where a key that slipped through is an upsert
