@@ -233,6 +233,18 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
     t0 = time.perf_counter()
     ds = read(dataset) if isinstance(dataset, (str, os.PathLike, list, tuple)) else dataset
     layout = ShardMap.create_or_load(root, shards, dim=dim, embedder=True if vector_column is None else None)
+    # Start the owners the run will write to while Ray Data starts its own workers: started by
+    # the first write instead, the owner's process start and store open (~2 s on 2 cores)
+    # stalled the embedding actor, whose first batches all wait on that write. Known ahead:
+    # the shards that exist, and the one of ``namespace`` when every row goes there (a
+    # shard no row is written to is never created).
+    from clag_fast.distributed.backend import owner_handle
+
+    warm = {s for s in range(layout.shards) if (layout.shard_dir(s) / "memories.db").exists()}
+    if namespace_column is None:
+        warm.add(layout.shard_of(namespace))
+    for s in sorted(warm):
+        owner_handle(layout, s)  # creating the handle starts the actor; no need to wait for it
     prepared = ds.map_batches(
         _prepare, fn_kwargs=dict(root=str(layout.root), namespace=namespace, text_column=text_column,
                                  key_column=key_column, namespace_column=namespace_column, kind_column=kind_column,
