@@ -5,11 +5,11 @@
       -> embed: batches through the ONNX embedder on a pool of actors (GPU actors with num_gpus)
       -> write: each batch split by shard, one ``add_many(embeddings=, keys=)`` per owner
 
-Prepare and write are plain functions that Ray Data runs inside the embedding actor (or,
-with given vectors, inside the read tasks): no process of their own, and the texts and
-vectors are not copied through the object store between the stages. As actors of their
-own, with a ``Dataset.count()`` pass before the run, they cost 0.2-0.3 ms of CPU per text
-beside ~1.7 ms of embedding (20-30k texts on 2 cores).
+Prepare is a plain function that Ray Data runs inside the embedding actor (or, with given
+vectors, inside the read tasks): no process of its own, and the rows are not copied through
+the object store to reach the embedder. Writing keeps an actor of its own: run inside the
+embedding actor instead, each batch's write wait left the embedder idle, and 100k texts went
+from 1,285 to 878 texts/s (one run each, load 2-3).
 
 Idempotent and resumable by keys: every row has one (its ``key_column``, or a hash of its
 namespace and text), a key already in its namespace is skipped before it is embedded, and a
@@ -136,15 +136,12 @@ def _missing(layout: ShardMap, namespaces: list[str], keys: list[str], shards: n
 
 
 class _Embed:
-    """An embedding actor: one ONNX embedder, loaded once, for every batch it is given; it
-    writes each batch it embedded (``_write``) itself, so the texts and vectors never travel
-    through the object store to a writer of their own."""
+    """An embedding actor: one ONNX embedder, loaded once, for every batch it is given."""
 
-    def __init__(self, threads: int | None, device: str, root: str, batch_size: int) -> None:
+    def __init__(self, threads: int | None, device: str) -> None:
         from clag_fast.embed.embedder import Embedder
 
         self.embedder = Embedder(threads=threads, device=device)
-        self.root, self.batch_size = root, batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         new = np.flatnonzero(batch["new"])  # placeholders (row counts only) are not embedded
@@ -152,39 +149,37 @@ class _Embed:
         if len(new):
             vectors[new] = self.embedder.encode([str(t) for t in batch["text"][new]])
         batch["vector"] = vectors
-        return _write(batch, root=self.root, batch_size=self.batch_size)
+        return batch
 
 
-def _write(batch: dict[str, np.ndarray], *, root: str, batch_size: int) -> dict[str, np.ndarray]:
-    """The batch's new rows, by shard, in ``add_many`` calls of at most ``batch_size`` rows
-    (each one atomic), sent to the owners together; returns rows written and rows read."""
-    import ray
+class _Write:
+    """Each batch split by shard; one atomic ``add_many`` per owner (in parallel)."""
 
-    from clag_fast.distributed.backend import owner_handle
+    def __init__(self, root: str) -> None:
+        self.layout = ShardMap.load(root)
 
-    layout = ShardMap.load(root)
-    new = batch["new"]
-    shards = batch["shard"]
-    refs = []
-    for shard in np.unique(shards[new]).tolist():
-        owner = owner_handle(layout, shard)
-        rows = np.flatnonzero(new & (shards == shard))
-        for start in range(0, len(rows), batch_size):
-            idx = rows[start:start + batch_size]
-            refs.append(owner.add_many.remote(
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import ray
+
+        from clag_fast.distributed.backend import owner_handle
+
+        new = batch["new"]
+        shards = batch["shard"]
+        refs = []
+        for shard in np.unique(shards[new]).tolist():
+            idx = np.flatnonzero(new & (shards == shard))
+            refs.append(owner_handle(self.layout, shard).add_many.remote(
                 [str(t) for t in batch["text"][idx]], np.ascontiguousarray(batch["vector"][idx], np.float32),
                 [str(k) for k in batch["kind"][idx]], [str(n) for n in batch["namespace"][idx]], None,
                 [str(k) for k in batch["key"][idx]]))
-    added = sum(len(ids) for ids in ray.get(refs))
-    return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
+        added = sum(len(ids) for ids in ray.get(refs))
+        return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
 
 
 def _pool(size: int) -> Any:
     import ray.data
 
-    # Two calls at a time per actor: while one batch waits for its owners to write it, the
-    # next is embedded (one call at a time left the embedder idle for every write).
-    return ray.data.ActorPoolStrategy(size=size, max_concurrent_calls_per_actor=2)
+    return ray.data.ActorPoolStrategy(size=size)
 
 
 def _embed_cpus(embedders: int, threads: int | None) -> float:
@@ -235,9 +230,8 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
     layout = ShardMap.create_or_load(root, shards, dim=dim, embedder=True if vector_column is None else None)
     # Start the owners the run will write to while Ray Data starts its own workers: started by
     # the first write instead, the owner's process start and store open (~2 s on 2 cores)
-    # stalled the embedding actor, whose first batches all wait on that write. Known ahead:
-    # the shards that exist, and the one of ``namespace`` when every row goes there (a
-    # shard no row is written to is never created).
+    # stalled the pipeline. Known ahead: the shards that exist, and the one of ``namespace``
+    # when every row goes there (a shard no row is written to is never created).
     from clag_fast.distributed.backend import owner_handle
 
     warm = {s for s in range(layout.shards) if (layout.shard_dir(s) / "memories.db").exists()}
@@ -252,14 +246,15 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
         batch_size=batch_size, batch_format="numpy")
     if vector_column is None:
         device = "cuda" if num_gpus else "cpu"
-        written = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device, str(layout.root), batch_size),
-                                       batch_size=embed_batch, batch_format="numpy", compute=_pool(embedders),
-                                       num_gpus=num_gpus, num_cpus=_embed_cpus(embedders, embed_threads))
-    else:  # given vectors: the read tasks prepare and write (Ray Data fuses the two maps into them)
-        written = prepared.map_batches(_write, fn_kwargs=dict(root=str(layout.root), batch_size=batch_size),
-                                       batch_size=batch_size, batch_format="numpy")
+        prepared = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device), batch_size=embed_batch,
+                                        batch_format="numpy", compute=_pool(embedders), num_gpus=num_gpus,
+                                        num_cpus=_embed_cpus(embedders, embed_threads))
+    # Writing waits on the owners most of the time: it reserves no core, so a small cluster
+    # never holds every core in actors while a read task waits for one.
+    written = prepared.map_batches(_Write, fn_constructor_args=(str(layout.root),), batch_size=batch_size,
+                                   batch_format="numpy", compute=_pool(1), num_cpus=0)
     # Ray Data polls every map worker's memory (psutil, once a second) for its statistics:
-    # CPU the embedder could use, for numbers nothing here reads.
+    # CPU the embedder could use (~1% of it in py-spy), for numbers nothing here reads.
     written.context.memory_usage_poll_interval_s = None
     added = rows = 0
     for out in written.iter_batches(batch_size=None, batch_format="numpy"):
