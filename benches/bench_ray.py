@@ -14,7 +14,11 @@
 3. Bulk ingest: texts from a JSONL file embedded with the ONNX MiniLM embedder on Ray Data's
    actor pool and written to the shards vs, in this process on the same cores,
    ``Embedder.encode`` alone (the target's baseline) and encode + ``add_many`` into one store.
-   Target: ratio >= 0.9. Then (``--kill-at``) a second ingest whose driver process is SIGKILLed
+   Target: ratio >= 0.9. The Ray rate is end to end: ``ingest()`` from its call to its return
+   (the cluster already up: reading, the embedding actor's start and model load, every write);
+   the single process's embedding rate leaves its model load out (also shown with it), and is
+   measured before and after the Ray run (the ratio is against the mean: this VM's speed
+   drifts). Then (``--kill-at``) a second ingest whose driver process is SIGKILLed
    once that fraction is stored, and the same ingest again: it must end with exactly
    ``--texts`` memories, each key once.
 
@@ -199,8 +203,9 @@ ingest({src!r}, {root!r}, shards=4, namespace="bulk", embedders=1, embed_threads
 """
 
 
-def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
-    """Embedding rate of one process vs the Ray Data ingest (read -> embed -> write), then,
+def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool = True) -> dict:
+    """Embedding rate of one process vs the Ray Data ingest (read -> embed -> write) (with
+    ``again``, the single process once more after the Ray run), then,
     with ``kill_at``, an ingest driver SIGKILLed once that fraction of the rows is stored and
     a second run resuming it: the store must end with exactly ``n`` memories."""
     import inspect
@@ -217,12 +222,19 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
     texts = [f"{sentence(rng)} (note {i})" for i in range(n)]
     src = root.parent / "bulk.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    emb = Embedder(threads=cpus, device="cpu")
-    emb.encode(texts[:64])  # load and warm the sessions outside the timing
-    t0 = time.perf_counter()
-    vectors = emb.encode(texts)
-    embed_s = time.perf_counter() - t0
-    del emb
+
+    def embed_alone() -> tuple[float, float, np.ndarray]:
+        """(seconds with the model load, seconds embedding, vectors): the Ray figure includes
+        its embedding actor's model load, so the single process's is timed too."""
+        t0 = time.perf_counter()
+        emb = Embedder(threads=cpus, device="cpu")
+        emb.encode(texts[:64])  # the sessions' first calls, as the actor's first batch has them
+        t1 = time.perf_counter()
+        vectors = emb.encode(texts)
+        t2 = time.perf_counter()
+        return t2 - t0, t2 - t1, vectors
+
+    cold_s, embed_s, vectors = embed_alone()
     # The same work in one process: those vectors written to one store in the same batches
     # (what the Ray pipeline's owners do), so the two ratios separate the store's own cost
     # from the engine's.
@@ -235,14 +247,31 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None) -> dict:
     write_s = time.perf_counter() - t0
     single_store.close()
     del vectors
-    out: dict = {"single_texts_s": n / embed_s, "single_ingest_s": n / (embed_s + write_s)}
-    print(f"  single process: embedding {n / embed_s:.0f} texts/s; embedding + writing "
-          f"{n / (embed_s + write_s):.0f} texts/s", flush=True)
-    report = ingest(str(src), root, shards=4, namespace="bulk", embedders=1, embed_threads=cpus)
+    out: dict = {"single_texts_s": n / embed_s, "single_cold_texts_s": n / cold_s,
+                 "single_ingest_s": n / (embed_s + write_s)}
+    print(f"  single process: embedding {n / embed_s:.0f} texts/s ({n / cold_s:.0f} with the model load); "
+          f"embedding + writing {n / (embed_s + write_s):.0f} texts/s", flush=True)
+    marks: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    report = ingest(str(src), root, shards=4, namespace="bulk", embedders=1, embed_threads=cpus,
+                    progress=lambda k: marks.append((time.perf_counter() - t0, k)))
     store = ShardedStore(root)
     out.update(ray_texts_s=report.rate, ray_s=report.seconds, added=report.added, stored=len(store))
     store.shutdown()
-    print(f"  Ray Data ingest: {report.rate:.0f} texts/s, {len(texts)} rows, {out['stored']} stored", flush=True)
+    # Ray Data reports a read block's rows (7,500-14,286 here) when its task ends, and the
+    # embedding actor runs two blocks at once, so a rate between reports overstates: only
+    # when the first block was reported written (start-up included) is shown.
+    ta, ka = marks[0]
+    print(f"  Ray Data ingest: {report.rate:.0f} texts/s, {len(texts)} rows, {out['stored']} stored; "
+          f"first {ka} rows reported written at {ta:.1f} s", flush=True)
+    if again:
+        # The machine's speed drifts (other load, a shared VM): the single process again after
+        # the Ray run; the ratio is taken against the mean of its two rates.
+        cold2_s, embed2_s, _ = embed_alone()
+        out["single_texts_s_after"] = n / embed2_s
+        out["single_cold_texts_s_after"] = n / cold2_s
+        print(f"  single process again: embedding {n / embed2_s:.0f} texts/s ({n / cold2_s:.0f} with the model "
+              f"load)", flush=True)
     if kill_at is None:
         return out
     # Killed then resumed: the driver is a separate process on this Ray cluster, so a SIGKILL
@@ -303,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="direct",
                    help="front door modes to run, comma-separated: direct (replicas answer HTTP; the default) "
                         "and/or proxy (through Serve's HTTP proxy)")
+    p.add_argument("--no-single-again", action="store_true",
+                   help="embed in one process only before the Ray ingest, not also after it")
     p.add_argument("--kill-at", type=float, default=0.5,
                    help="kill a second ingest's driver once this fraction is stored, then resume it (0: skip)")
     args = p.parse_args(argv)
@@ -320,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes.split(","):
                 ray_runs[mode] = run_ray(tmp / f"sharded-{mode}", items, ops, args.clients, args.client,
                                          direct=mode == "direct", texts=texts)
-        bulk = None if args.skip_ingest else run_ingest(tmp / "bulk", args.texts, args.cpus, args.kill_at or None)
+        bulk = None if args.skip_ingest else run_ingest(tmp / "bulk", args.texts, args.cpus, args.kill_at or None,
+                                                          not args.no_single_again)
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -343,9 +375,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"shard owner restart after SIGKILL: {restart_s:.1f} s (target <= 10)")
     if bulk is None:
         return 0
-    print(f"bulk ingest of {args.texts} texts: single-process embedding {bulk['single_texts_s']:.0f} texts/s, "
+    singles = [bulk["single_texts_s"]] + ([bulk["single_texts_s_after"]] if "single_texts_s_after" in bulk else [])
+    colds = [bulk["single_cold_texts_s"]] + ([bulk["single_cold_texts_s_after"]]
+                                             if "single_cold_texts_s_after" in bulk else [])
+    base, cold = sum(singles) / len(singles), sum(colds) / len(colds)
+    print(f"bulk ingest of {args.texts} texts: single-process embedding {' / '.join(f'{r:.0f}' for r in singles)} "
+          f"texts/s (before / after the Ray run; with its model load {' / '.join(f'{r:.0f}' for r in colds)}), "
           f"Ray Data ingest {bulk['ray_texts_s']:.0f} texts/s ({bulk['added']} added in {bulk['ray_s']:.1f} s, "
-          f"{bulk['stored']} stored): {bulk['ray_texts_s'] / bulk['single_texts_s']:.2f}x (target >= 0.9)")
+          f"start-up and writes included, {bulk['stored']} stored)")
+    print(f"  ratio Ray / single embedding: {bulk['ray_texts_s'] / base:.2f}x (target >= 0.9; "
+          f"{bulk['ray_texts_s'] / cold:.2f}x against the single process with its model load)")
     print(f"  against one process that embeds and writes to one store ({bulk['single_ingest_s']:.0f} texts/s): "
           f"{bulk['ray_texts_s'] / bulk['single_ingest_s']:.2f}x")
     if "killed_at" in bulk:
