@@ -338,14 +338,17 @@ impl Clusters {
     pub(crate) fn refresh_centre(&mut self, s: usize) {
         let dim = self.dim;
         let c = &self.slots[s];
-        let mut v = c.sum.clone();
-        if let Some(a) = &c.anchor {
-            for (x, &y) in v.iter_mut().zip(a) {
-                *x += c.weight as f64 * y as f64;
-            }
-        }
         let dst = &mut self.centres[s * dim..(s + 1) * dim];
-        if kernels::normalize_f64_into(&v, dst) {
+        // Every cluster an add or a re-assignment touches is refreshed (hundreds per routed
+        // chunk of rows): no copy of the sum unless an anchor must be added to it.
+        let ok = match &c.anchor {
+            None => kernels::normalize_f64_into(&c.sum, dst),
+            Some(a) => {
+                let v: Vec<f64> = c.sum.iter().zip(a).map(|(&x, &y)| x + c.weight as f64 * y as f64).collect();
+                kernels::normalize_f64_into(&v, dst)
+            }
+        };
+        if ok {
             self.slots[s].has_centre = true;
         }
         self.centre_codes.set(s, &self.centres[s * dim..(s + 1) * dim]);

@@ -153,7 +153,20 @@ pub fn normalized(data: &[f32], dim: usize, what: &str) -> Result<Vec<f32>> {
 /// Normalise `v` in place from an f64 accumulator; returns false (leaving `out` untouched)
 /// when the vector is zero.
 pub fn normalize_f64_into(v: &[f64], out: &mut [f32]) -> bool {
-    let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    // Eight partial sums (independent chains in vector lanes), as in `norm_f64`.
+    let mut acc = [0f64; 8];
+    let chunks = v.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] += c[j] * c[j];
+        }
+    }
+    let mut sq = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &x in tail {
+        sq += x * x;
+    }
+    let n = sq.sqrt();
     if n.is_nan() || n <= 1e-30 || !n.is_finite() {
         return false;
     }
