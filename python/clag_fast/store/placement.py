@@ -17,9 +17,12 @@ from clag_fast.store import routing
 from clag_fast.store.profiles import vector_profile
 from clag_fast.store.state import StoreState
 
-# Rows per routing chunk: bounds the (chunk x chunk) similarity matrix of rows that open
-# clusters (4 MB) while keeping native calls few.
-CHUNK = 1024
+# Rows per routing chunk: rows of a chunk are routed against the centres as they stood at its
+# start (those they join move once per chunk), and the rows of it that open clusters are
+# grouped by one (m x m) similarity matrix, m <= CHUNK (64 MB at most). Every cluster a chunk
+# touches has its centre and int8 codes recomputed once per chunk: 4096 against 1024 made
+# add_many into a store growing to 1M 46.6k / 49.5k -> 52.2k / 52.9k per s (alternating, quiet).
+CHUNK = 4096
 
 
 @dataclass
