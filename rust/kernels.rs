@@ -90,21 +90,27 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 /// Euclidean norm accumulated in f64, so tiny or huge (but finite) values neither underflow
 /// to zero nor overflow to infinity.
 pub fn norm_f64(v: &[f32]) -> f64 {
-    // Eight partial sums: independent chains the compiler keeps in vector lanes. One chain of
-    // `dim` dependent f64 adds was most of what checking an appended row cost.
+    sum_lanes(v, |x| (x as f64) * (x as f64)).sqrt()
+}
+
+/// Sum of `f(x)` over `v` in f64, kept in eight partial sums: independent chains the compiler
+/// holds in vector lanes (one chain of `dim` dependent adds was most of what checking an
+/// appended row, or refreshing a centre and its int8 codes, cost). The order of the adds is
+/// fixed, so results do not depend on the machine.
+pub fn sum_lanes<T: Copy>(v: &[T], f: impl Fn(T) -> f64) -> f64 {
     let mut acc = [0f64; 8];
     let chunks = v.chunks_exact(8);
     let tail = chunks.remainder();
     for c in chunks {
         for j in 0..8 {
-            acc[j] += (c[j] as f64) * (c[j] as f64);
+            acc[j] += f(c[j]);
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for &x in tail {
-        s += (x as f64) * (x as f64);
+        s += f(x);
     }
-    s.sqrt()
+    s
 }
 
 /// Checks that every row of `data` (`dim` wide) is finite and non-zero and returns the
@@ -153,20 +159,7 @@ pub fn normalized(data: &[f32], dim: usize, what: &str) -> Result<Vec<f32>> {
 /// Normalise `v` in place from an f64 accumulator; returns false (leaving `out` untouched)
 /// when the vector is zero.
 pub fn normalize_f64_into(v: &[f64], out: &mut [f32]) -> bool {
-    // Eight partial sums (independent chains in vector lanes), as in `norm_f64`.
-    let mut acc = [0f64; 8];
-    let chunks = v.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for j in 0..8 {
-            acc[j] += c[j] * c[j];
-        }
-    }
-    let mut sq = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for &x in tail {
-        sq += x * x;
-    }
-    let n = sq.sqrt();
+    let n = sum_lanes(v, |x| x * x).sqrt();
     if n.is_nan() || n <= 1e-30 || !n.is_finite() {
         return false;
     }

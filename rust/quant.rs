@@ -156,16 +156,7 @@ impl CentreCodes {
         self.sums[s] = sum;
         // In f64 lanes (the f32 chain in order cost as much as the encoding; this is the more
         // exact of the two, and the bound's slack covers either).
-        let mut acc = [0f64; 8];
-        let chunks = row.chunks_exact(8);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for j in 0..8 {
-                acc[j] += c[j].abs() as f64;
-            }
-        }
-        let l1 = acc.iter().sum::<f64>() + tail.iter().map(|x| x.abs() as f64).sum::<f64>();
-        self.l1[s] = l1 as f32;
+        self.l1[s] = crate::kernels::sum_lanes(row, |x: f32| x.abs() as f64) as f32;
     }
 
     /// Keep the first `n` slots.

@@ -12,7 +12,7 @@ import pytest
 
 from clag_fast import MemoryStore, StoreConfig
 from clag_fast.store.assignments import HEADER, MIN_GROWTH, Assignments, renumbered
-from clag_fast.store.catalog import SCHEMA_VERSION
+from clag_fast.store.catalog import ASSIGNMENTS_V1, SCHEMA_VERSION
 from store_helpers import topic_vectors
 
 CFG = StoreConfig(min_memories_to_cluster=20, organize_every=10, max_cluster_size=12, slm="off")
@@ -149,17 +149,7 @@ def test_a_database_holding_assignments_moves_them_into_the_file(tmp_path, schem
     # the file, so nothing but the database can bring the soft assignments back.
     con = sqlite3.connect(path / "memories.db")
     if schema == 3:
-        con.executescript("""
-            DROP TABLE assignments;
-            CREATE TABLE assignments (
-                memory_id  INTEGER NOT NULL REFERENCES memories (id),
-                rank       INTEGER NOT NULL,
-                cluster_id INTEGER NOT NULL,
-                affinity   REAL    NOT NULL,
-                PRIMARY KEY (memory_id, rank)
-            ) WITHOUT ROWID;
-            PRAGMA user_version=3;
-        """)
+        con.executescript(f"DROP TABLE assignments;\n{ASSIGNMENTS_V1}PRAGMA user_version=3;")
         con.executemany("INSERT INTO assignments VALUES (?, ?, ?, ?)",
                         [(m, r, c, a) for m, pairs in before.items() for r, (c, a) in enumerate(pairs)])
     else:

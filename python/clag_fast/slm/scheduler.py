@@ -323,8 +323,8 @@ class SLMScheduler:
                 state.count(key)
         if moves:
             with state.lock.write():
-                mids, rows, targets = zip(*moves)
-                place_ops.move_rows(state, list(mids), np.asarray(rows, np.int64), list(targets))
+                _, rows, targets = zip(*moves)
+                place_ops.move_rows(state, np.asarray(rows, np.int64), list(targets))
                 state.cache.clear()
 
     def _run_evolution(self) -> None:

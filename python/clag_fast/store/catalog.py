@@ -31,6 +31,18 @@ _ROW_COLUMNS = np.dtype([("id", np.int64), ("vector_row", np.int64), ("namespace
                          ("created_at", np.float64), ("last_accessed", np.float64), ("access_count", np.float64),
                          ("strength", np.float32), ("state", np.int64)])
 
+# The assignments table as schemas 1-3 had it (one row per memory and rank; v4 packs it, and
+# the store now keeps assignments in index/assignments.bin: ``Catalog.legacy_assignments``).
+ASSIGNMENTS_V1 = """
+CREATE TABLE assignments (
+    memory_id  INTEGER NOT NULL REFERENCES memories (id),
+    rank       INTEGER NOT NULL,
+    cluster_id INTEGER NOT NULL,
+    affinity   REAL    NOT NULL,
+    PRIMARY KEY (memory_id, rank)
+) WITHOUT ROWID;
+"""
+
 _V1 = """
 CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
@@ -60,15 +72,7 @@ CREATE TABLE clusters (
     archived      INTEGER NOT NULL DEFAULT 0,
     profiled_size INTEGER NOT NULL DEFAULT 0,
     last_hit_at   REAL
-);
-CREATE TABLE assignments (
-    memory_id  INTEGER NOT NULL REFERENCES memories (id),
-    rank       INTEGER NOT NULL,
-    cluster_id INTEGER NOT NULL,
-    affinity   REAL    NOT NULL,
-    PRIMARY KEY (memory_id, rank)
-) WITHOUT ROWID;
-CREATE INDEX assignments_cluster ON assignments (cluster_id);
+);""" + ASSIGNMENTS_V1 + """CREATE INDEX assignments_cluster ON assignments (cluster_id);
 CREATE TABLE links (
     src        INTEGER NOT NULL REFERENCES memories (id),
     dst        INTEGER NOT NULL REFERENCES memories (id),
@@ -285,7 +289,7 @@ def _batch_literal(values: Sequence[Any]) -> str | None:
     first = values[0]
     if first is not None and not (isinstance(first, str) and _PLAIN.match(first)):
         return None
-    if list(values).count(first) != len(values):
+    if values.count(first) != len(values):
         return None
     return "NULL" if first is None else f"'{first}'"
 # Memories whose details are kept for search hits (texts of a few hundred bytes: ~10 MB).

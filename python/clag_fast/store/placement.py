@@ -123,11 +123,12 @@ def add_clusters(state: StoreState, clusters: list[tuple[int, str]], now: float,
         state.profiles[c] = profiles.get(c, ("", []))
 
 
-def move_rows(state: StoreState, memory_ids: list[int], rows: np.ndarray, targets: list[int]) -> None:
+def move_rows(state: StoreState, rows: np.ndarray, targets: list[int]) -> None:
     """Apply the SLM's routing choices: make ``targets[i]`` the primary cluster of a row."""
     idx = state.index
     ids = idx.cluster_ids()
-    keep = [i for i, t in enumerate(targets) if t in set(ids.tolist())]
+    known = set(ids.tolist())
+    keep = [i for i, t in enumerate(targets) if t in known]
     if not keep:
         return
     rows = rows[keep]

@@ -26,7 +26,6 @@ import numpy as np
 from clag_fast.errors import StoreFormatError
 from clag_fast.index import VectorIndex
 from clag_fast.store import routing
-from clag_fast.store.assignments import renumbered
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.organize import reassign, sync_clusters
 from clag_fast.store.state import StoreState
@@ -117,13 +116,15 @@ def rebuild_clusters(state: StoreState) -> int:
     if not known or len(idx.cluster_ids()):
         return 0
     mapping = {old: idx.new_cluster() for old in known}
+    # Every record renumbered (archived rows' too: get() shows their clusters), then the live
+    # rows' records read back to place them.
+    state.assignments.renumber(mapping)
     live = rows.live_rows()
-    ids, aff = renumbered(*state.assignments.read(live), mapping)
+    ids, aff = state.assignments.read(live)
     placed = ids[:, 0] >= 0
     if placed.any():
         idx.assign(live[placed], routing.memberships(ids[placed], aff[placed], cfg.soft_k, cfg.spill_margin))
     state.catalog.renumber_clusters(mapping)
-    state.assignments.renumber(mapping)
     state.profiles = state.catalog.profiles()
     # Empty clusters (their members were all deleted) would only waste probes.
     ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
