@@ -134,7 +134,7 @@ pub fn check_rows(data: &[f32], dim: usize, what: &str) -> Result<Vec<f32>> {
         if !n.is_finite() {
             let j = row.iter().position(|x| !x.is_finite()).unwrap_or(0);
             return Err(Error::Value(format!(
-                "{what}: row {i} has a non-finite value ({}) at column {j}",
+                "{what}: row {i} has a non-finite value ({}) at column {j} (NaN or infinity)",
                 row[j]
             )));
         }

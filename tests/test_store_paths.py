@@ -150,6 +150,25 @@ def test_search_edge_inputs_are_refused_and_change_nothing(tmp_path):
         assert len(s.search("a fine query", k=3)) == 3  # still answers
 
 
+@pytest.mark.parametrize("where", ["clustered", "filtered to nothing", "empty"])
+def test_a_non_finite_query_vector_is_refused_on_every_search_path(tmp_path, where):
+    # A clustered store answers a vector query in one native call, which checks the query;
+    # a filter that leaves nothing, or an empty store, answers without it: both must refuse.
+    with open_store(tmp_path / "s") as s:
+        if where != "empty":
+            fill(s, 200)
+            s.organize()
+            assert s.stats()["clusters"] > 0
+        ns = "nobody" if where == "filtered to nothing" else None
+        for bad in (np.nan, np.inf, -np.inf):
+            v = np.ones(DIM, np.float32)
+            v[3] = bad
+            with pytest.raises(ValueError, match="NaN or infinity"):
+                s.search(v, namespace=ns)
+        ok = s.search(np.ones(DIM, np.float32), k=3, namespace=ns)
+        assert len(ok) == (3 if where == "clustered" else 0)
+
+
 def test_links_of_an_unknown_id_is_a_keyerror(tmp_path):
     with open_store(tmp_path / "s") as s:
         ids, _, _ = fill(s, 10)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +52,11 @@ class _HitBuilder:
         self.__class__ = Hit  # type: ignore[assignment]
 
 
-def make_hit(memory_id: int, text: str, score: float, cluster_id: int | None, cluster_summary: str,
-             cluster_tags: list[str], kind: str, namespace: str, created_at: float,
-             metadata: dict[str, Any] | None, key: str | None) -> Hit:
-    """``Hit(...)`` with every field given, for the search path (see ``_HitBuilder``)."""
-    return _HitBuilder(memory_id, text, score, cluster_id, cluster_summary, cluster_tags, kind, namespace,
-                       created_at, metadata, key)  # type: ignore[return-value]
+#: ``Hit(...)`` with every field given, positionally, for the search path (see
+#: ``_HitBuilder``). The class itself, not a function calling it: a wrapper's frame cost a
+#: quarter of a hit's construction (0.24 vs 0.17 us).
+make_hit: Callable[[int, str, float, int | None, str, list[str], str, str, float, dict[str, Any] | None,
+                    str | None], Hit] = _HitBuilder  # type: ignore[assignment]
 
 
 class Hits(list):
@@ -82,7 +81,7 @@ class Hits(list):
     def __init__(self, hits: list[Hit] = (), *, scanned: int = 0, candidates: int = 0,  # type: ignore[assignment]
                  clusters_probed: list[int] | None = None, mode: str = "two_stage", latency_s: float = 0.0,
                  cached: bool = False) -> None:
-        super().__init__(hits)
+        list.__init__(self, hits)  # not super(): this runs once per search
         self.scanned = scanned
         self.candidates = candidates
         self.clusters_probed = [] if clusters_probed is None else clusters_probed

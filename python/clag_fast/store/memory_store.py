@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from pathlib import Path
@@ -35,13 +34,15 @@ from clag_fast.store import filters, forgetting, organize, placement, recovery
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.fields import FieldTable
 from clag_fast.store.rowtable import RowTable
-from clag_fast.store.search import Searcher
+from clag_fast.store.search import Searcher, check_finite_query
 from clag_fast.store.locks import WriterLock
 from clag_fast.store.recovery import DB_NAME, INDEX_DIR
 from clag_fast.store.assignments import Assignments
 from clag_fast.store.state import ASSIGNMENTS, CHECKPOINT_ROWS, StoreState
 
 log = logging.getLogger(__name__)
+
+_F32 = np.dtype(np.float32)  # numpy's float32 descriptor is a singleton: `is` compares it
 
 #: Longest key ``add(key=...)`` accepts, in characters.
 MAX_KEY_CHARS = 512
@@ -102,6 +103,7 @@ class MemoryStore:
             self._catalog = Catalog(db_file, read_only=read_only)
             recovery.refuse_blank_database(path, self._catalog.meta("dim") is None)
             self.config = self._settle_config(config, embedder)
+            self._query_shape = (self.config.dim,)
             self._settle_embedder_name(embedder)
             index = recovery.open_index(path, self.config.dim, read_only,
                                         rows_needed=self._catalog.max_vector_row() + 1)
@@ -585,16 +587,22 @@ class MemoryStore:
         self._check_open()
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
-        lw = self._lexical_weight(lexical_weight)
-        cond = filters.parse(where)
+        lw = self.config.lexical_weight if lexical_weight is None else self._lexical_weight(lexical_weight)
+        cond = None if where is None else filters.parse(where)
         state = self._state
         filt = (namespace, kind, since, until, cond)
         if not isinstance(query, str):
             # A vector query: never cached, never hybrid, no SLM cluster pick; the searcher's
             # single-vector path (search_vector) serves it. Kept short on purpose: with a cold
             # CPU cache (a search among other work) every Python call on the way costs
-            # microseconds, and this is the path agent loops call most.
-            qvec = self._query_vector(query)
+            # microseconds, and this is the path agent loops call most. An embedder's output
+            # (float32[dim], contiguous) is taken as it is; NaN and infinity are refused by
+            # the search itself.
+            if (type(query) is np.ndarray and query.dtype is _F32 and query.shape == self._query_shape
+                    and query.flags.c_contiguous):
+                qvec = query
+            else:
+                qvec = self._query_vector(query, core_checks_finite=True)
             nested = state.lock.acquire_read()
             try:
                 hits = self._searcher.search_vector(qvec, k, filt, mode, n_probe)
@@ -627,9 +635,10 @@ class MemoryStore:
 
     def _searched(self, hits: Hits, t0: float) -> Hits:
         """Book a finished search (latency, counters, the confusion trigger); returns ``hits``."""
-        hits.latency_s = time.perf_counter() - t0
-        self._state.count("searches")
-        self._state.count("search_s", hits.latency_s)
+        latency = hits.latency_s = time.perf_counter() - t0
+        counters = self._state.counters  # StoreState.count, inlined: this runs per search
+        counters["searches"] += 1
+        counters["search_s"] += latency
         self._slm.after_search(hits[0].score if hits else float("-inf"))
         return hits
 
@@ -892,7 +901,10 @@ class MemoryStore:
             raise ValueError(f"embeddings must be floating point, got {vecs.dtype}")
         return np.ascontiguousarray(vecs, dtype=np.float32)
 
-    def _query_vector(self, query: str | np.ndarray) -> np.ndarray:
+    def _query_vector(self, query: str | np.ndarray, core_checks_finite: bool = False) -> np.ndarray:
+        """The query as float32[dim]. ``core_checks_finite``: the caller hands a float32 vector
+        to ``Searcher.search_vector``, which refuses NaN and infinity itself (the native search
+        checks every query it normalises), so no numpy pass is spent on it here."""
         if isinstance(query, str):
             return self._vectors([query], None)[0]
         q = np.asarray(query)
@@ -900,11 +912,9 @@ class MemoryStore:
             error = DimensionMismatchError if q.ndim == 1 else ValueError
             raise error(f"query vector must have shape ({self.config.dim},), got {q.shape}")
         if q.dtype == np.float32 and q.flags.c_contiguous:
-            # The common case (vectors from an embedder): nothing to convert. A NaN or
-            # infinity makes the sum non-finite (cheaper than isfinite(q).all(); a huge finite
-            # vector whose sum overflows gets the full check).
-            if not math.isfinite(float(q.sum())) and not np.isfinite(q).all():
-                raise ValueError("query vector holds NaN or infinity")
+            # The common case (vectors from an embedder): nothing to convert.
+            if not core_checks_finite:
+                check_finite_query(q)
             return q
         if not np.isfinite(q).all():
             raise ValueError("query vector holds NaN or infinity")
@@ -975,6 +985,8 @@ def _from_cache(cached: Hits) -> Hits:
 
 
 def _check_search_args(k: Any, mode: str, n_probe: Any) -> tuple[int, int | None]:
+    if type(k) is int and k >= 1 and n_probe is None and mode == "two_stage":
+        return k, None  # the common call, answered without the checks below
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     if mode not in ("two_stage", "flat"):

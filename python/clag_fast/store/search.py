@@ -69,6 +69,9 @@ class Searcher:
         self._filters_version: tuple[int, int] = (-1, -1)
         self._subset_bytes = 0
         self._subsets_lock = threading.Lock()
+        # probe_plan's answers by (n_probe, hybrid, cluster count): a pure function of them
+        # (the config is frozen), asked on every search.
+        self._plans: dict[tuple, tuple[int, dict]] = {}
 
     def eligible(self, filters: tuple) -> tuple[np.ndarray | None, int]:
         """(row mask or None, eligible count) for (namespace, kind, since, until, where), the
@@ -117,6 +120,18 @@ class Searcher:
         larger count never scans less. ``hybrid``: the default cap is a quarter of the automatic
         one, since the lexical side finds much of what the far clusters would (LoCoMo hybrid
         Recall@10 0.644 flat, 0.644 at cap 8 scanning 25%, vs 46% at the full cap)."""
+        if n_clusters is None:
+            n_clusters = self.state.index.n_clusters()
+        key = (n_probe, hybrid, n_clusters)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(n_probe, hybrid, n_clusters)
+            if len(self._plans) > 256:  # cluster counts move with organisation: stay bounded
+                self._plans = {}
+            self._plans[key] = plan
+        return plan
+
+    def _plan(self, n_probe: int | None, hybrid: bool, n_clusters: int) -> tuple[int, dict]:
         cfg = self.state.config
         auto = self.auto_probe(n_clusters)
         fixed = n_probe if n_probe is not None else cfg.n_probe
@@ -195,7 +210,8 @@ class Searcher:
         return out
 
     def search_vector(self, q: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None) -> Hits:
-        """``search`` of one vector query (float32[dim], checked). Call under the read lock.
+        """``search`` of one vector query (float32[dim], its shape checked; NaN and infinity
+        are refused here: by the native search on the fast path). Call under the read lock.
 
         The common case, a two-stage search whose filters leave more rows than there are
         clusters, is one ``VectorIndex.search_one`` call (hits as lists, memory ids mapped in
@@ -214,6 +230,7 @@ class Searcher:
                 if len(rows) >= min(k, candidates):
                     return Hits(self._hit_list(rows, scores, clusters, mids), scanned=scanned,
                                 candidates=candidates, clusters_probed=probed, mode=mode)
+        check_finite_query(q)  # an empty filter or store answers without the native check
         return self.search(q[None, :], k, filters, mode, n_probe)[0]
 
     def _hybrid(self, q: np.ndarray, text: str, k: int, filters: tuple, mask: np.ndarray | None,
@@ -347,14 +364,12 @@ class Searcher:
         """Hits of one query from its hit rows, scores, primary clusters (-1: none) and memory
         ids, with texts and cluster labels; records the access."""
         state = self.state
-        profiles = state.profiles
+        label = state.profiles.get
         unlabelled = ("", ())
-        hits = []
-        for mid, score, cid, (text, kind_, ns, created, meta, key) in zip(
-                mids, scores, clusters, state.catalog.details_list(mids)):
-            summary, tags = profiles.get(cid, unlabelled)
-            hits.append(make_hit(mid, text, score, cid if cid >= 0 else None, summary, list(tags), kind_, ns,
-                                 created, meta, key))
+        hits = [make_hit(mid, text, score, cid if cid >= 0 else None, (p := label(cid, unlabelled))[0], list(p[1]),
+                         kind_, ns, created, meta, key)
+                for mid, score, cid, (text, kind_, ns, created, meta, key)
+                in zip(mids, scores, clusters, state.catalog.details_list(mids))]
         state.access.record(state.rows, rows, clusters, time.time())
         return hits
 
@@ -376,6 +391,14 @@ class Searcher:
         w = rows.weights(policy, now)
         self._weights = (rows.version, now, w)
         return w
+
+
+def check_finite_query(q: np.ndarray) -> None:
+    """Refuse a float32 query vector holding NaN or infinity."""
+    # A NaN or infinity makes the sum non-finite (cheaper than isfinite(q).all()); a huge
+    # finite vector whose sum overflows gets the full check.
+    if not math.isfinite(float(q.sum())) and not np.isfinite(q).all():
+        raise ValueError("query vector holds NaN or infinity")
 
 
 def _probed(padded: list[int]) -> list[int]:
