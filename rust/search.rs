@@ -11,6 +11,7 @@
 //! A single flat query is split over row chunks in parallel; batches run one query per task.
 
 use std::cell::OnceCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
@@ -38,6 +39,26 @@ pub struct Params<'a> {
     /// searches the same rows again and again gathers them once, and each search then streams
     /// one block instead of reading rows scattered over the file.
     pub rows_vectors: Option<&'a [f32]>,
+    /// A weight the search met that is negative, NaN or infinite: its row + 1 (0 = none).
+    /// `search` fails with it when it returns (see [`Params::weigh`]).
+    pub bad_weight: AtomicUsize,
+}
+
+impl Params<'_> {
+    /// Row `r`'s score multiplier from `w`. Weights are checked where a search reads them: a
+    /// bad one is noted for `search` to refuse, and scores 0 meanwhile. A pass over every
+    /// row's weight per search read 4 MB at 1M rows and made a decayed store's search 8x
+    /// slower (1.65 vs 0.21 ms).
+    #[inline]
+    fn weigh(&self, w: &[f32], r: usize) -> f32 {
+        let x = w[r];
+        if (0.0..=f32::MAX).contains(&x) {
+            x
+        } else {
+            let _ = self.bad_weight.compare_exchange(0, r + 1, Ordering::Relaxed, Ordering::Relaxed);
+            0.0
+        }
+    }
 }
 
 /// Adaptive probing: the clusters are ranked by centre score s_1 >= s_2 >= ... and probed in
@@ -154,15 +175,21 @@ pub fn check(params: &Params, n_rows: usize, dim: usize, queries: &[f32]) -> Res
         if w.len() != n_rows {
             return Err(Error::Value(format!("weights has {} entries but the index has {n_rows} rows", w.len())));
         }
-        if let Some(i) = w.iter().position(|x| !x.is_finite() || *x < 0.0) {
-            return Err(Error::Value(format!("weights[{i}] = {} is not a finite value >= 0", w[i])));
-        }
     }
     Ok(())
 }
 
 /// Search `queries` (q x dim, already normalised) over `data` (the committed rows).
 pub fn search(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Result<Results> {
+    let res = search_unchecked_weights(cl, data, dim, queries, p)?;
+    match (p.bad_weight.load(Ordering::Relaxed), p.weights) {
+        (0, _) | (_, None) => Ok(res),
+        (r, Some(w)) => Err(Error::Value(format!("weights[{}] = {} is not a finite value >= 0", r - 1, w[r - 1]))),
+    }
+}
+
+/// `search`, with the weights of the rows it scores noted in `p.bad_weight`, not refused.
+fn search_unchecked_weights(cl: &Clusters, data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Result<Results> {
     let n_rows = data.len() / dim.max(1);
     check(p, n_rows, dim, queries)?;
     if cl.n_rows() < n_rows {
@@ -249,7 +276,7 @@ fn score_vector(v: &[f32], q: &[f32], r: usize, p: &Params) -> Option<f32> {
         return None;
     }
     let s = kernels::dot(q, v);
-    Some(p.weights.map_or(s, |w| s * w[r]))
+    Some(p.weights.map_or(s, |w| s * p.weigh(w, r)))
 }
 
 /// Exact search over the listed rows only (queries in parallel): a filter that leaves a few
@@ -352,7 +379,7 @@ fn flat_batch(data: &[f32], dim: usize, queries: &[f32], p: &Params) -> Vec<(Top
                     continue;
                 }
                 scanned += 1;
-                let w = p.weights.map_or(1.0, |w| w[r]);
+                let w = p.weights.map_or(1.0, |w| p.weigh(w, r));
                 let row = &buf[(r - lo) * q..(r - lo + 1) * q];
                 for (t, &s) in tops.iter_mut().zip(row) {
                     t.push(if p.weights.is_some() { s * w } else { s }, r as u32);
@@ -586,7 +613,7 @@ fn two_stage_one(
                 if p.mask.is_some_and(|m| m[r as usize] == 0) {
                     return;
                 }
-                shortlist.push(if let Some(w) = p.weights { approx * w[r as usize] } else { approx }, r);
+                shortlist.push(if let Some(w) = p.weights { approx * p.weigh(w, r as usize) } else { approx }, r);
                 scanned += 1;
             });
         } else {
@@ -618,7 +645,7 @@ fn two_stage_one(
     for s in shortlist {
         // The mask was applied when the row entered the shortlist.
         let exact = kernels::dot(q, &data[s.id as usize * dim..(s.id as usize + 1) * dim]);
-        top.push(if let Some(w) = p.weights { exact * w[s.id as usize] } else { exact }, s.id);
+        top.push(if let Some(w) = p.weights { exact * p.weigh(w, s.id as usize) } else { exact }, s.id);
     }
     (top, scanned)
 }
@@ -719,11 +746,11 @@ pub(crate) mod tests {
         assert!(search(&cl, &data, dim, &q, &oob).is_err());
         // The same rows from a gathered copy: the same answer.
         let block: Vec<f32> = rows.iter().flat_map(|&r| data[r as usize * dim..(r as usize + 1) * dim].to_vec()).collect();
-        let gathered = Params { rows_vectors: Some(&block), ..listed };
+        let gathered = Params { rows_vectors: Some(&block), bad_weight: Default::default(), ..listed };
         let c = search(&cl, &data, dim, &q, &gathered).unwrap();
         assert_eq!(c.ids, a.ids);
         assert_eq!(c.scores, a.scores);
-        let short = Params { rows_vectors: Some(&block[dim..]), ..listed };
+        let short = Params { rows_vectors: Some(&block[dim..]), bad_weight: Default::default(), ..gathered };
         assert!(search(&cl, &data, dim, &q, &short).is_err());
         // One query runs without the parallel iterator: the same answer as its row of a batch.
         let single = search(&cl, &data, dim, &q[..dim], &gathered).unwrap();
@@ -747,7 +774,7 @@ pub(crate) mod tests {
             c.grow_rows(n);
             c
         };
-        let p = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None };
+        let p = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None, ..Default::default() };
         let r = search(&cl, &d, dim, &q, &p).unwrap();
         for qi in 0..3 {
             let want = brute(&d, dim, &q[qi * dim..(qi + 1) * dim], 10);
@@ -760,7 +787,7 @@ pub(crate) mod tests {
         assert_eq!(&r1.ids[..], &r.ids[..10]);
         // k larger than the store.
         let small = &d[..5 * dim];
-        let p = Params { k: 8, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None };
+        let p = Params { k: 8, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None, ..Default::default() };
         let r = search(&cl, small, dim, &q[..dim], &p).unwrap();
         assert_eq!(r.counts[0], 5);
         assert_eq!(r.ids[5..], [-1, -1, -1]);
@@ -787,8 +814,8 @@ pub(crate) mod tests {
         let q = data(4, dim, 7);
         let mask: Vec<u8> = (0..n).map(|r| (r % 3 != 0) as u8).collect();
         let w: Vec<f32> = (0..n).map(|r| 0.5 + (r % 5) as f32 * 0.1).collect();
-        let flat = Params { k: 20, n_probe: 1, adaptive: None, flat: true, mask: Some(&mask), weights: Some(&w), rows: None, rows_vectors: None };
-        let all = Params { k: 20, n_probe: 10, adaptive: None, flat: false, mask: Some(&mask), weights: Some(&w), rows: None, rows_vectors: None };
+        let flat = Params { k: 20, n_probe: 1, adaptive: None, flat: true, mask: Some(&mask), weights: Some(&w), rows: None, rows_vectors: None, ..Default::default() };
+        let all = Params { k: 20, n_probe: 10, adaptive: None, flat: false, mask: Some(&mask), weights: Some(&w), rows: None, rows_vectors: None, ..Default::default() };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert_eq!(a.ids, b.ids);
@@ -799,7 +826,7 @@ pub(crate) mod tests {
         cl.member_cache = true;
         assert_eq!(b.scanned[0], mask.iter().filter(|&&m| m != 0).count() as i64);
         // Pending rows (2900..3000) are findable in two-stage mode with one probe.
-        let one = Params { k: 1, n_probe: 1, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None };
+        let one = Params { k: 1, n_probe: 1, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None, ..Default::default() };
         let r = search(&cl, &d, dim, &d[2950 * dim..2951 * dim], &one).unwrap();
         assert_eq!(r.ids[0], 2950);
         assert_eq!(r.clusters[0], -1);
@@ -815,8 +842,8 @@ pub(crate) mod tests {
         cl.grow_rows(n);
         cl.kmeans(4, None, 0, &d).unwrap();
         let q = data(8, dim, 9);
-        let flat = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None };
-        let all = Params { k: 10, n_probe: 4, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None };
+        let flat = Params { k: 10, n_probe: 1, adaptive: None, flat: true, mask: None, weights: None, rows: None, rows_vectors: None, ..Default::default() };
+        let all = Params { k: 10, n_probe: 4, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None, ..Default::default() };
         let a = search(&cl, &d, dim, &q, &flat).unwrap();
         let b = search(&cl, &d, dim, &q, &all).unwrap();
         assert!(cl.slots().iter().all(|c| c.cache.get().is_some()), "codes path not taken");
@@ -906,7 +933,7 @@ pub(crate) mod tests {
     fn bad_params_are_errors() {
         let cl = Clusters::new(4);
         let q = [1.0, 0.0, 0.0, 0.0];
-        let mk = |k, n_probe| Params { k, n_probe, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None };
+        let mk = |k, n_probe| Params { k, n_probe, adaptive: None, flat: false, mask: None, weights: None, rows: None, rows_vectors: None, ..Default::default() };
         assert!(search(&cl, &[], 4, &q, &mk(0, 1)).is_err());
         assert!(search(&cl, &[], 4, &q, &mk(1, 0)).is_err());
         let r = search(&cl, &[], 4, &q, &mk(3, 1)).unwrap();
@@ -915,7 +942,43 @@ pub(crate) mod tests {
         let one = [1.0, 0.0, 0.0, 0.0];
         let mut c1 = Clusters::new(4);
         c1.grow_rows(1);
-        let p = Params { k: 1, n_probe: 1, adaptive: None, flat: true, mask: None, weights: Some(&w), rows: None, rows_vectors: None };
+        let p = Params { k: 1, n_probe: 1, adaptive: None, flat: true, mask: None, weights: Some(&w), rows: None, rows_vectors: None, ..Default::default() };
         assert!(search(&c1, &one, 4, &q, &p).is_err());
+    }
+
+    #[test]
+    fn a_bad_weight_fails_every_search_that_scores_its_row() {
+        // Weights are checked where a search reads them (not in a pass over all of them):
+        // every path that scores the row refuses; a probe that never reaches it answers.
+        let dim = 16;
+        let n = 2000;
+        let d = data(n, dim, 3);
+        let mut cl = Clusters::new(dim);
+        cl.grow_rows(n);
+        cl.kmeans(8, Some(&(0..n as i64).collect::<Vec<i64>>()), 0, &d).unwrap();
+        let q = d[..dim].to_vec(); // row 0: its own cluster is probed first
+        let home = cl.cluster_of(0).unwrap();
+        let far = (0..n as i64).find(|&r| cl.cluster_of(r).unwrap() != home).unwrap() as usize;
+        for (bad_row, value) in [(0usize, f32::NAN), (0, -1.0), (0, f32::INFINITY), (far, f32::NAN)] {
+            let mut w = vec![1.0f32; n];
+            w[bad_row] = value;
+            let listed = [0u32, far as u32];
+            for (name, p) in [
+                ("flat", Params { k: 3, flat: true, weights: Some(&w), ..Default::default() }),
+                ("flat batch", Params { k: 3, flat: true, weights: Some(&w), ..Default::default() }),
+                ("every cluster", Params { k: 3, n_probe: 8, weights: Some(&w), ..Default::default() }),
+                ("listed", Params { k: 3, n_probe: 1, rows: Some(&listed), weights: Some(&w), ..Default::default() }),
+            ] {
+                let qs = if name == "flat batch" { [q.clone(), q.clone()].concat() } else { q.clone() };
+                let err = search(&cl, &d, dim, &qs, &p).err().unwrap_or_else(|| panic!("{name}: row {bad_row} = {value}"));
+                assert!(err.to_string().contains(&format!("weights[{bad_row}]")), "{name}: {err}");
+            }
+        }
+        let mut w = vec![1.0f32; n];
+        w[far] = f32::NAN;
+        let one = Params { k: 3, n_probe: 1, weights: Some(&w), ..Default::default() };
+        let r = search(&cl, &d, dim, &q, &one).unwrap();
+        assert_eq!(r.ids[0], 0);
+        assert!(r.scanned[0] < n as i64);
     }
 }

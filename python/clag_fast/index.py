@@ -427,7 +427,9 @@ class VectorIndex:
         ``probed`` then lists the clusters probed, best first, padded with -1 to ``n_probe``.
 
         ``mask``: bool[len] (True = eligible). ``weights``: float32[len], finite, >= 0; each
-        score is multiplied by its row's weight before ranking. ``rows``: score exactly these
+        score is multiplied by its row's weight before ranking. A weight that is not is
+        refused (ValueError naming it) by every search that scores its row; weights are
+        checked as rows are scored, not in a pass over all of them per search. ``rows``: score exactly these
         row numbers (an exact search of a small filtered set: their dot products only, no
         stage 1; ``mask``/``weights`` still apply). ``rows_vectors``: the vectors of ``rows``,
         gathered contiguous (:meth:`gather`), for a caller that searches the same rows

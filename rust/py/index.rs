@@ -380,7 +380,7 @@ impl PyVectorIndex {
             Some(a) => Some(slice2(a, "rows_vectors")?),
             None => None,
         };
-        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: r, rows_vectors: rv };
+        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: r, rows_vectors: rv, ..Default::default() };
         let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
         Ok((
             matrix(py, nq, k, r.ids),
@@ -416,7 +416,7 @@ impl PyVectorIndex {
         let mids = slice(&memory_ids, "memory_ids")?;
         let (m, w) = filters(&mask, &weights)?;
         let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap, min_rows });
-        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: None, rows_vectors: None };
+        let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: None, rows_vectors: None, ..Default::default() };
         let r = py.detach(|| {
             self.with(|ix| {
                 // One query: `search` would read a longer slice as several queries.
