@@ -7,10 +7,12 @@ byte for byte, or everything a caller can observe)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sqlite3
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -539,3 +541,69 @@ def test_single_vector_search_answers_as_the_batch_path_does(tmp_path, monkeypat
         before = s.stats()["searches"]
         s.search(queries[1], k=3)
         assert s.stats()["searches"] == before + 1
+
+
+def test_search_after_writes_answers_as_a_fresh_open(tmp_path):
+    # A search keeps the eligible rows and their count up to date with the rows each write
+    # changed (not rebuilt per write); after adds, updates and deletes it must answer as the
+    # same store freshly opened (everything rebuilt from the database).
+    path = tmp_path / "s"
+    vecs, top = topic_vectors(360, 8, seed=3)
+    queries = topic_vectors(12, 8, seed=9)[0]
+    with open_store(path) as s:
+        ids = s.add_many(texts_for(top[:200]), embeddings=vecs[:200])
+        s.organize()
+        s.search(queries[0])  # the derived state exists before the writes below
+        ids += s.add_many(texts_for(top[200:300], 200), embeddings=vecs[200:300])
+        for i in range(300, 330):
+            ids.append(s.add(f"single {i}", embedding=vecs[i]))
+            s.search(queries[i % len(queries)])
+        s.update(ids[3], text="moved", embedding=vecs[340])
+        s.delete(ids[5])
+        assert s.delete_many(ids[10:39]) == 29
+        s.search(queries[1])
+        ids += s.add_many(texts_for(top[330:340], 330), embeddings=vecs[330:340])
+        got = [s.search(q, k=8) for q in queries]
+    with open_store(path) as s:
+        want = [s.search(q, k=8) for q in queries]
+    live = len(ids) - 30
+    for g, w in zip(got, want):
+        assert [h.memory_id for h in g] == [h.memory_id for h in w]
+        np.testing.assert_allclose([h.score for h in g], [h.score for h in w], rtol=1e-6)
+        assert g.candidates == w.candidates == live
+
+
+def test_decay_weights_follow_writes_row_by_row(tmp_path, monkeypatch):
+    # Between full rebuilds (one a minute), the weights a search uses are brought up to date
+    # for the rows each write changed, at the rebuild's clock: they must equal a full
+    # computation at that clock. A test clock makes the first memories 3 days old (weight
+    # 2**-1.5 at a 2-day half-life) and the later ones new; no search runs in between (a
+    # search's accesses count only at the next full rebuild, by design).
+    clock = [1.7e9]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    policy = ForgettingPolicy(half_life_days=2.0)
+    vecs, top = topic_vectors(360, 8, seed=3)
+    with open_store(tmp_path / "s", config=dataclasses.replace(FAST, forgetting=policy)) as s:
+        searcher, rows = s._searcher, s._state.rows
+        ids = s.add_many(texts_for(top[:200]), embeddings=vecs[:200])
+        s.organize()
+        clock[0] += 3 * 86400
+        searcher._decay_weights()  # a full build at this clock
+        built_at = clock[0]
+        clock[0] += 10
+        ids += s.add_many(texts_for(top[200:300], 200), embeddings=vecs[200:300])
+        for i in range(300, 330):
+            ids.append(s.add(f"single {i}", embedding=vecs[i]))
+            searcher._decay_weights()
+        s.update(ids[3], text="moved", embedding=vecs[340])  # keeps its creation time: old
+        s.delete_many(ids[10:39])
+        ids += s.add_many(texts_for(top[330:340], 330), embeddings=vecs[330:340])
+        w = searcher._decay_weights()
+        assert searcher._weights[1] == built_at  # no full rebuild happened
+        want = rows.weights(policy, built_at)
+        live = rows.live[: rows.n]
+        np.testing.assert_allclose(w[live], want[live], rtol=1e-6)
+        assert len(w) == rows.n and np.isclose(w[live], 2 ** -1.5).sum() == 200 - 29 - 1 + 1
+        clock[0] += 61  # a minute on: everything is rebuilt at the new clock
+        searcher._decay_weights()
+        assert searcher._weights[1] == clock[0]

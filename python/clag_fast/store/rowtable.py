@@ -20,6 +20,8 @@ from clag_fast.decay import ForgettingPolicy
 
 #: Searches recorded before their accesses are applied to the columns in one batch.
 _ACCESS_BATCH = 256
+#: Writes whose rows ``changed_since`` remembers; older versions answer None (rebuild all).
+_CHANGE_LOG = 64
 
 
 class RowTable:
@@ -40,6 +42,10 @@ class RowTable:
         self.strength = np.empty(0, np.float32)
         self._codes: dict[str, dict[str, int]] = {"namespace": {}, "kind": {}}
         self.version = 0
+        self.n_live = 0  # live rows, kept by set_rows and kill (a count per write was O(rows))
+        # (version, rows that write changed) of the last writes: derived per-row state (decay
+        # weights) is brought up to date for those rows instead of rebuilt.
+        self._changes: list[tuple[int, np.ndarray]] = []
         self._accesses: list[tuple[list[int], float]] = []  # recorded, not yet applied
         self._access_lock = threading.Lock()
 
@@ -64,13 +70,34 @@ class RowTable:
                 new[: self.n] = old[: self.n]
                 setattr(self, name, new)
             self._cap = cap
+        grown = np.arange(self.n, n_rows, dtype=np.int64)
         if n_rows > self.n:
             self.n = n_rows
-        self.touch()
+        self.touch(grown)
 
-    def touch(self) -> None:
-        """Mark a write: masks and weights callers derived from the columns are stale."""
+    def touch(self, rows: np.ndarray) -> None:
+        """Mark a write to ``rows``: masks and weights callers derived from the columns are
+        stale (``changed_since`` says for which rows)."""
         self.version += 1
+        self._changes.append((self.version, rows))
+        if len(self._changes) > _CHANGE_LOG:
+            del self._changes[0]
+
+    def changed_since(self, version: int) -> np.ndarray | None:
+        """The rows written after ``version`` (possibly repeated), or None when that is
+        further back than the log remembers."""
+        if version == self.version:
+            return np.empty(0, np.int64)
+        if not self._changes or self._changes[0][0] > version + 1:
+            return None
+        return np.concatenate([r for v, r in self._changes if v > version])
+
+    def _count_live(self, rows: np.ndarray) -> int:
+        """Live rows among ``rows`` (each counted once)."""
+        rows = np.asarray(rows, np.int64)
+        if len(rows) > 1 and not (rows[1:] > rows[:-1]).all():  # not strictly ascending
+            rows = np.unique(rows)
+        return int(np.count_nonzero(self.live[rows]))
 
     def code(self, column: str, value: str, *, create: bool = True) -> int:
         """Small integer code for a namespace or kind string (-2 when unknown and not created)."""
@@ -114,6 +141,7 @@ class RowTable:
         live: np.ndarray | None = None,
     ) -> None:
         self.ensure(int(rows.max()) + 1 if len(rows) else self.n)
+        was_live = self._count_live(rows)
         self.memory_id[rows] = memory_ids
         self.namespace[rows] = self._encode("namespace", namespaces)
         self.kind[rows] = self._encode("kind", kinds)
@@ -122,11 +150,13 @@ class RowTable:
         self.access_count[rows] = 0.0 if access_count is None else access_count
         self.strength[rows] = 1.0 if strength is None else strength
         self.live[rows] = True if live is None else live
-        self.touch()
+        self.n_live += self._count_live(rows) - was_live
+        self.touch(np.asarray(rows, np.int64))
 
     def kill(self, rows: np.ndarray) -> None:
+        self.n_live -= self._count_live(rows)
         self.live[rows] = False
-        self.touch()
+        self.touch(np.asarray(rows, np.int64))
 
     # -- accesses ----------------------------------------------------------------------
     def record_access(self, hit_rows: list[int], now: float) -> None:
@@ -183,13 +213,9 @@ class RowTable:
             m &= self.created_at[: self.n] < until
         return m
 
-    def weights(self, policy: ForgettingPolicy, now: float) -> np.ndarray:
+    def weights(self, policy: ForgettingPolicy, now: float, rows: np.ndarray | None = None) -> np.ndarray:
+        """Decay weights at ``now`` of every row, or of ``rows`` only."""
         self.settle_access()
-        n = self.n
-        return policy.weights(
-            now,
-            self.created_at[:n],
-            self.last_accessed[:n],
-            self.access_count[:n],
-            self.strength[:n],
-        )
+        at = slice(0, self.n) if rows is None else rows
+        return policy.weights(now, self.created_at[at], self.last_accessed[at], self.access_count[at],
+                              self.strength[at])

@@ -89,7 +89,14 @@ class Searcher:
             self._drop_filters()
             self._filters_version = version
         entry = self._filters.get(filters)
-        if entry is None:
+        if entry is None and filters == _NO_FILTER:
+            # Every live row: the live column itself (a view: writes, which change it, run
+            # under the write lock and drop this entry) and its kept count. Building it anew
+            # after each write cost a copy and a count of every row (0.06 ms at 1M).
+            n = rows.n
+            entry = _FilterEntry(None if rows.n_live == n else rows.live[:n], rows.n_live)
+            self._filters[filters] = entry
+        elif entry is None:
             mask = rows.mask(*filters[:4])
             if filters[4] is not None:
                 table = self.state.field_table(filters_mod.fields_of(filters[4]))
@@ -374,11 +381,12 @@ class Searcher:
         return hits
 
     def _decay_weights(self) -> np.ndarray | None:
-        """Per-row decay weights, recomputed after writes or once a minute.
+        """Per-row decay weights: every row's once a minute, and in between those of the rows
+        that writes changed (at the same clock), so a write costs its rows, not the store's.
 
         A half-life is measured in days, so a minute-old weight is off by < 0.05% even at a
         one-day half-life, while recomputing costs ~2 ms per 100k rows: several times a
-        two-stage search. Accesses by searches count at the next recomputation.
+        two-stage search. Accesses by searches count at the next full recomputation.
         """
         policy = self.state.config.forgetting
         if not policy.active:
@@ -386,11 +394,28 @@ class Searcher:
         now = time.time()
         rows = self.state.rows
         cached = self._weights
-        if cached is not None and cached[0] == rows.version and now - cached[1] < 60.0:
-            return cached[2]
+        if cached is not None and now - cached[1] < 60.0:
+            version, t, buf = cached
+            if version == rows.version:
+                return buf[: rows.n]
+            # Writes since: recompute the rows they changed (same clock), not every row; an
+            # add into a 1M store recomputed 1M weights for the next search (6.8 ms).
+            changed = rows.changed_since(version)
+            if changed is not None and len(changed) <= max(1024, rows.n // 8):
+                if rows.n > len(buf):
+                    grown = np.empty(max(rows.n, 2 * len(buf)), np.float32)  # doubling: amortised
+                    grown[: len(buf)] = buf
+                    buf = grown
+                if len(changed):
+                    buf[changed] = rows.weights(policy, t, changed)
+                self._weights = (rows.version, t, buf)
+                return buf[: rows.n]
         w = rows.weights(policy, now)
         self._weights = (rows.version, now, w)
         return w
+
+
+_NO_FILTER = (None, None, None, None, None)  # (namespace, kind, since, until, where)
 
 
 def check_finite_query(q: np.ndarray) -> None:
