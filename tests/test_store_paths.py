@@ -544,33 +544,43 @@ def test_single_vector_search_answers_as_the_batch_path_does(tmp_path, monkeypat
 
 
 def test_search_after_writes_answers_as_a_fresh_open(tmp_path):
-    # A search keeps the eligible rows and their count up to date with the rows each write
-    # changed (not rebuilt per write); after adds, updates and deletes it must answer as the
-    # same store freshly opened (everything rebuilt from the database).
+    # A search keeps the eligible rows of each filter and their count up to date with the
+    # rows each write changed (not rebuilt per write); after adds, updates and deletes in
+    # two namespaces it must answer as the same store freshly opened (everything rebuilt
+    # from the database), filtered or not.
     path = tmp_path / "s"
     vecs, top = topic_vectors(360, 8, seed=3)
     queries = topic_vectors(12, 8, seed=9)[0]
+    filters = [{}, {"namespace": "a"}, {"namespace": "b"}, {"kind": "note"}, {"namespace": "a", "kind": "note"},
+               {"namespace": "nobody"}]
+
+    def searches(s):
+        return [s.search(q, k=8, **f) for q in queries for f in filters]
+
     with open_store(path) as s:
-        ids = s.add_many(texts_for(top[:200]), embeddings=vecs[:200])
+        ids = s.add_many(texts_for(top[:200]), embeddings=vecs[:200], namespaces="a")
         s.organize()
-        s.search(queries[0])  # the derived state exists before the writes below
-        ids += s.add_many(texts_for(top[200:300], 200), embeddings=vecs[200:300])
+        searches(s)  # the filters' derived state exists before the writes below
+        ids += s.add_many(texts_for(top[200:300], 200), embeddings=vecs[200:300], namespaces="b", kinds="note")
         for i in range(300, 330):
-            ids.append(s.add(f"single {i}", embedding=vecs[i]))
-            s.search(queries[i % len(queries)])
+            ids.append(s.add(f"single {i}", embedding=vecs[i], namespace="ab"[i % 2], kind="note"))
+            s.search(queries[i % len(queries)], namespace="a")
+            s.search(queries[i % len(queries)], kind="note")
         s.update(ids[3], text="moved", embedding=vecs[340])
         s.delete(ids[5])
         assert s.delete_many(ids[10:39]) == 29
-        s.search(queries[1])
-        ids += s.add_many(texts_for(top[330:340], 330), embeddings=vecs[330:340])
-        got = [s.search(q, k=8) for q in queries]
+        assert s.delete_many(ids[205:210]) == 5
+        searches(s)
+        ids += s.add_many(texts_for(top[330:340], 330), embeddings=vecs[330:340], namespaces="a", kinds="note")
+        got = searches(s)
     with open_store(path) as s:
-        want = [s.search(q, k=8) for q in queries]
-    live = len(ids) - 30
+        want = searches(s)
+    assert sum(len(g) for g in got) > 0
     for g, w in zip(got, want):
         assert [h.memory_id for h in g] == [h.memory_id for h in w]
         np.testing.assert_allclose([h.score for h in g], [h.score for h in w], rtol=1e-6)
-        assert g.candidates == w.candidates == live
+        assert g.candidates == w.candidates
+    assert got[0].candidates == len(ids) - 35
 
 
 def test_decay_weights_follow_writes_row_by_row(tmp_path, monkeypatch):

@@ -200,17 +200,21 @@ class RowTable:
         kind: str | None = None,
         since: float | None = None,
         until: float | None = None,
+        *,
+        rows: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Boolean mask over all rows: live and matching every given filter."""
-        m = self.live[: self.n].copy()
+        """Boolean mask over all rows (or over ``rows``, in their order): live and matching
+        every given filter."""
+        at = slice(0, self.n) if rows is None else rows
+        m = self.live[at].copy()
         if namespace is not None:
-            m &= self.namespace[: self.n] == self.code("namespace", namespace, create=False)
+            m &= self.namespace[at] == self.code("namespace", namespace, create=False)
         if kind is not None:
-            m &= self.kind[: self.n] == self.code("kind", kind, create=False)
+            m &= self.kind[at] == self.code("kind", kind, create=False)
         if since is not None:
-            m &= self.created_at[: self.n] >= since
+            m &= self.created_at[at] >= since
         if until is not None:
-            m &= self.created_at[: self.n] < until
+            m &= self.created_at[at] < until
         return m
 
     def weights(self, policy: ForgettingPolicy, now: float, rows: np.ndarray | None = None) -> np.ndarray:

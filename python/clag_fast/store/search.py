@@ -26,6 +26,7 @@ from clag_fast.index import SearchResult
 from clag_fast.results import Hit, Hits, make_hit
 from clag_fast.store import filters as filters_mod
 from clag_fast.store.lexical import LexicalIndex, fuse
+from clag_fast.store.rowtable import RowTable
 from clag_fast.store.state import StoreState
 
 #: Vector and lexical hits each taken as hybrid candidates (at least k). 30 against 50: LoCoMo
@@ -50,11 +51,12 @@ class _FilterEntry:
     every row is eligible), the eligible count, and the eligible rows with their gathered
     vectors once a flat search needed them (``Searcher._subset``)."""
 
-    __slots__ = ("mask", "count", "subset")
+    __slots__ = ("mask", "count", "n", "subset")
 
-    def __init__(self, mask: np.ndarray | None, count: int) -> None:
+    def __init__(self, mask: np.ndarray | None, count: int, n: int) -> None:
         self.mask = mask
         self.count = count
+        self.n = n  # the rows it covers (the mask's length; the row table's when mask is None)
         self.subset: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -86,15 +88,14 @@ class Searcher:
         rows = self.state.rows
         version = (rows.version, self.state.fields.version)
         if self._filters_version != version:
-            self._drop_filters()
-            self._filters_version = version
+            self._follow_writes(version)
         entry = self._filters.get(filters)
         if entry is None and filters == _NO_FILTER:
             # Every live row: the live column itself (a view: writes, which change it, run
             # under the write lock and drop this entry) and its kept count. Building it anew
             # after each write cost a copy and a count of every row (0.06 ms at 1M).
             n = rows.n
-            entry = _FilterEntry(None if rows.n_live == n else rows.live[:n], rows.n_live)
+            entry = _FilterEntry(None if rows.n_live == n else rows.live[:n], rows.n_live, n)
             self._filters[filters] = entry
         elif entry is None:
             mask = rows.mask(*filters[:4])
@@ -102,7 +103,7 @@ class Searcher:
                 table = self.state.field_table(filters_mod.fields_of(filters[4]))
                 mask &= filters_mod.mask(filters[4], table, rows.n)
             count = int(np.count_nonzero(mask))
-            entry = _FilterEntry(None if count == len(mask) else mask, count)
+            entry = _FilterEntry(None if count == len(mask) else mask, count, len(mask))
             if len(self._filters) > 64:  # many distinct filters: keep memory bounded
                 self._drop_filters()
             # Building a metadata column (a field's first where=) bumps their version: key
@@ -110,6 +111,29 @@ class Searcher:
             self._filters_version = (rows.version, self.state.fields.version)
             self._filters[filters] = entry
         return entry
+
+    def _follow_writes(self, version: tuple[int, int]) -> None:
+        """Bring the filter cache to ``version`` (row table, metadata columns). Entries of
+        namespace/kind/time filters are carried over with their rows that writes changed
+        recomputed (a copy of the mask and those rows: at 1M rows a namespace filter's mask
+        rebuilt per write cost ~1 ms per search in a read/write mix); the rest are dropped
+        and rebuilt when asked for."""
+        rows = self.state.rows
+        old_rows, old_fields = self._filters_version
+        changed = rows.changed_since(old_rows) if old_fields == version[1] and old_rows >= 0 else None
+        if changed is None or len(changed) > max(1024, rows.n // 8):
+            self._drop_filters()
+            self._filters_version = version
+            return
+        changed = np.unique(changed)
+        carried = {}
+        for key, entry in list(self._filters.items()):
+            if key != _NO_FILTER and key[4] is None:
+                carried[key] = _carried(entry, rows, key, changed)
+        with self._subsets_lock:
+            self._filters = carried
+            self._subset_bytes = 0
+        self._filters_version = version
 
     def _drop_filters(self) -> None:
         with self._subsets_lock:
@@ -416,6 +440,20 @@ class Searcher:
 
 
 _NO_FILTER = (None, None, None, None, None)  # (namespace, kind, since, until, where)
+
+
+def _carried(entry: _FilterEntry, rows: RowTable, filters: tuple, changed: np.ndarray) -> _FilterEntry:
+    """A namespace/kind/time filter's entry after writes to the ``changed`` rows (unique):
+    a new mask (searches may still read the old one) with those rows recomputed."""
+    n, old_n = rows.n, entry.n
+    mask = np.empty(n, bool)
+    mask[:old_n] = True if entry.mask is None else entry.mask
+    mask[old_n:] = False  # rows added since are among the changed ones
+    before = int(np.count_nonzero(mask[changed]))
+    now = rows.mask(*filters[:4], rows=changed)
+    mask[changed] = now
+    count = entry.count - before + int(np.count_nonzero(now))
+    return _FilterEntry(None if count == n else mask, count, n)
 
 
 def check_finite_query(q: np.ndarray) -> None:
