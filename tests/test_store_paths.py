@@ -552,21 +552,25 @@ def test_search_after_writes_answers_as_a_fresh_open(tmp_path):
     vecs, top = topic_vectors(360, 8, seed=3)
     queries = topic_vectors(12, 8, seed=9)[0]
     filters = [{}, {"namespace": "a"}, {"namespace": "b"}, {"kind": "note"}, {"namespace": "a", "kind": "note"},
-               {"namespace": "nobody"}]
+               {"namespace": "nobody"}, {"where": {"n": 1}}, {"namespace": "a", "where": {"n": {"$gte": 1}}}]
+    meta = [{"n": i % 3} for i in range(360)]
 
     def searches(s):
         return [s.search(q, k=8, **f) for q in queries for f in filters]
 
     with open_store(path) as s:
-        ids = s.add_many(texts_for(top[:200]), embeddings=vecs[:200], namespaces="a")
+        ids = s.add_many(texts_for(top[:200]), embeddings=vecs[:200], namespaces="a", metadata=meta[:200])
         s.organize()
         searches(s)  # the filters' derived state exists before the writes below
-        ids += s.add_many(texts_for(top[200:300], 200), embeddings=vecs[200:300], namespaces="b", kinds="note")
+        ids += s.add_many(texts_for(top[200:300], 200), embeddings=vecs[200:300], namespaces="b", kinds="note",
+                          metadata=meta[200:300])
         for i in range(300, 330):
-            ids.append(s.add(f"single {i}", embedding=vecs[i], namespace="ab"[i % 2], kind="note"))
+            ids.append(s.add(f"single {i}", embedding=vecs[i], namespace="ab"[i % 2], kind="note", metadata=meta[i]))
             s.search(queries[i % len(queries)], namespace="a")
             s.search(queries[i % len(queries)], kind="note")
         s.update(ids[3], text="moved", embedding=vecs[340])
+        s.update(ids[7], metadata={"n": 1})  # metadata alone: the rows' columns do not change
+        searches(s)
         s.delete(ids[5])
         assert s.delete_many(ids[10:39]) == 29
         assert s.delete_many(ids[205:210]) == 5

@@ -119,8 +119,8 @@ class Searcher:
         rebuilt per write cost ~1 ms per search in a read/write mix); the rest are dropped
         and rebuilt when asked for."""
         rows = self.state.rows
-        old_rows, old_fields = self._filters_version
-        changed = rows.changed_since(old_rows) if old_fields == version[1] and old_rows >= 0 else None
+        old_rows = self._filters_version[0]
+        changed = rows.changed_since(old_rows) if old_rows >= 0 else None
         if changed is None or len(changed) > max(1024, rows.n // 8):
             self._drop_filters()
             self._filters_version = version
@@ -128,11 +128,13 @@ class Searcher:
         changed = np.unique(changed)
         carried = {}
         for key, entry in list(self._filters.items()):
+            # Metadata columns changed with the rows or alone (an update of metadata): the
+            # entries that read them are rebuilt; the others do not depend on them.
             if key != _NO_FILTER and key[4] is None:
-                carried[key] = _carried(entry, rows, key, changed)
+                carried[key] = entry if len(changed) == 0 else _carried(entry, rows, key, changed)
         with self._subsets_lock:
             self._filters = carried
-            self._subset_bytes = 0
+            self._subset_bytes = sum(e.subset[1].nbytes for e in carried.values() if e.subset is not None)
         self._filters_version = version
 
     def _drop_filters(self) -> None:
