@@ -16,6 +16,12 @@ namespace and text), a key already in its namespace is skipped before it is embe
 batch is one atomic ``add_many`` on its owner, where a key that slipped through is an upsert
 (same id). So a run killed at any point and started again ends with each row stored exactly
 once, and the second run embeds only what the first did not write.
+
+The owners write with ``defer_organize``: the stores' periodic re-organisations (every 5% of
+growth, so at every write of 2,048 up to ~41k memories) wait until the pipeline is done, and
+each owner then runs the one pass that is owed before ``ingest`` returns. They took most of
+an owner's CPU, on cores the embedder needs. A run killed before that pass leaves it owed in
+the store's database: the next ingest (or the next write, or ``organize()``) runs it.
 """
 
 from __future__ import annotations
@@ -171,9 +177,25 @@ class _Write:
             refs.append(owner_handle(self.layout, shard).add_many.remote(
                 [str(t) for t in batch["text"][idx]], np.ascontiguousarray(batch["vector"][idx], np.float32),
                 [str(k) for k in batch["kind"][idx]], [str(n) for n in batch["namespace"][idx]], None,
-                [str(k) for k in batch["key"][idx]]))
+                [str(k) for k in batch["key"][idx]], defer_organize=True))
         added = sum(len(ids) for ids in ray.get(refs))
         return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
+
+
+def _organize_owners(layout: ShardMap) -> None:
+    """The re-organisation each shard's writes put off (``defer_organize``), all shards at
+    once. Every existing shard is asked, not only those written to now: a resumed run that
+    found everything stored still settles what its killed predecessor left owed (a store
+    records it)."""
+    import ray
+
+    from clag_fast.distributed.backend import owner_handle
+
+    shards = [s for s in range(layout.shards) if (layout.shard_dir(s) / "memories.db").exists()]
+    reports = ray.get([owner_handle(layout, s).organize_deferred.remote() for s in shards])
+    for s, r in zip(shards, reports):
+        if r is not None:
+            log.info("shard %d organised after the ingest: %d clusters, %.2f s", s, r["clusters"], r["seconds"])
 
 
 def _pool(size: int) -> Any:
@@ -262,6 +284,7 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
         rows += int(out["rows"].sum())
         if progress is not None:
             progress(added)
+    _organize_owners(layout)
     report = IngestReport(rows=rows, skipped=rows - added, added=added, seconds=time.perf_counter() - t0)
     log.info("ingest into %s: %d rows, %d added, %d already stored, %.1f rows/s", root, report.rows,
              report.added, report.skipped, report.rate)

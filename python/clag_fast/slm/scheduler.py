@@ -73,6 +73,11 @@ class SLMScheduler:
         self._pending_lock = threading.Lock()
         self._evolve: list[tuple[int, int, str]] = []  # (memory id, row, text) awaiting evolution
         self._deferred: str | None = None  # a re-organisation a search asked for
+        # A re-organisation that fell due during deferred adds
+        # (``add_many(defer_organize=True)``) and has not run yet. Kept in the database too
+        # (``organize.OWED_META``), so a bulk load whose process died before it organised
+        # still owes it after a reopen.
+        self._owed: str | None = state.catalog.meta(org_ops.OWED_META) or None
         self._jobs: queue.Queue | None = None
         # Job kinds queued and not started yet: one of each is enough (a route job takes every
         # pending route when it runs, an organisation covers the adds before it). Without this
@@ -212,7 +217,12 @@ class SLMScheduler:
                 self._pending.append((ids[i], int(rows[i]), texts[i], placement.candidates[i][ok].tolist(),
                                       placement.scores[i][ok].tolist()))
 
-    def after_add(self) -> None:
+    def after_add(self, defer: bool = False) -> None:
+        """After a write: start the re-organisation that is due, if any. ``defer`` (a bulk
+        load's write): the cold start still runs (every later row is routed into its clusters,
+        and it is cheap at ``min_memories_to_cluster``), but a periodic, drift or confusion
+        pass that falls due is only recorded as owed, for ``run_owed`` or the next write
+        without ``defer``."""
         state = self._state
         if (state.config.labels is None and len(state.index.cluster_ids()) == 0
                 and len(state) >= state.config.min_memories_to_cluster):
@@ -222,12 +232,34 @@ class SLMScheduler:
             n_pending = len(self._pending)
         if n_pending >= self.config.route_batch:
             self._submit(("route",))
-        reason = self._triggers.due() or self._deferred
+        reason = self._triggers.due() or self._deferred or self._owed
+        if reason and defer:
+            self._owe(reason)
+            return
         self._deferred = None
         if reason:
             self._triggers.reset()
             self._triggers.organize_every = state.config.organize_period(len(state))
             self._submit(("organize", None, reason))
+
+    def _owe(self, reason: str) -> None:
+        """Record (in memory and, once, in the database) that a pass is owed."""
+        if self._owed is None:
+            with self._state.lock.write():
+                self._state.catalog.set_meta(org_ops.OWED_META, reason)
+            self._owed = reason
+
+    def run_owed(self) -> dict[str, Any] | None:
+        """Run, on the caller's thread, the re-organisation deferred writes left owed (one
+        pass, as the write that found it due would have run); None when nothing is owed."""
+        if self._state.read_only:
+            return None
+        reason = self._owed
+        if reason is None:
+            return None
+        self._triggers.reset()
+        self._triggers.organize_every = self._state.config.organize_period(len(self._state))
+        return self.organize(None, reason)
 
     def after_search(self, best_score: float) -> None:
         if self._state.read_only:
@@ -379,6 +411,9 @@ class SLMScheduler:
                     topics, vectors = [], None
         with state.lock.write():
             report = org_ops.organize(state, reason=reason, topics=topics, topic_vectors=vectors)
+            # Any pass settles what deferred writes owed (``organize`` cleared the record in
+            # its transaction).
+            self._owed = None
         # Without a worker, periodic and drift re-organisations run inside add(): profiles
         # written there come from vectors (free), and the SLM writes them at explicit
         # organize() calls, the cold start, and in background mode, so an SLM call never
