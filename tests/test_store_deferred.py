@@ -124,3 +124,21 @@ def test_a_killed_bulk_writer_leaves_the_pass_owed(tmp_path):
         assert sum(c.size > max_size for c in s.clusters()) <= 1  # split (a part with no cut may stay)
     with open_store(tmp_path / "s") as s:
         assert s.organize_deferred() is None
+
+
+def test_a_deferred_cold_start_labels_at_most_a_pass_worth(tmp_path, monkeypatch):
+    """The cold start of a bulk load labels ``LABELS_PER_PASS`` clusters (its clusters are the
+    first batch's, soon grown and split); a normal cold start labels every cluster."""
+    from clag_fast.slm import scheduler
+
+    monkeypatch.setattr(scheduler, "LABELS_PER_PASS", 3)
+    vecs, texts = _bulk(100)
+    counts = {}
+    for defer in (False, True):
+        with open_store(tmp_path / f"s{defer}") as s:
+            s.add_many(texts, embeddings=vecs, defer_organize=defer)
+            assert s.stats()["organizations"] == 1  # the cold start
+            clusters = s.clusters()
+            counts[defer] = (sum(bool(c.summary) for c in clusters), len(clusters))
+    assert counts[False][0] == counts[False][1] > 3
+    assert counts[True][0] == 3 and counts[True][1] == counts[False][1]

@@ -219,14 +219,17 @@ class SLMScheduler:
 
     def after_add(self, defer: bool = False) -> None:
         """After a write: start the re-organisation that is due, if any. ``defer`` (a bulk
-        load's write): the cold start still runs (every later row is routed into its clusters,
-        and it is cheap at ``min_memories_to_cluster``), but a periodic, drift or confusion
-        pass that falls due is only recorded as owed, for ``run_owed`` or the next write
-        without ``defer``."""
+        load's write): the cold start still runs (every later row is routed into its clusters),
+        labelling at most ``LABELS_PER_PASS`` clusters as a periodic pass does, but a
+        periodic, drift or confusion pass that falls due is only recorded as owed, for
+        ``run_owed`` or the next write without ``defer``."""
         state = self._state
         if (state.config.labels is None and len(state.index.cluster_ids()) == 0
                 and len(state) >= state.config.min_memories_to_cluster):
-            self._submit(("organize", None, "cold_start"))
+            # A bulk load's cold start sees its first batch only (341 clusters of 6 for
+            # 2,048 rows), clusters the load then grows and splits: labelling each of them
+            # (2.4 s of an owner's CPU, on cores the embedder needs) was mostly wasted.
+            self._submit(("organize", None, "cold_start", LABELS_PER_PASS if defer else None))
             return
         with self._pending_lock:
             n_pending = len(self._pending)
@@ -310,7 +313,7 @@ class SLMScheduler:
         if job[0] == "route":
             self.route_pending()
         elif job[0] == "organize":
-            self.organize(job[1], job[2])
+            self.organize(job[1], job[2], label_limit=job[3] if len(job) > 3 else None)
         elif job[0] == "profiles":
             self.write_profiles(use_slm=True)
 
@@ -394,7 +397,11 @@ class SLMScheduler:
         return org.select_clusters(query, [briefs[c] for c in candidates if c in briefs])
 
     def organize(self, task_context: str | None, reason: str,
-                 progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 label_limit: int | None = None) -> dict[str, Any]:
+        """One re-organisation, then the profiles it calls for: every cluster that needs one
+        for an explicit pass and the cold start, else (and with ``label_limit``) at most that
+        many (``LABELS_PER_PASS``)."""
         state = self._state
         self.route_pending()
         topics: list[str] = []
@@ -425,7 +432,8 @@ class SLMScheduler:
         budget = None if in_worker else self.config.profile_budget_s
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit",
-            limit=None if reason in ("explicit", "cold_start") else LABELS_PER_PASS)
+            limit=label_limit if label_limit is not None or reason in ("explicit", "cold_start")
+            else LABELS_PER_PASS)
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
             self._submit(("profiles",))
         return report
