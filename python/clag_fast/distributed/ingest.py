@@ -229,10 +229,9 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
       namespace and the text, so identical texts of a namespace are stored once).
     namespace_column: per-row namespaces (else every row goes to ``namespace``).
     vector_column: precomputed embeddings (then nothing is embedded).
-    batch_size: rows per write (one atomic ``add_many`` per shard owner). Each write may run
-      a periodic re-organisation with its cluster labels, whose cost does not shrink with
-      the batch: writing 20k short texts into one store in calls of 256 took 145 us of CPU
-      per memory, in calls of 2,048 65 us.
+    batch_size: rows per write (one atomic ``add_many`` per shard owner, with
+      ``defer_organize``: the owners re-organise once, after the last write, before this
+      returns; a run that dies first leaves that pass owed to the next).
     embed_batch: texts per embedding call. The embedder sorts a call's texts by length and
       pads each inner batch to its longest, so a call of 256 texts pads far more than one
       process embedding everything at once would.
