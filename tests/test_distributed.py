@@ -427,10 +427,17 @@ def test_ingest_organises_each_shard_once_at_the_end(ray_local, tmp_path):
             assert ray.get(owner.organize_deferred.remote()) is None
         listed = [m for ns in store.namespaces() for m in _listed(store, ns)]
         assert len(listed) == n and all(m.clusters for m in listed)
-        # a normal write after the ingest still organises as usual when a pass is due
-        store.add_many([f"later {i}" for i in range(300)], _vecs(300, seed=9), namespaces=["u0"] * 300)
+        assert store.organize_deferred() == {"shards": {"0": None, "1": None}}
+        # a bulk write through the store defers as well; a normal one organises when due
         shard = store.shard_of("u0")
-        assert ray.get(store.owner(shard).stats.remote())["organizations"] == 3
+        owner = store.owner(shard)
+        store.add_many([f"later {i}" for i in range(300)], _vecs(300, seed=9), namespaces=["u0"] * 300,
+                       defer_organize=True)
+        assert ray.get(owner.stats.remote())["organizations"] == 2
+        assert store.organize_deferred()["shards"][str(shard)]["reason"] == "periodic"
+        assert ray.get(owner.stats.remote())["organizations"] == 3
+        store.add_many([f"after {i}" for i in range(300)], _vecs(300, seed=10), namespaces=["u0"] * 300)
+        assert ray.get(owner.stats.remote())["organizations"] == 4
     finally:
         store.shutdown()
 

@@ -247,6 +247,7 @@ class SLMScheduler:
 
     def _owe(self, reason: str) -> None:
         """Record (in memory and, once, in the database) that a pass is owed."""
+        self._deferred = None  # a pass a search asked for is owed from now on
         if self._owed is None:
             with self._state.lock.write():
                 self._state.catalog.set_meta(org_ops.OWED_META, reason)

@@ -310,14 +310,16 @@ class MemoryStore:
         an add.
 
         ``defer_organize`` (bulk loads): the batch is stored and routed as usual, and the cold
-        start still runs when due, but a periodic, drift or confusion re-organisation that
-        falls due is put off (and recorded in the database) until ``organize_deferred()``,
-        the next write without it, or an ``organize()``. Why: loading 100k memories in
-        batches of 2,048, the periodic passes (every 5% of growth, so at every batch up to
-        ~41k memories) took 12 of the writes' 15.5 s of CPU; with them deferred, the writes
-        took 3.4 s and the one pass at the end 0.7 s, leaving every row assigned and as many
-        clusters of the same sizes, of which fewer labelled (108 of 888 against 533 of 861:
-        each pass labels at most ``LABELS_PER_PASS``; later passes label the rest).
+        start still runs when due (labelling at most ``LABELS_PER_PASS`` clusters: they are
+        the first batch's, soon grown and split), but a periodic, drift or confusion
+        re-organisation that falls due is put off (and recorded in the database) until
+        ``organize_deferred()``, the next write without it, or an ``organize()``. Why:
+        loading 100k memories in batches of 2,048, the periodic passes (every 5% of growth,
+        so at every batch up to ~41k memories) took 12 of the writes' 15.5 s of CPU; deferred,
+        the writes took 2.3 s and the one pass at the end 0.7 s, leaving every row assigned
+        and as many clusters of the same sizes (888 against 861), of which fewer labelled (32
+        against 533: each pass labels at most ``LABELS_PER_PASS``; later passes, or an
+        explicit ``organize()``, label the rest).
         """
         self._check_open(write=True)
         t0 = time.perf_counter()
