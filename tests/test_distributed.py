@@ -396,9 +396,48 @@ def test_ingest_whose_driver_is_killed_resumes_to_exactly_every_row(ray_local, t
                         namespace_column="user", vector_column="vec", batch_size=50)
         assert len(store) == n
         assert report.rows == n and report.added + report.skipped == n and report.skipped >= at_kill
-        keys = [m.key for ns in store.namespaces() for m in _listed(store, ns)]
+        listed = [m for ns in store.namespaces() for m in _listed(store, ns)]
+        keys = [m.key for m in listed]
         assert len(keys) == n and len(set(keys)) == n
         assert store.get(key="row-1234", namespace="u4").text == "imported memory 1234"
+        # organised: the pass the killed run's writes put off ran at the end of the resumed one
+        assert all(m.clusters for m in listed)
+        assert [ray.get(store.owner(s).organize_deferred.remote()) for s in store.existing_shards()] == [None] * 3
+    finally:
+        store.shutdown()
+
+
+def test_ingest_organises_each_shard_once_at_the_end(ray_local, tmp_path):
+    """The owners' writes defer the periodic re-organisations; each shard runs the owed pass
+    once before ``ingest`` returns: two organisations per shard (the cold start at the first
+    100 memories, then that pass), every row in a cluster, nothing left owed."""
+    import ray.data
+
+    root, n = tmp_path / "organised", 1200
+    report = ingest(ray.data.from_items(_rows(n), override_num_blocks=12), root, shards=2, dim=DIM, key_column="id",
+                    namespace_column="user", vector_column="vec", batch_size=50)
+    store = ShardedStore(root)
+    try:
+        assert report.added == n and len(store) == n
+        shards = store.existing_shards()
+        assert shards == [0, 1]
+        for s in shards:
+            owner = store.owner(s)
+            assert ray.get(owner.stats.remote())["organizations"] == 2
+            assert ray.get(owner.organize_deferred.remote()) is None
+        listed = [m for ns in store.namespaces() for m in _listed(store, ns)]
+        assert len(listed) == n and all(m.clusters for m in listed)
+        assert store.organize_deferred() == {"shards": {"0": None, "1": None}}
+        # a bulk write through the store defers as well; a normal one organises when due
+        shard = store.shard_of("u0")
+        owner = store.owner(shard)
+        store.add_many([f"later {i}" for i in range(300)], _vecs(300, seed=9), namespaces=["u0"] * 300,
+                       defer_organize=True)
+        assert ray.get(owner.stats.remote())["organizations"] == 2
+        assert store.organize_deferred()["shards"][str(shard)]["reason"] == "periodic"
+        assert ray.get(owner.stats.remote())["organizations"] == 3
+        store.add_many([f"after {i}" for i in range(300)], _vecs(300, seed=10), namespaces=["u0"] * 300)
+        assert ray.get(owner.stats.remote())["organizations"] == 4
     finally:
         store.shutdown()
 

@@ -209,8 +209,11 @@ class Client(_Requests):
     def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                  kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                  metadata: Sequence[dict[str, Any] | None] | None = None, *,
-                 keys: Sequence[str | None] | None = None) -> list[int]:
-        """Store memories and return their ids; answered once they are durable."""
+                 keys: Sequence[str | None] | None = None, defer_organize: bool = False) -> list[int]:
+        """Store memories and return their ids; answered once they are durable.
+        ``defer_organize`` (``MemoryStore``'s bulk-load switch) is not offered by the service,
+        which organises on its own schedule: True is a ValueError, and nothing is sent."""
+        _no_defer(defer_organize)
         return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
 
     def search(self, query: str | np.ndarray, k: int = 5, *,
@@ -334,8 +337,9 @@ class AsyncClient(_Requests):
     async def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                        kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                        metadata: Sequence[dict[str, Any] | None] | None = None, *,
-                       keys: Sequence[str | None] | None = None) -> list[int]:
+                       keys: Sequence[str | None] | None = None, defer_organize: bool = False) -> list[int]:
         """See ``Client.add_many``."""
+        _no_defer(defer_organize)
         return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
 
     async def search(self, query: str | np.ndarray, k: int = 5, *,
@@ -533,3 +537,9 @@ def _memory(d: dict[str, Any]) -> Memory:
 
 def _clusters(d: dict[str, Any]) -> list[ClusterInfo]:
     return [ClusterInfo(**c) for c in d["clusters"]]
+
+
+def _no_defer(defer_organize: bool) -> None:
+    if defer_organize:
+        raise ValueError("defer_organize is a MemoryStore bulk-load option; the service organises on its own "
+                         "schedule (bulk loads: clag_fast.distributed.ingest or MemoryStore.add_many)")

@@ -141,9 +141,11 @@ class ShardedStore:
 
     # -- writes ----------------------------------------------------------------------------
     def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None, kinds: Any = None,
-                 namespaces: Any = None, metadata: Any = None, *, keys: Any = None) -> list[int]:
+                 namespaces: Any = None, metadata: Any = None, *, keys: Any = None,
+                 defer_organize: bool = False) -> list[int]:
         """``MemoryStore.add_many``, split by owning shard. Atomic within a shard; a batch that
-        spans shards is committed shard by shard (all of them at once, in parallel)."""
+        spans shards is committed shard by shard (all of them at once, in parallel).
+        ``defer_organize``: a bulk load's write (``organize_deferred`` after the last)."""
         n = len(texts)
         kinds = _per_item(kinds, n, "kinds", "fact")
         namespaces = _per_item(namespaces, n, "namespaces", "default")
@@ -159,7 +161,8 @@ class ShardedStore:
             emb = None if embeddings is None else np.asarray(embeddings)[idx]
             return self._call(shard, "add_many", [texts[i] for i in idx], emb, [kinds[i] for i in idx],
                               [namespaces[i] for i in idx], [metadata[i] for i in idx],
-                              None if all(keys[i] is None for i in idx) else [keys[i] for i in idx])
+                              None if all(keys[i] is None for i in idx) else [keys[i] for i in idx],
+                              defer_organize=defer_organize)
 
         if len(groups) == 1:
             ((shard, idx),) = groups.items()
@@ -294,6 +297,11 @@ class ShardedStore:
     # -- admin -----------------------------------------------------------------------------
     def organize(self, task_context: str | None = None) -> dict[str, Any]:
         return {"shards": {str(k): v for k, v in self._fan_out("organize", task_context).items()}}
+
+    def organize_deferred(self) -> dict[str, Any]:
+        """``MemoryStore.organize_deferred`` on every shard at once: {"shards": {shard: report
+        or None}}."""
+        return {"shards": {str(k): v for k, v in self._fan_out("organize_deferred").items()}}
 
     def forget(self, now: float | None = None) -> dict[str, Any]:
         return {"shards": {str(k): v for k, v in self._fan_out("forget", now).items()}}

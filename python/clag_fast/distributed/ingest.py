@@ -16,6 +16,12 @@ namespace and text), a key already in its namespace is skipped before it is embe
 batch is one atomic ``add_many`` on its owner, where a key that slipped through is an upsert
 (same id). So a run killed at any point and started again ends with each row stored exactly
 once, and the second run embeds only what the first did not write.
+
+The owners write with ``defer_organize``: the stores' periodic re-organisations (every 5% of
+growth, so at every write of 2,048 up to ~41k memories) wait until the pipeline is done, and
+each owner then runs the one pass that is owed before ``ingest`` returns. They took most of
+an owner's CPU, on cores the embedder needs. A run killed before that pass leaves it owed in
+the store's database: the next ingest (or the next write, or ``organize()``) runs it.
 """
 
 from __future__ import annotations
@@ -171,9 +177,25 @@ class _Write:
             refs.append(owner_handle(self.layout, shard).add_many.remote(
                 [str(t) for t in batch["text"][idx]], np.ascontiguousarray(batch["vector"][idx], np.float32),
                 [str(k) for k in batch["kind"][idx]], [str(n) for n in batch["namespace"][idx]], None,
-                [str(k) for k in batch["key"][idx]]))
+                [str(k) for k in batch["key"][idx]], defer_organize=True))
         added = sum(len(ids) for ids in ray.get(refs))
         return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
+
+
+def _organize_owners(layout: ShardMap) -> None:
+    """The re-organisation each shard's writes put off (``defer_organize``), all shards at
+    once. Every existing shard is asked, not only those written to now: a resumed run that
+    found everything stored still settles what its killed predecessor left owed (a store
+    records it)."""
+    import ray
+
+    from clag_fast.distributed.backend import owner_handle
+
+    shards = [s for s in range(layout.shards) if (layout.shard_dir(s) / "memories.db").exists()]
+    reports = ray.get([owner_handle(layout, s).organize_deferred.remote() for s in shards])
+    for s, r in zip(shards, reports):
+        if r is not None:
+            log.info("shard %d organised after the ingest: %d clusters, %.2f s", s, r["clusters"], r["seconds"])
 
 
 def _pool(size: int) -> Any:
@@ -207,10 +229,9 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
       namespace and the text, so identical texts of a namespace are stored once).
     namespace_column: per-row namespaces (else every row goes to ``namespace``).
     vector_column: precomputed embeddings (then nothing is embedded).
-    batch_size: rows per write (one atomic ``add_many`` per shard owner). Each write may run
-      a periodic re-organisation with its cluster labels, whose cost does not shrink with
-      the batch: writing 20k short texts into one store in calls of 256 took 145 us of CPU
-      per memory, in calls of 2,048 65 us.
+    batch_size: rows per write (one atomic ``add_many`` per shard owner, with
+      ``defer_organize``: the owners re-organise once, after the last write, before this
+      returns; a run that dies first leaves that pass owed to the next).
     embed_batch: texts per embedding call. The embedder sorts a call's texts by length and
       pads each inner batch to its longest, so a call of 256 texts pads far more than one
       process embedding everything at once would.
@@ -262,6 +283,7 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
         rows += int(out["rows"].sum())
         if progress is not None:
             progress(added)
+    _organize_owners(layout)
     report = IngestReport(rows=rows, skipped=rows - added, added=added, seconds=time.perf_counter() - t0)
     log.info("ingest into %s: %d rows, %d added, %d already stored, %.1f rows/s", root, report.rows,
              report.added, report.skipped, report.rate)

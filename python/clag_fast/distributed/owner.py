@@ -103,11 +103,17 @@ class ShardOwner:
         return self.shard
 
     def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None, kinds: Any = None,
-                 namespaces: Any = None, metadata: Any = None, keys: Any = None) -> list[int]:
-        """``MemoryStore.add_many``; one atomic batch (all of it is committed, or nothing)."""
+                 namespaces: Any = None, metadata: Any = None, keys: Any = None,
+                 defer_organize: bool = False) -> list[int]:
+        """``MemoryStore.add_many``; one atomic batch (all of it is committed, or nothing).
+        ``defer_organize``: a bulk ingest's write (``organize_deferred`` after the last)."""
         ids = self.store.add_many(texts, embeddings=embeddings, kinds=kinds, namespaces=namespaces,
-                                  metadata=metadata, keys=keys)
+                                  metadata=metadata, keys=keys, defer_organize=defer_organize)
         return [self._g(i) for i in ids]
+
+    def organize_deferred(self) -> dict[str, Any] | None:
+        """``MemoryStore.organize_deferred``: the pass a bulk ingest's writes put off."""
+        return self.store.organize_deferred()
 
     def missing_keys(self, namespace: str, keys: Sequence[str]) -> list[str]:
         """The keys of ``keys`` not yet in ``namespace`` (what a resumed ingest still has to add)."""

@@ -116,13 +116,20 @@ def source_file(model: str, name: str) -> Path:
     return path
 
 
-def _cache_key(model: str, precision: str) -> str:
-    import onnx
-    import onnxruntime
+def _version(package: str) -> str:
+    """An installed package's version, from its metadata: ``import onnx`` only to read
+    ``onnx.__version__`` took 0.5 s of CPU in every process that loads a model (the Ray
+    ingest's embedding actor and shard owners among them, while they start)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:  # not installed as a distribution
+        return str(importlib.import_module(package).__version__)
 
+
+def _cache_key(model: str, precision: str) -> str:
     entry = manifest(model)
     parts = [BUILDER_VERSION, model, precision, json.dumps(entry, sort_keys=True),
-             onnx.__version__, onnxruntime.__version__]
+             _version("onnx"), _version("onnxruntime")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 

@@ -73,6 +73,11 @@ class SLMScheduler:
         self._pending_lock = threading.Lock()
         self._evolve: list[tuple[int, int, str]] = []  # (memory id, row, text) awaiting evolution
         self._deferred: str | None = None  # a re-organisation a search asked for
+        # A re-organisation that fell due during deferred adds
+        # (``add_many(defer_organize=True)``) and has not run yet. Kept in the database too
+        # (``organize.OWED_META``), so a bulk load whose process died before it organised
+        # still owes it after a reopen.
+        self._owed: str | None = state.catalog.meta(org_ops.OWED_META) or None
         self._jobs: queue.Queue | None = None
         # Job kinds queued and not started yet: one of each is enough (a route job takes every
         # pending route when it runs, an organisation covers the adds before it). Without this
@@ -212,22 +217,53 @@ class SLMScheduler:
                 self._pending.append((ids[i], int(rows[i]), texts[i], placement.candidates[i][ok].tolist(),
                                       placement.scores[i][ok].tolist()))
 
-    def after_add(self) -> None:
+    def after_add(self, defer: bool = False) -> None:
+        """After a write: start the re-organisation that is due, if any. ``defer`` (a bulk
+        load's write): the cold start still runs (every later row is routed into its clusters),
+        labelling at most ``LABELS_PER_PASS`` clusters as a periodic pass does, but a
+        periodic, drift or confusion pass that falls due is only recorded as owed, for
+        ``run_owed`` or the next write without ``defer``."""
         state = self._state
         if (state.config.labels is None and len(state.index.cluster_ids()) == 0
                 and len(state) >= state.config.min_memories_to_cluster):
-            self._submit(("organize", None, "cold_start"))
+            # A bulk load's cold start sees its first batch only (341 clusters of 6 for
+            # 2,048 rows), clusters the load then grows and splits: labelling each of them
+            # (2.4 s of an owner's CPU, on cores the embedder needs) was mostly wasted.
+            self._submit(("organize", None, "cold_start", LABELS_PER_PASS if defer else None))
             return
         with self._pending_lock:
             n_pending = len(self._pending)
         if n_pending >= self.config.route_batch:
             self._submit(("route",))
-        reason = self._triggers.due() or self._deferred
+        reason = self._triggers.due() or self._deferred or self._owed
+        if reason and defer:
+            self._owe(reason)
+            return
         self._deferred = None
         if reason:
             self._triggers.reset()
             self._triggers.organize_every = state.config.organize_period(len(state))
             self._submit(("organize", None, reason))
+
+    def _owe(self, reason: str) -> None:
+        """Record (in memory and, once, in the database) that a pass is owed."""
+        self._deferred = None  # a pass a search asked for is owed from now on
+        if self._owed is None:
+            with self._state.lock.write():
+                self._state.catalog.set_meta(org_ops.OWED_META, reason)
+            self._owed = reason
+
+    def run_owed(self) -> dict[str, Any] | None:
+        """Run, on the caller's thread, the re-organisation deferred writes left owed (one
+        pass, as the write that found it due would have run); None when nothing is owed."""
+        if self._state.read_only:
+            return None
+        reason = self._owed
+        if reason is None:
+            return None
+        self._triggers.reset()
+        self._triggers.organize_every = self._state.config.organize_period(len(self._state))
+        return self.organize(None, reason)
 
     def after_search(self, best_score: float) -> None:
         if self._state.read_only:
@@ -278,7 +314,7 @@ class SLMScheduler:
         if job[0] == "route":
             self.route_pending()
         elif job[0] == "organize":
-            self.organize(job[1], job[2])
+            self.organize(job[1], job[2], label_limit=job[3] if len(job) > 3 else None)
         elif job[0] == "profiles":
             self.write_profiles(use_slm=True)
 
@@ -362,7 +398,11 @@ class SLMScheduler:
         return org.select_clusters(query, [briefs[c] for c in candidates if c in briefs])
 
     def organize(self, task_context: str | None, reason: str,
-                 progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 label_limit: int | None = None) -> dict[str, Any]:
+        """One re-organisation, then the profiles it calls for: every cluster that needs one
+        for an explicit pass and the cold start, else (and with ``label_limit``) at most that
+        many (``LABELS_PER_PASS``)."""
         state = self._state
         self.route_pending()
         topics: list[str] = []
@@ -379,6 +419,9 @@ class SLMScheduler:
                     topics, vectors = [], None
         with state.lock.write():
             report = org_ops.organize(state, reason=reason, topics=topics, topic_vectors=vectors)
+            # Any pass settles what deferred writes owed (``organize`` cleared the record in
+            # its transaction).
+            self._owed = None
         # Without a worker, periodic and drift re-organisations run inside add(): profiles
         # written there come from vectors (free), and the SLM writes them at explicit
         # organize() calls, the cold start, and in background mode, so an SLM call never
@@ -390,7 +433,8 @@ class SLMScheduler:
         budget = None if in_worker else self.config.profile_budget_s
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit",
-            limit=None if reason in ("explicit", "cold_start") else LABELS_PER_PASS)
+            limit=label_limit if label_limit is not None or reason in ("explicit", "cold_start")
+            else LABELS_PER_PASS)
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
             self._submit(("profiles",))
         return report

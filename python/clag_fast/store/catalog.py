@@ -339,6 +339,9 @@ class Catalog:
     def set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
+    def delete_meta(self, key: str) -> None:
+        self.db.execute("DELETE FROM meta WHERE key=?", (key,))
+
     # -- memories ----------------------------------------------------------------------
     def row_columns(self) -> np.ndarray:
         """Every memory's (id, vector_row, namespace, kind, created_at, last_accessed,

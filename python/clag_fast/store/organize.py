@@ -34,6 +34,9 @@ NEAR_CENTRES = 32
 # member at cosine 0.09 to its own centre and 0.58 to another, unfindable by two-stage search
 # probing 2 clusters). Mature clusters barely move, so the work falls as the store grows.
 DRIFT = 0.05
+#: The database meta key recording a re-organisation that deferred writes
+#: (``MemoryStore.add_many(defer_organize=True)``) left owed; every organisation clears it.
+OWED_META = "organize_owed"
 
 
 def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] | None = None,
@@ -87,6 +90,7 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
         add_clusters(state, new, now, profiles)
         sync_clusters(state, now)
         state.catalog.set_meta("last_organized", repr(now))
+        state.catalog.delete_meta(OWED_META)
     # Rows synced, the state saved so a reopen finds it; the state file itself is fsynced
     # only with ``StoreConfig.fsync`` (derived state: one lost with the power is rebuilt on
     # open from the rows and the database).
