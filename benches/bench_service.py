@@ -14,7 +14,7 @@ service's start time on the existing store (until /healthz answers, and until it
 embedding model is loaded).
 
 The clients (``--client``): by default 16 asyncio keep-alive connections in this process,
-speaking just enough HTTP/1.1 (``LeanConnection``, ~0.13 ms of CPU per request), as agent
+speaking just enough HTTP/1.1 (``LeanConnection``, ~0.1-0.15 ms of CPU per request), as agent
 backends in other processes or languages would; ``httpx``: 16 threads each with an
 ``httpx.Client`` (~1 ms of CPU per request, taken from the 2 cores the server runs on). The
 CPU seconds of the server process, of the clients and of the in-process loop are printed
