@@ -21,6 +21,8 @@ class FakeTransport:
         self.closed = False
 
     def write(self, data: bytes) -> None:
+        if self.closed:  # as uvloop's transport does
+            raise RuntimeError("unable to perform operation on a closed transport")
         self.writes.append(data)
 
     def close(self) -> None:
@@ -70,6 +72,22 @@ def test_close_sends_a_held_head_first_and_other_calls_pass_through():
         assert raw.writes == [HEAD] and raw.closed and t.is_closing()
         assert t.get_extra_info("peername") == ("127.0.0.1", 1)
         assert t.get_write_buffer_size() == 0  # anything else: the transport's own
+    asyncio.run(main())
+
+
+def test_a_head_held_when_the_peer_goes_is_dropped_without_an_error():
+    async def main():
+        loop = asyncio.get_running_loop()
+        errors = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        raw = FakeTransport()
+        t = HeadWithBody(raw, loop)
+        t.write(HEAD)
+        raw.closed = True  # the connection is lost within the turn
+        await asyncio.sleep(0)  # the scheduled flush: no write, no error
+        t.write(HEAD)
+        t.close()  # uvicorn closing it (again): no error either
+        assert raw.writes == [] and errors == []
     asyncio.run(main())
 
 

@@ -42,7 +42,10 @@ class HeadWithBody:
         head = self._head
         if head is not None:
             self._head = None
-            self._transport.write(head)
+            # The peer may have gone within the turn: uvloop raises on a write to a closed
+            # transport (here a loop callback, or uvicorn's close()); the head has no reader.
+            if not self._transport.is_closing():
+                self._transport.write(head)
 
     def close(self) -> None:
         self._flush()
