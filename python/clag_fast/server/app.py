@@ -88,7 +88,7 @@ def serve(config: ServeConfig) -> None:
 
     import uvicorn
 
-    from clag_fast.server import blas
+    from clag_fast.server import blas, http_protocol
 
     # The process is ours: its native thread pools stop splitting small work over the cores,
     # which the requests already share out (see ``blas``). The tokenizer reads its switch
@@ -99,7 +99,8 @@ def serve(config: ServeConfig) -> None:
     server: uvicorn.Server | None = None
     app = create_app(config, listening=lambda: server is not None and server.started)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=10))
+                                           access_log=False, timeout_graceful_shutdown=10,
+                                           http=http_protocol.protocol_class()))
     if config.keys is None:
         print(f"clag-fast serve: no --keys file, so no authentication: listening on {config.host} only "
               f"(a non-loopback --host needs --keys)", flush=True)
