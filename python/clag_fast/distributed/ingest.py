@@ -191,7 +191,7 @@ def _organize_owners(layout: ShardMap) -> None:
 
     from clag_fast.distributed.backend import owner_handle
 
-    shards = [s for s in range(layout.shards) if (layout.shard_dir(s) / "memories.db").exists()]
+    shards = layout.existing_shards()
     reports = ray.get([owner_handle(layout, s).organize_deferred.remote() for s in shards])
     for s, r in zip(shards, reports):
         if r is not None:
@@ -255,7 +255,7 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
     # when every row goes there (a shard no row is written to is never created).
     from clag_fast.distributed.backend import owner_handle
 
-    warm = {s for s in range(layout.shards) if (layout.shard_dir(s) / "memories.db").exists()}
+    warm = set(layout.existing_shards())
     if namespace_column is None:
         warm.add(layout.shard_of(namespace))
     for s in sorted(warm):

@@ -241,9 +241,14 @@ class SLMScheduler:
             return
         self._deferred = None
         if reason:
-            self._triggers.reset()
-            self._triggers.organize_every = state.config.organize_period(len(state))
+            self._rearm()
             self._submit(("organize", None, reason))
+
+    def _rearm(self) -> None:
+        """A periodic/drift/confusion pass is starting: the triggers count from here, the
+        period from the store's size now."""
+        self._triggers.reset()
+        self._triggers.organize_every = self._state.config.organize_period(len(self._state))
 
     def _owe(self, reason: str) -> None:
         """Record (in memory and, once, in the database) that a pass is owed."""
@@ -261,8 +266,7 @@ class SLMScheduler:
         reason = self._owed
         if reason is None:
             return None
-        self._triggers.reset()
-        self._triggers.organize_every = self._state.config.organize_period(len(self._state))
+        self._rearm()
         return self.organize(None, reason)
 
     def after_search(self, best_score: float) -> None:

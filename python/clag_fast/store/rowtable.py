@@ -70,10 +70,10 @@ class RowTable:
                 new[: self.n] = old[: self.n]
                 setattr(self, name, new)
             self._cap = cap
-        grown = np.arange(self.n, n_rows, dtype=np.int64)
         if n_rows > self.n:
+            grown = np.arange(self.n, n_rows, dtype=np.int64)
             self.n = n_rows
-        self.touch(grown)
+            self.touch(grown)
 
     def touch(self, rows: np.ndarray) -> None:
         """Mark a write to ``rows``: masks and weights callers derived from the columns are
@@ -84,13 +84,15 @@ class RowTable:
             del self._changes[0]
 
     def changed_since(self, version: int) -> np.ndarray | None:
-        """The rows written after ``version`` (possibly repeated), or None when that is
-        further back than the log remembers."""
+        """The rows written after ``version`` (distinct, ascending), or None when that is
+        further back than the log remembers or so many rows that rebuilding what was derived
+        from every row costs about as much as following them."""
         if version == self.version:
             return np.empty(0, np.int64)
         if not self._changes or self._changes[0][0] > version + 1:
             return None
-        return np.concatenate([r for v, r in self._changes if v > version])
+        changed = np.unique(np.concatenate([r for v, r in self._changes if v > version]))
+        return changed if len(changed) <= max(1024, self.n // 8) else None
 
     def _count_live(self, rows: np.ndarray) -> int:
         """Live rows among ``rows`` (each counted once)."""

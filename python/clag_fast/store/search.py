@@ -121,11 +121,10 @@ class Searcher:
         rows = self.state.rows
         old_rows = self._filters_version[0]
         changed = rows.changed_since(old_rows) if old_rows >= 0 else None
-        if changed is None or len(changed) > max(1024, rows.n // 8):
+        if changed is None:
             self._drop_filters()
             self._filters_version = version
             return
-        changed = np.unique(changed)
         carried = {}
         for key, entry in list(self._filters.items()):
             # Metadata columns changed with the rows or alone (an update of metadata): the
@@ -427,7 +426,7 @@ class Searcher:
             # Writes since: recompute the rows they changed (same clock), not every row; an
             # add into a 1M store recomputed 1M weights for the next search (6.8 ms).
             changed = rows.changed_since(version)
-            if changed is not None and len(changed) <= max(1024, rows.n // 8):
+            if changed is not None:
                 if rows.n > len(buf):
                     grown = np.empty(max(rows.n, 2 * len(buf)), np.float32)  # doubling: amortised
                     grown[: len(buf)] = buf
@@ -445,7 +444,7 @@ _NO_FILTER = (None, None, None, None, None)  # (namespace, kind, since, until, w
 
 
 def _carried(entry: _FilterEntry, rows: RowTable, filters: tuple, changed: np.ndarray) -> _FilterEntry:
-    """A namespace/kind/time filter's entry after writes to the ``changed`` rows (unique):
+    """A namespace/kind/time filter's entry after writes to the ``changed`` rows (distinct):
     a new mask (searches may still read the old one) with those rows recomputed."""
     n, old_n = rows.n, entry.n
     mask = np.empty(n, bool)
