@@ -205,11 +205,13 @@ def test_graph_builder_matches_numpy_reference(fuse):
     np.testing.assert_allclose(alone[0], got[1], atol=2e-6)
 
 
+@pytest.mark.parametrize("weights", [None, "u8"])
 @pytest.mark.parametrize("fuse", [False, True])
-def test_int8_graph_close_to_fp32_and_rows_independent(fuse):
+def test_int8_graph_close_to_fp32_and_rows_independent(fuse, weights):
     """int8 recipe on a tiny BERT: every dense matmul per-token int8 (fused attention is split
     into its Q/K/V projection and a float MultiHeadAttention), so a row never depends on its
-    batch mates or its padding beyond float rounding."""
+    batch mates or its padding beyond float rounding. ``weights``: this CPU's choice, and the
+    unsigned codes that are exact on any CPU."""
     import onnxruntime as ort
 
     from clag_fast.embed.bert_onnx import build_bert_graph
@@ -226,7 +228,7 @@ def test_int8_graph_close_to_fp32_and_rows_independent(fuse):
             model = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=16,
                                    opt_level=0).model
         model.opset_import.append(__import__("onnx").helper.make_opsetid("com.microsoft", 1))
-    q = __import__("onnx").load_from_string(int8_graph_bytes(model))
+    q = __import__("onnx").load_from_string(int8_graph_bytes(model, weights=weights))
     ops = [n.op_type for n in q.graph.node]
     # Every dense matmul of the encoder went int8; the pooling MatMul (and, unfused, the
     # attention score / context products; fused, each Q/K/V's outlier channel) stay float.
@@ -250,6 +252,43 @@ def test_int8_graph_close_to_fp32_and_rows_independent(fuse):
     mates = np.vstack([rng.integers(1, 23, size=7), ids[1]])
     pair = sess.run(None, {"input_ids": mates, "attention_mask": np.vstack([np.ones(7, np.int64), mask[1]])})[0]
     np.testing.assert_allclose(alone[0], pair[1], atol=1e-6)
+
+
+def test_int8_weight_codes_follow_the_cpu_and_key_the_cache(monkeypatch):
+    """Without VNNI the int8 graph stores unsigned weights (onnxruntime's uint8 x int8 kernel
+    saturates there); a cache shared by two kinds of CPU holds one int8 build per kind."""
+    from clag_fast.embed import cpu
+
+    paths = {}
+    for vnni, codes in ((True, "s8"), (False, "u8")):
+        monkeypatch.setattr(cpu, "has_vnni", lambda v=vnni: v)
+        assert cpu.int8_weight_codes() == codes
+        paths[codes] = modelfiles.cached_model_path("minilm-l6", "int8")
+        assert modelfiles.cached_model_path("minilm-l6", "fp32") == modelfiles.cached_model_path("minilm-l6", "fp32")
+    assert paths["s8"] != paths["u8"]
+
+
+def test_int8_unsigned_weights_hold_the_signed_levels():
+    import onnx
+    from onnx import numpy_helper
+
+    from clag_fast.embed.bert_onnx import build_bert_graph
+    from clag_fast.embed.build import int8_graph_bytes
+
+    rng = np.random.default_rng(5)
+    w = _tiny_bert(rng, heads=2, layers=1, hidden=16, inter=32)
+    model = build_bert_graph(w, num_heads=2, hidden=16, num_layers=1, max_positions=12)
+    graphs = {c: onnx.load_from_string(int8_graph_bytes(model, weights=c)) for c in ("s8", "u8")}
+    inits = {c: {i.name: numpy_helper.to_array(i) for i in g.graph.initializer} for c, g in graphs.items()}
+    wq = [n for n in inits["s8"] if n.endswith("_wq")]
+    assert wq
+    for name in wq:
+        signed, unsigned = inits["s8"][name], inits["u8"][name]
+        assert signed.dtype == np.int8 and unsigned.dtype == np.uint8
+        np.testing.assert_array_equal(unsigned.astype(np.int16) - 128, signed)
+        assert (inits["u8"][name[:-3] + "_wzp"] == 128).all()
+    with pytest.raises(ValueError, match="weights"):
+        int8_graph_bytes(model, weights="u4")
 
 
 def test_builder_rejects_bad_shapes():

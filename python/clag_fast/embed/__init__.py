@@ -4,6 +4,7 @@
   modelfiles  the manifest, source package lookup, sha256 checks, the build cache
   build       building the fp32 / int8 ONNX graphs from the safetensors weights
   bert_onnx   the BERT graph written op by op
+  cpu         what the CPU offers int8 (VNNI or not: the weights' codes)
 """
 
 from clag_fast.embed.embedder import Embedder, resolve_precision, usable_cpus

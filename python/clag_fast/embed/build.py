@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from clag_fast.embed import bert_onnx as _bert_onnx
+from clag_fast.embed.cpu import int8_weight_codes
 from clag_fast.embed.modelfiles import ModelFilesError, manifest, source_file
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ _BATCH_SEQ = "ptq_batch_seq"
 
 
 def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, *,
-                    flat: bool = False) -> onnx.ModelProto:
+                    flat: bool = False, weights: str = "s8") -> onnx.ModelProto:
     """Rewrite ``x @ W`` (W a constant named ``*suffix``) into an int8 matmul with per-token scales.
 
     W gets one symmetric int8 scale per output column; x gets one scale per row (token),
@@ -134,7 +135,14 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, 
     stream of ``_flatten_stream``); otherwise each input is reshaped to 2-D and each output
     back to ``[batch, seq, N]``. Each node costs ~0.5-1 us per call whatever its size, which
     at a dozen tokens is a tenth of the call.
+
+    ``weights``: ``"s8"`` stores ``W_q`` as int8; ``"u8"`` as uint8 with zero point 128 (the
+    same levels, for CPUs whose uint8 x int8 kernel saturates: ``cpu.int8_weight_codes``);
+    ``"s7"`` as int8 in [-63, 63] (onnxruntime's ``reduce_range`` remedy, kept for
+    comparison: it loses a bit of every weight).
     """
+    if weights not in ("s8", "u8", "s7"):
+        raise ValueError(f"weights must be 's8', 'u8' or 's7', got {weights!r}")
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -160,10 +168,15 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, 
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         k, n = w.shape
-        w_scale = np.abs(w).max(axis=0) / 127.0
+        w_max = 63 if weights == "s7" else 127
+        w_scale = np.abs(w).max(axis=0) / w_max
         w_scale[w_scale == 0] = 1.0
-        w_q = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
+        w_q = np.clip(np.rint(w / w_scale), -w_max, w_max).astype(np.int8)
         p = node.name + "_ptq"
+        w_zp = []  # no zero point input: int8 weights are symmetric
+        if weights == "u8":
+            w_q = (w_q.astype(np.int16) + 128).astype(np.uint8)
+            w_zp = [const(p + "_wzp", np.full(n, 128, np.uint8))]
         x = node.input[0]
         y = node.output[0] if flat else p + "_y"
         if not flat:
@@ -180,7 +193,7 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, 
             # The per-row scale [rows, 1] goes in as A's scale: no Mul after the matmul.
             helper.make_node("MatMulIntegerToFloat",
                              [p + "_xq", const(p + "_wq", w_q), p + "_s",
-                              const(p + "_ws", w_scale.astype(np.float32)), "ptq_zp"],
+                              const(p + "_ws", w_scale.astype(np.float32)), "ptq_zp", *w_zp],
                              [y], name=p + "_mm", domain="com.microsoft"),
         ]
         if not flat:
@@ -344,7 +357,7 @@ def _split_outlier_channels(model: onnx.ModelProto, channels: dict[str, list[int
     return model
 
 
-def int8_graph_bytes(fp32: onnx.ModelProto) -> bytes:
+def int8_graph_bytes(fp32: onnx.ModelProto, weights: str | None = None) -> bytes:
     """int8 graph: every dense matmul of the encoder in int8 with per-token activation scales,
     the rest (attention scores and context, LayerNorm, GELU, pooling, L2 norm) fp32.
 
@@ -363,7 +376,8 @@ def int8_graph_bytes(fp32: onnx.ModelProto) -> bytes:
         outliers = _qkv_outlier_channels(model)
         model = _unfuse_attention(model)
         model = _split_outlier_channels(model, outliers)
-    model = _per_token_int8(model, suffixes=_bert_onnx.DENSE_SUFFIXES + (QKV_SUFFIX,), flat=fused)
+    weights = weights or int8_weight_codes()
+    model = _per_token_int8(model, suffixes=_bert_onnx.DENSE_SUFFIXES + (QKV_SUFFIX,), flat=fused, weights=weights)
     return model.SerializeToString()
 
 

@@ -29,6 +29,7 @@ from typing import Iterable
 import numpy as np
 
 from clag_fast.embed import modelfiles
+from clag_fast.embed.cpu import has_vnni
 
 log = logging.getLogger(__name__)
 
@@ -84,19 +85,9 @@ def _chunks(order: np.ndarray, lengths: np.ndarray, batch_size: int, max_tokens:
 
 
 def _cpu_has_vnni() -> bool:
-    """True where the CPU has VNNI integer dot products (x86 AVX512-VNNI or AVX-VNNI, Linux).
-
-    Only there was int8 measured faster than fp32; elsewhere ``precision="auto"`` picks fp32.
-    """
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return "avx512_vnni" in flags or "avx_vnni" in flags
-    except OSError:
-        pass
-    return False
+    """True where the CPU has VNNI integer dot products: only there was int8 measured faster
+    than fp32; elsewhere ``precision="auto"`` picks fp32."""
+    return has_vnni()
 
 
 def resolve_precision(precision: str = "auto", device: str = "auto") -> str:
@@ -213,8 +204,11 @@ class Embedder:
             0.998). With the previous recipe (Q/K/V through QAttention, golden min 0.992):
             on 2,000 LoCoMo turns min 0.984 / mean 0.997 against fp32, LoCoMo Recall@10
             flat 0.419 vs 0.421, store two-stage 0.409 vs 0.417 (BENCHMARKS.md).
-            On CPUs without VNNI, int8 is neither measured nor the default. A MemoryStore
-            records the precision it started with and keeps it.
+            On CPUs without VNNI int8 is not the default: its weights are stored unsigned
+            there (onnxruntime's signed-weight kernel saturates without VNNI, golden min
+            0.988; unsigned 0.995), and on an AVX2 EPYC it ran at about fp32's speed (243
+            vs 255 texts/s in bulk). A MemoryStore records the precision it started with
+            and keeps it.
         device: ``"auto"`` (default: CUDA for fp32 when onnxruntime-gpu and a device are
             present, else CPU), ``"cpu"``, or ``"cuda"`` (onnxruntime-gpu and a device
             required, else RuntimeError). ``.device`` tells which one was taken.

@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from clag_fast.embed.cpu import int8_weight_codes
 from clag_fast.errors import ModelFilesError
 
 #: Bump when the graph builder or the quantisation recipe changes: invalidates cached builds.
@@ -130,6 +131,10 @@ def _cache_key(model: str, precision: str) -> str:
     entry = manifest(model)
     parts = [BUILDER_VERSION, model, precision, json.dumps(entry, sort_keys=True),
              _version("onnx"), _version("onnxruntime")]
+    if precision == "int8":
+        # The weights' codes depend on the CPU: a cache shared between machines keeps one
+        # build per kind.
+        parts.append(int8_weight_codes())
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
