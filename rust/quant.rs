@@ -9,7 +9,10 @@
 //! Encoding: each row keeps a scale `max|x| / 127` and codes `round(x / scale)` in
 //! [-127, 127]; the query gets one scale and *unsigned* codes `round(q / scale) + 128`,
 //! because the AVX-512 VNNI instruction `vpdpbusd` multiplies u8 by i8. The +128 offset is
-//! removed with the row's precomputed code sum: `sum((cq + 128) * c) - 128 * sum(c)`.
+//! removed with the row's precomputed code sum: `sum((cq + 128) * c) - 128 * sum(c)`. The AVX2
+//! kernel (CPUs without VNNI) takes the same codes and returns the signed dot product itself
+//! (`Kernel::offset` 0), through `vpmaddubsw` on |q| and sign(q) * c: no product pair can
+//! saturate its 16-bit sum, since both factors are at most 127.
 //! Rows are padded with zero codes to a multiple of 64 bytes so the kernel needs no tail.
 
 /// Bytes per code row: `dim` rounded up to a multiple of 64 (one zmm register).
@@ -64,12 +67,12 @@ impl QuantBlock {
         // The kernel reads `stride` bytes of both; a query of another dimension would read
         // past the row, so this is a hard check (once per block, not per row).
         assert_eq!(q.codes.len(), self.stride, "query and block were quantised for different dims");
-        let dot = q.kernel;
+        let Kernel { dot, offset } = q.kernel;
         for i in 0..self.len() {
             let row = &self.codes[i * self.stride..(i + 1) * self.stride];
             // SAFETY: `kernel` was chosen for this CPU by `QueryCodes::new`; both slices are
             // `stride` long, a multiple of 64.
-            let raw = unsafe { dot(&q.codes, row) } - 128 * self.sums[i];
+            let raw = unsafe { dot(&q.codes, row) } - offset * self.sums[i];
             f(i, raw as f32 * q.scale * self.scales[i]);
         }
     }
@@ -177,7 +180,7 @@ impl CentreCodes {
     #[inline]
     pub fn scan_bounded(&self, qc: &QueryCodes, q_l1: f32, valid: impl Fn(usize) -> bool, mut f: impl FnMut(usize, f32, f32)) {
         assert_eq!(qc.codes.len(), self.stride, "query and centres were quantised for different dims");
-        let dot = qc.kernel;
+        let Kernel { dot, offset } = qc.kernel;
         let half_q = 0.5 * qc.scale;
         let per_scale = 0.5 * q_l1 + 0.25 * self.dim as f32 * qc.scale;
         for s in 0..self.len() {
@@ -187,7 +190,7 @@ impl CentreCodes {
             let row = &self.codes[s * self.stride..(s + 1) * self.stride];
             // SAFETY: `kernel` was chosen for this CPU by `QueryCodes::new`; both slices are
             // `stride` long, a multiple of 64.
-            let raw = unsafe { dot(&qc.codes, row) } - 128 * self.sums[s];
+            let raw = unsafe { dot(&qc.codes, row) } - offset * self.sums[s];
             let approx = raw as f32 * qc.scale * self.scales[s];
             f(s, approx, half_q * self.l1[s] + self.scales[s] * per_scale + 2e-4);
         }
@@ -196,11 +199,20 @@ impl CentreCodes {
 
 type DotU8I8 = unsafe fn(&[u8], &[i8]) -> i32;
 
+/// A dot kernel over (query codes, row codes) and what to subtract per unit of the row's code
+/// sum to get the signed dot product: 128 for kernels that multiply the offset codes as they
+/// are, 0 for one that removes the offset itself.
+#[derive(Clone, Copy)]
+pub struct Kernel {
+    dot: DotU8I8,
+    offset: i32,
+}
+
 /// A query encoded for `QuantBlock::scan`, with the dot kernel picked for this CPU.
 pub struct QueryCodes {
     codes: Vec<u8>,
     scale: f32,
-    kernel: DotU8I8,
+    kernel: Kernel,
 }
 
 impl QueryCodes {
@@ -219,33 +231,42 @@ impl QueryCodes {
 
 /// The dot kernel for this CPU, chosen once per process (a query pays no detection or
 /// environment lookup).
-fn pick_kernel() -> DotU8I8 {
-    static KERNEL: std::sync::OnceLock<DotU8I8> = std::sync::OnceLock::new();
+fn pick_kernel() -> Kernel {
+    static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
     *KERNEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
             if vnni_usable() {
-                return dot_vnni;
+                return Kernel { dot: dot_vnni, offset: 128 };
+            }
+            if avx2_usable() {
+                return Kernel { dot: dot_avx2_signed, offset: 0 };
             }
         }
-        dot_portable
+        Kernel { dot: dot_portable, offset: 128 }
     })
 }
 
-/// True where the int8 kernel is the VNNI one: only then is an int8 scan cheaper than the
-/// AVX2 f32 one (the portable int8 loop is not).
+/// True where the int8 kernel is a SIMD one (VNNI, or AVX2 without it): only then is the
+/// int8 pre-scan of the centres cheaper than the f32 scan (the portable loop is not).
 pub fn fast_kernel() -> bool {
     static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FAST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            vnni_usable()
+            vnni_usable() || avx2_usable()
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             false
         }
     })
+}
+
+/// `CLAG_FAST_NO_INT8_AVX2` turns the AVX2 int8 kernel off (benchmarks compare both).
+#[cfg(target_arch = "x86_64")]
+fn avx2_usable() -> bool {
+    is_x86_feature_detected!("avx2") && std::env::var_os("CLAG_FAST_NO_INT8_AVX2").is_none()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -261,6 +282,51 @@ fn vnni_usable() -> bool {
 /// Safe for any equally long slices; `unsafe` only to share the kernel's signature.
 pub unsafe fn dot_portable(a: &[u8], b: &[i8]) -> i32 {
     a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// The signed dot product `sum((a - 128) * b)` of offset query codes `a` and row codes `b`.
+///
+/// `vpmaddubsw` multiplies u8 by i8 and adds pairs into a saturating i16; with the offset
+/// codes as they are a pair can reach 2 * 255 * 127 and saturate. With q = a - 128 it takes
+/// |q| (u8) and sign(q) * b (i8) instead, whose pairs stay within 2 * 127 * 127 < 2^15, so
+/// the sum is exact (the same trick as llama.cpp's q8 dot products on AVX2).
+///
+/// # Safety
+/// The CPU must support AVX2; both slices must have the same length, a multiple of 32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub unsafe fn dot_avx2_signed(a: &[u8], b: &[i8]) -> i32 {
+    use std::arch::x86_64::*;
+    debug_assert!(a.len() == b.len() && a.len().is_multiple_of(32));
+    let flip = _mm256_set1_epi8(i8::MIN);
+    let ones = _mm256_set1_epi16(1);
+    let n = a.len() / 32;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    // A macro, not a closure: a closure would not inherit this function's target features.
+    macro_rules! step {
+        ($acc:expr, $i:expr) => {{
+            let q = _mm256_xor_si256(_mm256_loadu_si256(pa.add($i * 32) as *const _), flip);
+            let y = _mm256_loadu_si256(pb.add($i * 32) as *const _);
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
+            _mm256_add_epi32($acc, _mm256_madd_epi16(p, ones))
+        }};
+    }
+    let mut acc0 = _mm256_setzero_si256();
+    let mut acc1 = _mm256_setzero_si256();
+    let mut i = 0;
+    while i + 2 <= n {
+        acc0 = step!(acc0, i);
+        acc1 = step!(acc1, i + 1);
+        i += 2;
+    }
+    if i < n {
+        acc0 = step!(acc0, i);
+    }
+    let acc = _mm256_add_epi32(acc0, acc1);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
 }
 
 /// # Safety
@@ -306,6 +372,26 @@ mod tests {
             let b: Vec<i8> = (0..len).map(|i| ((i * 91 % 255) as i32 - 127) as i8).collect();
             let want: i32 = a.iter().zip(&b).map(|(&x, &y)| x as i32 * y as i32).sum();
             assert_eq!(unsafe { dot_portable(&a, &b) }, want);
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_kernel_gives_the_signed_dot_exactly() {
+        if !is_x86_feature_detected!("avx2") {
+            eprintln!("no AVX2 on this CPU: dot_avx2_signed not run");
+            return;
+        }
+        // Extremes included: offset codes 1 and 255 (q = -127, 127) against row codes -127
+        // and 127, where an unsigned multiply-add of the offset codes would saturate.
+        for len in [32usize, 64, 96, 384, 448] {
+            for seed in 0..4usize {
+                let a: Vec<u8> = (0..len).map(|i| match (i + seed) % 5 { 0 => 1, 1 => 255, 2 => 128, _ => ((i * 37 + seed * 11) % 255 + 1) as u8 }).collect();
+                let b: Vec<i8> = (0..len).map(|i| match (i * 3 + seed) % 4 { 0 => 127, 1 => -127, _ => ((i * 91 % 255) as i32 - 127) as i8 }).collect();
+                let want: i32 = a.iter().zip(&b).map(|(&x, &y)| (x as i32 - 128) * y as i32).sum();
+                // SAFETY: AVX2 checked above; lengths are multiples of 32.
+                assert_eq!(unsafe { dot_avx2_signed(&a, &b) }, want, "len {len} seed {seed}");
+            }
         }
     }
 

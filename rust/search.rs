@@ -681,7 +681,7 @@ pub(crate) mod tests {
     #[test]
     fn coded_probe_is_the_exact_probe() {
         if !quant::fast_kernel() {
-            eprintln!("no VNNI here: probe() scans exactly, nothing to compare");
+            eprintln!("no SIMD int8 kernel here: probe() scans exactly, nothing to compare");
             return;
         }
         let (dim, n) = (64, 30_000);
