@@ -29,7 +29,10 @@ How it is timed (a 2-core shared VM, so everything runs in one process, side by 
   for the defaults, the index under the store's own probe rule (adaptive: each query probes
   what the default search probes); for ``n_probe=1/4/8``, the index at that count. The
   defaults are also compared with the index at one fixed count (the last first-pass query's),
-  the figure earlier sessions quoted, which differs in work per query.
+  the figure earlier sessions quoted, which differs in work per query. The interleaved
+  figures include the bench's own conversion of hits to row ids and the caches every other
+  configuration evicted between two calls; a third figure times the two calls alone, call
+  against call (``paired_facade``: same query back to back, order alternating).
 - recall@10 against the exact numpy top-10 (inner product = cosine on unit rows).
 
 Script: ``python benches/bench_store_search.py [--n 200000|1000000] [--out table.json]``
@@ -217,6 +220,30 @@ class ClagFast:
             return res.ids[0, : int(res.counts[0])], int(res.scanned[0])
 
         return fn
+
+    def paired_facade(self, queries: np.ndarray, rounds: int) -> dict[str, float]:
+        """The facade measured call against call: for every query ``store.search`` and
+        ``VectorIndex.search`` under the store's probe rule back to back, their order
+        alternating, and only those two calls timed (no conversion of hits to row ids, no
+        other configuration in between to evict what they read). Returns both medians and
+        their difference."""
+        store, index = self.store, self.store._state.index
+        cap, rule = store._searcher.probe_plan(None)
+        t_store: list[int] = []
+        t_index: list[int] = []
+        clock = time.perf_counter_ns
+        for r in range(max(1, rounds)):
+            for i, q in enumerate(queries):
+                if (i + r) % 2:
+                    t0 = clock(); store.search(q, k=K); t1 = clock()
+                    index.search(q, k=K, n_probe=cap, **rule); t2 = clock()
+                    t_store.append(t1 - t0); t_index.append(t2 - t1)
+                else:
+                    t0 = clock(); index.search(q, k=K, n_probe=cap, **rule); t1 = clock()
+                    store.search(q, k=K); t2 = clock()
+                    t_index.append(t1 - t0); t_store.append(t2 - t1)
+        s, x = float(np.median(t_store)) * 1e-6, float(np.median(t_index)) * 1e-6
+        return {"store_p50_ms": s, "index_p50_ms": x, "overhead_ms": s - x, "calls": len(t_store)}
 
     def close(self) -> None:
         self.store.close()
@@ -422,6 +449,7 @@ def run(n: int, engines: tuple[str, ...] = ENGINES, rounds: int = 3, n_queries: 
                                "index_warm_p50_ms": _ms(unders[p].warm, 50),
                                "overhead_ms": _ms(f.warm, 50) - _ms(unders[p].warm, 50)}
                       for p, f in store_at.items()}
+            extra["facade_paired"] = cf.paired_facade(queries, rounds)
             # Where the first-pass tail sits: the slowest first-pass queries of the defaults.
             cold = np.asarray(configs[0].cold)
             slow = np.argsort(-cold)[:5]
@@ -490,6 +518,11 @@ def table(result: dict) -> str:
         at = "under the store's probe rule" if p == "rule" else f"at n_probe {p}"
         lines.append(f"facade overhead {at} (warm p50 {fa['store']} - {fa.get('index', 'VectorIndex.search')}): "
                      f"{fa['overhead_ms']:.3f} ms ({fa['store_warm_p50_ms']:.3f} vs {fa['index_warm_p50_ms']:.3f})")
+    if result.get("facade_paired"):
+        fp = result["facade_paired"]
+        lines.append(f"facade overhead call against call (search() defaults vs VectorIndex.search under the "
+                     f"store's probe rule, same query back to back, order alternating, {fp['calls']} pairs; "
+                     f"p50 of each): {fp['overhead_ms']:.3f} ms ({fp['store_p50_ms']:.3f} vs {fp['index_p50_ms']:.3f})")
     if result.get("cold_tail_defaults"):
         lines.append("slowest first-pass queries of search() defaults (query #: ms): " + ", ".join(
             f"#{t['query']}: {t['ms']:.2f}" for t in result["cold_tail_defaults"]))
