@@ -21,6 +21,9 @@ use crate::kernels;
 use crate::kmeans::{self, KMeansConfig};
 use crate::quant::{CentreCodes, QuantBlock};
 
+/// Centres per block of `Clusters::merge_candidates` (a 256 x 3,000 block is 3 MB).
+const MERGE_BLOCK: usize = 256;
+
 /// Row appended but never assigned: two-stage search scans these rows directly.
 pub const PENDING: u32 = u32::MAX;
 /// Row removed with `unassign` (deleted / archived): only flat search sees it.
@@ -657,22 +660,37 @@ impl Clusters {
     }
 
     /// Pairs of clusters whose centres have cosine >= threshold: (a, b, cos), a < b, best first.
+    ///
+    /// In blocks of `MERGE_BLOCK` centres against the centres from the block's first on (the
+    /// upper triangle of the c x c product: half its arithmetic), blocks side by side on the
+    /// rayon pool. One c x c product was 36 MB to fill and scan at 3,000 centres and ran on
+    /// one core: 0.16 s of every periodic organisation of a 1M store (AVX2 EPYC).
     pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
-        let c = self.slots.len();
-        let mut g = vec![0.0f32; c * c];
-        kernels::gemm_nt(&self.centres, &self.centres, self.dim, &mut g);
-        let mut out = Vec::new();
-        for i in 0..c {
-            if !self.slots[i].has_centre {
-                continue;
-            }
-            for j in i + 1..c {
-                if self.slots[j].has_centre && g[i * c + j] >= threshold {
-                    let (a, b) = (self.slots[i].id, self.slots[j].id);
-                    out.push((a.min(b), a.max(b), g[i * c + j]));
+        let (c, dim) = (self.slots.len(), self.dim);
+        let starts: Vec<usize> = (0..c).step_by(MERGE_BLOCK).collect();
+        let mut out: Vec<(i64, i64, f32)> = starts
+            .into_par_iter()
+            .flat_map_iter(|i0| {
+                let i1 = (i0 + MERGE_BLOCK).min(c);
+                let width = c - i0;
+                let mut g = vec![0.0f32; (i1 - i0) * width];
+                kernels::gemm_nt(&self.centres[i0 * dim..i1 * dim], &self.centres[i0 * dim..c * dim], dim, &mut g);
+                let mut found = Vec::new();
+                for i in i0..i1 {
+                    if !self.slots[i].has_centre {
+                        continue;
+                    }
+                    let row = &g[(i - i0) * width..(i - i0 + 1) * width];
+                    for j in i + 1..c {
+                        if self.slots[j].has_centre && row[j - i0] >= threshold {
+                            let (a, b) = (self.slots[i].id, self.slots[j].id);
+                            found.push((a.min(b), a.max(b), row[j - i0]));
+                        }
+                    }
                 }
-            }
-        }
+                found.into_iter()
+            })
+            .collect();
         out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
         out
     }

@@ -659,3 +659,30 @@ def test_committed_rows_reads_the_header_alone(tmp_path):
     (path / "vectors.f32").write_bytes(bytes(raw))
     with pytest.raises(OSError):
         VectorIndex.committed_rows(path)
+
+
+def test_merge_candidates_match_every_pair_of_centres(tmp_path):
+    """merge_candidates works in blocks of centres (upper triangle only, blocks on the thread
+    pool): the same pairs, scores and order as every pair of the centre matrix compared, with
+    more centres than a block and merged-away slots among them."""
+    x, _, _ = blobs(6_000, 700, spread=0.3, seed=3)
+    with VectorIndex.open(tmp_path / "ix", dim=DIM) as ix:
+        ix.append(x)
+        ix.kmeans(600, seed=1)
+        ids = ix.cluster_ids()
+        for a, b in zip(ids[:40:2].tolist(), ids[1:40:2].tolist()):
+            ix.merge(a, b)  # leaves slots without a centre among the rest
+        ids, centres = ix.cluster_ids(), ix.centres()
+        assert len(ids) > 256
+        g = centres.astype(np.float64) @ centres.T.astype(np.float64)
+        for threshold in (0.75, 0.5):
+            want = {(min(ids[i], ids[j]), max(ids[i], ids[j])): g[i, j]
+                    for i in range(len(ids)) for j in range(i + 1, len(ids)) if g[i, j] >= threshold + 1e-4}
+            got = ix.merge_candidates(threshold)
+            pairs = {(a, b): s for a, b, s in got}
+            assert len(pairs) == len(got)
+            assert set(want) <= set(pairs), "a pair above the threshold is missing"
+            assert all(s >= threshold for s in pairs.values())
+            assert all(abs(pairs[p] - want[p]) < 1e-4 for p in want)
+            assert [s for _, _, s in got] == sorted((s for _, _, s in got), reverse=True)
+            assert want, "the data should give some pairs at this threshold"
