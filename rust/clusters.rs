@@ -750,6 +750,36 @@ impl Clusters {
         Ok((ids[0], ids[1]))
     }
 
+    /// `split` for every cluster of `ids`, their 2-means fits side by side on the rayon pool
+    /// (each reads only its own members), then installed in order: the (a, b) of each. Nothing
+    /// changes unless every cluster exists, is listed once and has at least 2 members.
+    pub fn split_many(&mut self, ids: &[i64], seed: u64, data: &[f32]) -> Result<Vec<(i64, i64)>> {
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        let mut members = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let s = self.slot(id)?;
+            if !seen.insert(id) {
+                return Err(Error::Value(format!("cluster {id} is listed twice")));
+            }
+            let rows = self.slots[s].primary.clone();
+            if rows.len() < 2 {
+                return Err(Error::Value(format!("cluster {id} has {} members; a split needs at least 2", rows.len())));
+            }
+            members.push(rows);
+        }
+        let dim = self.dim;
+        let fits = members.par_iter().map(|rows| kmeans::fit(data, rows, dim, 2, seed, &SPLIT_KMEANS)).collect::<Result<Vec<_>>>()?;
+        let mut out = Vec::with_capacity(ids.len());
+        for ((&id, rows), km) in ids.iter().zip(&members).zip(fits) {
+            let new = self.install(rows, km, data)?;
+            if self.slot_of.contains_key(&id) {
+                self.drop_cluster(id)?;
+            }
+            out.push((new[0], new[1]));
+        }
+        Ok(out)
+    }
+
     /// Drop memberships of rows >= n (after the vector file lost rows) and rebuild the
     /// affected sums from the remaining members.
     pub fn truncate_rows(&mut self, n: usize, data: &[f32]) {

@@ -254,6 +254,11 @@ impl Index {
         self.cl.split(id, seed, self.vf.rows())
     }
 
+    pub fn split_many(&mut self, ids: &[i64], seed: u64) -> Result<Vec<(i64, i64)>> {
+        self.check_writable()?;
+        self.cl.split_many(ids, seed, self.vf.rows())
+    }
+
     pub fn merge(&mut self, keep: i64, absorb: i64) -> Result<()> {
         self.check_writable()?;
         self.cl.merge(keep, absorb, self.vf.rows())

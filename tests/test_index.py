@@ -686,3 +686,34 @@ def test_merge_candidates_match_every_pair_of_centres(tmp_path):
             assert all(abs(pairs[p] - want[p]) < 1e-4 for p in want)
             assert [s for _, _, s in got] == sorted((s for _, _, s in got), reverse=True)
             assert want, "the data should give some pairs at this threshold"
+
+
+def test_split_many_is_split_for_each_and_all_or_nothing(tmp_path):
+    """split_many fits the clusters' 2-means side by side: each cluster ends split exactly as
+    split() alone splits it (same member sets), and a bad list changes nothing."""
+    x, _, _ = blobs(3_000, 60, spread=0.4, seed=4)
+    parts = {}
+    for name in ("one", "many"):
+        with VectorIndex.open(tmp_path / name, dim=DIM) as ix:
+            ix.append(x)
+            ix.kmeans(12, seed=2)
+            ids = sorted(ix.cluster_ids().tolist())[:6]
+            if name == "one":
+                pairs = [ix.split(c, seed=0) for c in ids]
+            else:
+                before = {c: ix.members(c).tolist() for c in ix.cluster_ids().tolist()}
+                for bad, err in (([ids[0], ids[0]], ValueError), ([ids[0], 987654], KeyError)):
+                    with pytest.raises(err):
+                        ix.split_many(bad)
+                    assert {c: ix.members(c).tolist() for c in ix.cluster_ids().tolist()} == before
+                pairs = ix.split_many(ids, seed=0)
+            assert len(pairs) == len(ids) and not set(ids) & set(ix.cluster_ids().tolist())
+            parts[name] = sorted(sorted(ix.members(c).tolist()) for pair in pairs for c in pair)
+            assert sum(len(ix.members(c)) for c in ix.cluster_ids().tolist()) == len(x)
+    assert parts["one"] == parts["many"]
+    with VectorIndex.open(tmp_path / "tiny", dim=DIM) as ix:
+        ix.append(x[:3])
+        c = ix.new_cluster(x[0])
+        ix.assign(np.array([0]), np.array([c]))
+        with pytest.raises(ValueError, match="at least 2"):
+            ix.split_many([c])

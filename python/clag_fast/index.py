@@ -383,6 +383,12 @@ class VectorIndex:
         (with its anchor). ValueError with fewer than 2 members."""
         return self._ix.split(int(cid), int(seed))
 
+    def split_many(self, cids: Any, seed: int = 0) -> list[tuple[int, int]]:
+        """``split`` for each of ``cids``, the 2-means fits on all cores: the two new ids of
+        each, in order. Nothing changes unless every cluster exists, is listed once and has
+        at least 2 members (KeyError / ValueError)."""
+        return self._ix.split_many([int(c) for c in cids], int(seed))
+
     def merge(self, keep: int, absorb: int) -> None:
         """Move ``absorb``'s members (primary and secondary) into ``keep`` and drop ``absorb``.
         The running sums add, so no row is re-read."""

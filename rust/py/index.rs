@@ -314,6 +314,10 @@ impl PyVectorIndex {
         Ok(py.detach(|| self.with_mut(|ix| ix.split(cid, seed)))?)
     }
 
+    fn split_many(&self, py: Python<'_>, cids: Vec<i64>, seed: u64) -> PyResult<Vec<(i64, i64)>> {
+        Ok(py.detach(|| self.with_mut(|ix| ix.split_many(&cids, seed)))?)
+    }
+
     fn merge(&self, py: Python<'_>, keep: i64, absorb: i64) -> PyResult<()> {
         Ok(py.detach(|| self.with_mut(|ix| ix.merge(keep, absorb)))?)
     }

@@ -154,21 +154,26 @@ def _split_oversized(state: StoreState, report: dict, new: list) -> set[int]:
     touched: set[int] = set()
     max_size = state.config.cluster_sizes_for(len(state))[1]
     ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
-    queue = ids[sizes > max_size].tolist()
-    while queue:
-        cid = queue.pop()
-        before = len(idx.members(cid))
-        a, b = idx.split(cid, seed=0)
-        report["split"].append(cid)
-        for c in (a, b):
-            if c != cid:
-                new.append((c, "split"))
-            touched.add(c)
-            size = len(idx.members(c))
-            # A part as big as the whole means 2-means found no cut (identical vectors):
-            # splitting it again would loop forever, so it stays oversized.
-            if max_size < size < before:
-                queue.append(c)
+    size = dict(zip(ids.tolist(), sizes.tolist()))
+    # In waves: every oversized cluster of a wave is split in one native call (the 2-means
+    # fits side by side on all cores), its still oversized parts form the next wave.
+    wave = ids[sizes > max_size].tolist()
+    while wave:
+        parts = idx.split_many(wave, seed=0)
+        now = dict(zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()))
+        report["split"].extend(wave)
+        nxt = []
+        for cid, pair in zip(wave, parts):
+            for c in pair:
+                if c != cid:
+                    new.append((c, "split"))
+                touched.add(c)
+                # A part as big as the whole means 2-means found no cut (identical vectors):
+                # splitting it again would loop forever, so it stays oversized.
+                if max_size < now[c] < size[cid]:
+                    nxt.append(c)
+        size = now
+        wave = nxt
     return touched
 
 
