@@ -737,17 +737,7 @@ impl Clusters {
     /// 2-means on one cluster's primary members (`SPLIT_KMEANS`): two new clusters, the old one is dropped
     /// (its anchor with it). Returns the new ids.
     pub fn split(&mut self, id: i64, seed: u64, data: &[f32]) -> Result<(i64, i64)> {
-        let s = self.slot(id)?;
-        let rows = self.slots[s].primary.clone();
-        if rows.len() < 2 {
-            return Err(Error::Value(format!("cluster {id} has {} members; a split needs at least 2", rows.len())));
-        }
-        let km = kmeans::fit(data, &rows, self.dim, 2, seed, &SPLIT_KMEANS)?;
-        let ids = self.install(&rows, km, data)?;
-        if self.slot_of.contains_key(&id) {
-            self.drop_cluster(id)?;
-        }
-        Ok((ids[0], ids[1]))
+        Ok(self.split_many(&[id], seed, data)?[0])
     }
 
     /// `split` for every cluster of `ids`, their 2-means fits side by side on the rayon pool

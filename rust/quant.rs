@@ -67,7 +67,7 @@ impl QuantBlock {
         // The kernel reads `stride` bytes of both; a query of another dimension would read
         // past the row, so this is a hard check (once per block, not per row).
         assert_eq!(q.codes.len(), self.stride, "query and block were quantised for different dims");
-        let Kernel { dot, offset } = q.kernel;
+        let Kernel { dot, offset, .. } = q.kernel;
         for i in 0..self.len() {
             let row = &self.codes[i * self.stride..(i + 1) * self.stride];
             // SAFETY: `kernel` was chosen for this CPU by `QueryCodes::new`; both slices are
@@ -180,7 +180,7 @@ impl CentreCodes {
     #[inline]
     pub fn scan_bounded(&self, qc: &QueryCodes, q_l1: f32, valid: impl Fn(usize) -> bool, mut f: impl FnMut(usize, f32, f32)) {
         assert_eq!(qc.codes.len(), self.stride, "query and centres were quantised for different dims");
-        let Kernel { dot, offset } = qc.kernel;
+        let Kernel { dot, offset, .. } = qc.kernel;
         let half_q = 0.5 * qc.scale;
         let per_scale = 0.5 * q_l1 + 0.25 * self.dim as f32 * qc.scale;
         for s in 0..self.len() {
@@ -201,11 +201,13 @@ type DotU8I8 = unsafe fn(&[u8], &[i8]) -> i32;
 
 /// A dot kernel over (query codes, row codes) and what to subtract per unit of the row's code
 /// sum to get the signed dot product: 128 for kernels that multiply the offset codes as they
-/// are, 0 for one that removes the offset itself.
+/// are, 0 for one that removes the offset itself. `simd`: a VNNI or AVX2 kernel, not the
+/// portable loop (`fast_kernel`).
 #[derive(Clone, Copy)]
 pub struct Kernel {
     dot: DotU8I8,
     offset: i32,
+    simd: bool,
 }
 
 /// A query encoded for `QuantBlock::scan`, with the dot kernel picked for this CPU.
@@ -237,30 +239,20 @@ fn pick_kernel() -> Kernel {
         #[cfg(target_arch = "x86_64")]
         {
             if vnni_usable() {
-                return Kernel { dot: dot_vnni, offset: 128 };
+                return Kernel { dot: dot_vnni, offset: 128, simd: true };
             }
             if avx2_usable() {
-                return Kernel { dot: dot_avx2_signed, offset: 0 };
+                return Kernel { dot: dot_avx2_signed, offset: 0, simd: true };
             }
         }
-        Kernel { dot: dot_portable, offset: 128 }
+        Kernel { dot: dot_portable, offset: 128, simd: false }
     })
 }
 
 /// True where the int8 kernel is a SIMD one (VNNI, or AVX2 without it): only then is the
 /// int8 pre-scan of the centres cheaper than the f32 scan (the portable loop is not).
 pub fn fast_kernel() -> bool {
-    static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAST.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            vnni_usable() || avx2_usable()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    pick_kernel().simd
 }
 
 /// `CLAG_FAST_NO_INT8_AVX2` turns the AVX2 int8 kernel off (benchmarks compare both).

@@ -137,12 +137,10 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, 
     at a dozen tokens is a tenth of the call.
 
     ``weights``: ``"s8"`` stores ``W_q`` as int8; ``"u8"`` as uint8 with zero point 128 (the
-    same levels, for CPUs whose uint8 x int8 kernel saturates: ``cpu.int8_weight_codes``);
-    ``"s7"`` as int8 in [-63, 63] (onnxruntime's ``reduce_range`` remedy, kept for
-    comparison: it loses a bit of every weight).
+    same levels, for CPUs whose uint8 x int8 kernel saturates: ``cpu.int8_weight_codes``).
     """
-    if weights not in ("s8", "u8", "s7"):
-        raise ValueError(f"weights must be 's8', 'u8' or 's7', got {weights!r}")
+    if weights not in ("s8", "u8"):
+        raise ValueError(f"weights must be 's8' or 'u8', got {weights!r}")
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -168,10 +166,9 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, 
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         k, n = w.shape
-        w_max = 63 if weights == "s7" else 127
-        w_scale = np.abs(w).max(axis=0) / w_max
+        w_scale = np.abs(w).max(axis=0) / 127.0
         w_scale[w_scale == 0] = 1.0
-        w_q = np.clip(np.rint(w / w_scale), -w_max, w_max).astype(np.int8)
+        w_q = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
         p = node.name + "_ptq"
         w_zp = []  # no zero point input: int8 weights are symmetric
         if weights == "u8":

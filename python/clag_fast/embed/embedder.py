@@ -84,10 +84,9 @@ def _chunks(order: np.ndarray, lengths: np.ndarray, batch_size: int, max_tokens:
     return chunks
 
 
-def _cpu_has_vnni() -> bool:
-    """True where the CPU has VNNI integer dot products: only there was int8 measured faster
-    than fp32; elsewhere ``precision="auto"`` picks fp32."""
-    return has_vnni()
+# Only on a CPU with VNNI was int8 measured faster than fp32; elsewhere ``precision="auto"``
+# picks fp32. A module name of its own, so tests can say which CPU this is.
+_cpu_has_vnni = has_vnni
 
 
 def resolve_precision(precision: str = "auto", device: str = "auto") -> str:
