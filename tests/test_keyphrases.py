@@ -594,3 +594,62 @@ def test_background_counts_hand_out_copies_and_forget_old_namespaces():
     read: list[int] = []
     bc.counts(0, list(range(2, 10)), lambda rows: read.extend(rows) or {r: phr[r] for r in rows})
     assert len(read) == 8, "namespace 0 was the least recently counted of three: dropped, counted afresh"
+
+
+# -- the fast tokeniser and extract against their plain versions ----------------------------
+# Pieces that exercise every rule: joiners, stopwords, numbers with separators, abbreviations,
+# markers, speakers, apostrophes, arrows, underscores, Greek and accented letters (casefold),
+# and the spaceless scripts the general path handles.
+_PIECES = ["Kyoto", "hotel", "of", "the", "Bank", "for", "Japan", "and", "19", "1,000", "3.14", "U.S",
+           "don't", "’tis", "HK-220931", "13:10", "JR", "ai", "->", ",", ".", ";", "  ", "_", "[tool: x]",
+           "[reflection]", "User:", "ΣΟΦΊΑΣ", "Straße", "e\u0301cole", "東京", "タワー", "ひらがな", "ไทย", "a/b",
+           "x—y", "(", ")", "!", "Café", "İstanbul"]
+
+
+def _plain_extract(text: str) -> dict[str, str]:
+    """``extract`` as first written (one phrase at a time): the specification the per-token
+    version must match key for key and in order."""
+    toks = kp._tokens(text)
+    out: dict[str, str] = {}
+    n = len(toks)
+    for i in range(n):
+        w0, s0, _ = toks[i]
+        if not kp._content(w0, s0):
+            continue
+        for j in range(i, min(i + 3, n)):
+            wj, sj, joins = toks[j]
+            if j > i and (not joins or sj != s0):
+                break
+            if not kp._content(wj, sj):
+                continue
+            words = [t for t, _, _ in toks[i:j + 1]]
+            if s0:
+                if j == i:
+                    continue
+                phrase = "".join(words)
+            else:
+                if all(kp._is_number(w) for w in words):
+                    continue
+                if j - i == 2 and not kp._content(words[1], 0) and (
+                        words[1].casefold() not in kp._JOINERS or kp._is_number(w0) or kp._is_number(wj)):
+                    continue
+                phrase = " ".join(words)
+            out.setdefault(phrase.casefold(), phrase)
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30), st.lists(st.sampled_from([" ", "", "  "]), min_size=30,
+                                                                   max_size=30))
+def test_fast_tokens_and_extract_match_the_plain_versions(pieces, seps):
+    text = "".join(p + s for p, s in zip(pieces, seps))
+    cleaned = kp._clean(text)
+    assert kp._tokens(text) == kp._scan(cleaned)  # one findall == the word-by-word scan
+    got, want = kp.extract(text), _plain_extract(text)
+    assert list(got.items()) == list(want.items())
+
+
+def test_fast_tokens_cover_the_gaps():
+    toks = kp._tokens("Bank of Japan, 1,000 yen -> U.S  visa_for x")
+    assert toks == [("Bank", 0, False), ("of", 0, True), ("Japan", 0, True), ("1,000", 0, False),
+                    ("yen", 0, True), ("U.S", 0, False), ("visa", 0, True), ("for", 0, True), ("x", 0, True)]

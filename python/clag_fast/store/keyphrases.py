@@ -107,6 +107,10 @@ MAX_BACKGROUND = 4000
 # A word: letters/digits, inner apostrophes, dots, colons, hyphens, slashes kept
 # ("don't", "13:10", "HK-220931", "U.S"); underscores split ("flight_search").
 _WORD_RE = re.compile(r"[^\W_]+(?:(?:['’.:/\-]|(?<=\d),(?=\d{3}))[^\W_]+)*")
+# Each word with everything between it and the word before (a word starts and ends with a
+# letter or digit, so the gap is exactly the non-word run before it): the words of a text in
+# one ``findall``, and two words join when their gap is spaces only.
+_GAP_WORD_RE = re.compile(r"([\W_]*)(" + _WORD_RE.pattern + ")")
 # "User: ...", "Caroline: ..." at the start of a memory: who spoke, not what about.
 _SPEAKER_RE = re.compile(r"^\s*[^\W\d_][\w.'-]{0,24}(?: [^\W\d_][\w.'-]{0,24})?:\s+")
 # "[tool: flight_search]" -> "[flight_search]"; "[reflection]" -> "": markers, not content.
@@ -147,34 +151,50 @@ def _tokens(text: str) -> list[tuple[str, int, bool]]:
     markers and the speaker removed. Tokens join when only spaces separate them (a phrase
     never spans a comma, a full stop or "->"); spaceless-script characters are one token each
     and join within their script."""
-    text = _SPEAKER_RE.sub("", unicodedata.normalize("NFC", str(text)), count=1)
-    text = _MARKER_HEAD_RE.sub("[", _MARKER_RE.sub(" ", text)).replace("_", " ")
+    text = _clean(text)
+    if _SPACELESS_RE.search(text) is None:  # most texts: every word a token, found in C
+        return [(w, 0, i > 0 and gap.isspace()) for i, (gap, w) in enumerate(_GAP_WORD_RE.findall(text))]
+    return _scan(text)
+
+
+def _clean(text: str) -> str:
+    """``text`` in NFC without its speaker and markers, underscores as spaces."""
+    text = str(text)
+    if not text.isascii():  # ASCII is already NFC
+        text = unicodedata.normalize("NFC", text)
+    text = _SPEAKER_RE.sub("", text, count=1)
+    if "[" in text:
+        text = _MARKER_HEAD_RE.sub("[", _MARKER_RE.sub(" ", text))
+    return text.replace("_", " ")
+
+
+def _scan(text: str) -> list[tuple[str, int, bool]]:
+    """``_tokens`` of a cleaned text, word by word: the general path, for spaceless scripts."""
     out: list[tuple[str, int, bool]] = []
+    append = out.append
     last_end = -1
     for m in _WORD_RE.finditer(text):
-        raw = m.group(0)
-        w = raw.strip(".:/-'’")
-        if not w:
-            continue
-        joins = last_end >= 0 and text[last_end:m.start()].strip() == "" and m.start() > last_end
-        last_end = m.end() if w == raw or raw.endswith(w) else -1
+        w = m.group(0)  # starts and ends with a letter or digit: nothing to strip
+        start = m.start()
+        joins = last_end >= 0 and start > last_end and text[last_end:start].isspace()
+        last_end = m.end()
         if _SPACELESS_RE.search(w) is None:
-            out.append((w, 0, joins))
+            append((w, 0, joins))
             continue
         run, prev = "", -1
         for c in w:
             sc = _script(c)
             if sc:
                 if run:
-                    out.append((run, 0, joins))
+                    append((run, 0, joins))
                     run = ""
-                out.append((c, sc, prev == sc))
+                append((c, sc, prev == sc))
                 joins = False
             else:
                 run += c
             prev = sc
         if run:
-            out.append((run, 0, False))
+            append((run, 0, False))
     return out
 
 
@@ -210,30 +230,45 @@ def extract(text: str) -> dict[str, str]:
     toks = _tokens(text)
     out: dict[str, str] = {}
     n = len(toks)
+    # Per token once (a token is looked at by up to three phrases): labelling reads tens of
+    # thousands of member texts per bulk ingest, and this was most of that cost.
+    content = [_content(w, sc) for w, sc, _ in toks]
+    number = [not sc and _is_number(w) for w, sc, _ in toks]
     for i in range(n):
-        w0, s0, _ = toks[i]
-        if not _content(w0, s0):
+        if not content[i]:
             continue
-        for j in range(i, min(i + 3, n)):
-            wj, sj, joins = toks[j]
-            if j > i and (not joins or sj != s0):
-                break
-            if not _content(wj, sj):
-                continue
-            words = [t for t, _, _ in toks[i:j + 1]]
-            if s0:
-                if j == i:
-                    continue  # one CJK character is rarely a word on its own
-                phrase = "".join(words)
-            else:
-                if all(_is_number(w) for w in words):
-                    continue
-                if j - i == 2 and not _content(words[1], 0) and (
-                        words[1].casefold() not in _JOINERS or _is_number(w0) or _is_number(wj)):
-                    # "Bank of Japan", "visa for Japan"; not "vendors and hide", "19 at Kyoto".
-                    continue
-                phrase = " ".join(words)
+        w0, s0, _ = toks[i]
+        if s0:
+            for j in range(i + 1, min(i + 3, n)):
+                wj, sj, joins = toks[j]
+                if not joins or sj != s0:
+                    break
+                if content[j]:  # one CJK character is rarely a word on its own
+                    phrase = "".join(t for t, _, _ in toks[i:j + 1])
+                    out.setdefault(phrase.casefold(), phrase)
+            continue
+        if not number[i]:
+            out.setdefault(w0.casefold(), w0)
+        if i + 1 >= n:
+            continue
+        w1, s1, joins1 = toks[i + 1]
+        if not joins1 or s1:
+            continue
+        if content[i + 1] and not (number[i] and number[i + 1]):
+            phrase = w0 + " " + w1
             out.setdefault(phrase.casefold(), phrase)
+        if i + 2 >= n:
+            continue
+        w2, s2, joins2 = toks[i + 2]
+        if not joins2 or s2 or not content[i + 2]:
+            continue
+        if not content[i + 1] and (w1.casefold() not in _JOINERS or number[i] or number[i + 2]):
+            # "Bank of Japan", "visa for Japan"; not "vendors and hide", "19 at Kyoto".
+            continue
+        if number[i] and number[i + 1] and number[i + 2]:
+            continue
+        phrase = w0 + " " + w1 + " " + w2
+        out.setdefault(phrase.casefold(), phrase)
     return out
 
 
