@@ -653,3 +653,13 @@ def test_fast_tokens_cover_the_gaps():
     toks = kp._tokens("Bank of Japan, 1,000 yen -> U.S  visa_for x")
     assert toks == [("Bank", 0, False), ("of", 0, True), ("Japan", 0, True), ("1,000", 0, False),
                     ("yen", 0, True), ("U.S", 0, False), ("visa", 0, True), ("for", 0, True), ("x", 0, True)]
+
+
+def test_long_non_word_runs_tokenise_in_one_pass():
+    # The gap-and-word pattern would rescan a trailing non-word run from each of its positions
+    # (n^2 steps: minutes for these texts); the run is cut off first.
+    assert kp._tokens("Kyoto hotel " + "-" * 100_000) == [("Kyoto", 0, False), ("hotel", 0, True)]
+    assert kp._tokens("." * 100_000) == []
+    text = "JR Pass" + "!" * 50_000 + " Shinkansen " + "?" * 50_000
+    assert kp.extract(text) == _plain_extract(text) == {"jr": "JR", "jr pass": "JR Pass", "pass": "Pass",
+                                                        "shinkansen": "Shinkansen"}
