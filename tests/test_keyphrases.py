@@ -639,8 +639,8 @@ def _plain_extract(text: str) -> dict[str, str]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from(_PIECES), max_size=30), st.lists(st.sampled_from([" ", "", "  "]), min_size=30,
-                                                                   max_size=30))
+@given(st.lists(st.sampled_from(_PIECES), max_size=30),
+       st.lists(st.sampled_from([" ", "", "  "]), min_size=30, max_size=30))
 def test_fast_tokens_and_extract_match_the_plain_versions(pieces, seps):
     text = "".join(p + s for p, s in zip(pieces, seps))
     cleaned = kp._clean(text)

@@ -244,11 +244,12 @@ def extract(text: str) -> dict[str, str]:
             continue
         w0, s0, _ = toks[i]
         if s0:
+            # Runs of two or three characters (one CJK character is rarely a word on its own).
             for j in range(i + 1, min(i + 3, n)):
                 wj, sj, joins = toks[j]
                 if not joins or sj != s0:
                     break
-                if content[j]:  # one CJK character is rarely a word on its own
+                if content[j]:
                     phrase = "".join(t for t, _, _ in toks[i:j + 1])
                     out.setdefault(phrase.casefold(), phrase)
             continue
