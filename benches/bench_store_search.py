@@ -208,12 +208,17 @@ class ClagFast:
 
         return fn
 
+    def _index_under_rule(self) -> tuple[Any, int, dict[str, Any]]:
+        """The store's ``VectorIndex`` and its default probe rule: the cap and the adaptive
+        stop's keyword arguments, as ``search()`` with no ``n_probe`` passes them."""
+        cap, rule = self.store._searcher.probe_plan(None)
+        return self.store._state.index, cap, rule
+
     def index_rule_fn(self) -> Callable[[np.ndarray], tuple[np.ndarray, int]]:
         """``VectorIndex.search`` under the store's default probe rule (its cap and adaptive
         stop), so each query probes the clusters the default ``search`` probes: the fixed
         count of ``index_fn`` is one query's count, and adaptive probing varies it per query."""
-        index = self.store._state.index
-        cap, rule = self.store._searcher.probe_plan(None)
+        index, cap, rule = self._index_under_rule()
 
         def fn(q: np.ndarray) -> tuple[np.ndarray, int]:
             res = index.search(q, k=K, n_probe=cap, **rule)
@@ -227,8 +232,8 @@ class ClagFast:
         alternating, and only those two calls timed (no conversion of hits to row ids, no
         other configuration in between to evict what they read). Returns both medians and
         their difference."""
-        store, index = self.store, self.store._state.index
-        cap, rule = store._searcher.probe_plan(None)
+        store = self.store
+        index, cap, rule = self._index_under_rule()
         t_store: list[int] = []
         t_index: list[int] = []
         clock = time.perf_counter_ns
