@@ -8,7 +8,10 @@ turns (loop then service, service then loop, ...): on a machine shared with othe
 sides then see the same moments of its load, and each side's time is the sum of its slices.
 The loop runs a slice in order; the clients take its next operation from a shared queue. A
 service slice ends when its last answer came and the service's background work (a
-re-organisation in the store's worker) is done, so none of it runs during the loop's slices.
+re-organisation in the store's worker) is done, so none of it runs during the loop's slices; a
+loop slice likewise ends when its store's background work is done (its ``stats()`` show no
+pending jobs, the test the service's ``/v1/stats`` answers), so none of the loop's runs in the
+service's slices or goes uncounted.
 Reported: throughput of both and their ratio (and per slice), p50/p99 latency, errors; and the
 service's start time on the existing store (until /healthz answers, and until it says the
 embedding model is loaded).
@@ -361,7 +364,7 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
     service = Service(served, serve_args)
     http = httpx.Client(timeout=300)
     wait_idle(service.url, http)
-    loop = {"wall_s": 0.0, "cpu_s": 0.0, "lat": [], "errors": 0, "blocks": []}
+    loop = {"wall_s": 0.0, "cpu_s": 0.0, "idle_wait_s": 0.0, "lat": [], "errors": 0, "blocks": []}
     srv: dict[str, Any] = {"wall_s": 0.0, "idle_wait_s": 0.0, "server_cpu_s": 0.0, "client_cpu_s": 0.0, "lat": {},
                            "errors": 0, "error_examples": [], "blocks": []}
     bounds = np.linspace(0, len(ops), blocks + 1).round().astype(int)
@@ -381,6 +384,10 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
                 except Exception:
                     loop["errors"] += 1
                 loop["lat"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            while store.stats()["slm_pending"]["jobs"]:  # the same test as wait_idle's
+                time.sleep(0.01)
+            loop["idle_wait_s"] += time.perf_counter() - t
             wall = time.perf_counter() - t0
             loop["wall_s"] += wall
             loop["cpu_s"] += time.process_time() - cpu0
@@ -420,6 +427,7 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
     every = [x for v in srv["lat"].values() for x in v]
     loop_out = {"wall_s": loop["wall_s"], "ops_s": len(ops) / loop["wall_s"], "p50_ms": pct(loop["lat"], 50),
                 "p99_ms": pct(loop["lat"], 99), "errors": loop["errors"], "cpu_s": loop["cpu_s"],
+                "idle_wait_s": loop["idle_wait_s"],
                 "blocks": loop["blocks"]}
     srv_out = {"wall_s": srv["wall_s"], "ops_s": len(ops) / srv["wall_s"], "p50_ms": pct(every, 50),
                "p99_ms": pct(every, 99), "errors": srv["errors"], "error_examples": srv["error_examples"],
@@ -456,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         local, served = run_interleaved(Path(tmp) / "local", Path(tmp) / "served", ops, args.clients, args.client,
                                         args.blocks, args.embed_cache)
         print(f"in-process loop : {local['ops_s']:7.1f} ops/s  p50 {local['p50_ms']:6.1f} ms  "
-              f"p99 {local['p99_ms']:6.1f} ms  errors {local['errors']}  ({local['wall_s']:.1f} s)")
+              f"p99 {local['p99_ms']:6.1f} ms  errors {local['errors']}  ({local['wall_s']:.1f} s, of which "
+              f"{local['idle_wait_s']:.2f} s for background work after the slices' last operations)")
         print(f"service, {args.clients} clients: {served['ops_s']:7.1f} ops/s  p50 {served['p50_ms']:6.1f} ms  "
               f"p99 {served['p99_ms']:6.1f} ms  errors {served['errors']}  ({served['wall_s']:.1f} s, of which "
               f"{served['idle_wait_s']:.2f} s for background work after the slices' last answers)")
