@@ -104,6 +104,48 @@ def test_coalescer_batches_concurrent_jobs_and_isolates_failures():
     assert calls[2] == ("h", ["z"])                   # another group -> its own batch
 
 
+def test_coalescer_runs_solo_groups_one_batch_at_a_time():
+    """Batches of ``solo`` groups (text batches in the service: they embed) never overlap, not
+    even two different solo groups; other groups' batches run side by side up to ``workers``,
+    also beside a solo batch."""
+    lock = threading.Lock()
+    active = {"t": 0, "v": 0}
+    most = {"t": 0, "v": 0}
+    seen = []  # (solo batches running, vector batches running) at each batch's start
+
+    def run(group, payloads):
+        kind = group[0]
+        with lock:
+            active[kind] += 1
+            most[kind] = max(most[kind], active[kind])
+            seen.append((active["t"], active["v"]))
+        threading.Event().wait(0.2)
+        with lock:
+            active[kind] -= 1
+        return [p * 2 for p in payloads]
+
+    async def main():
+        with ThreadPoolExecutor(4) as pool:
+            c = Coalescer("test", run, pool, max_items=100, max_pending=1000, workers=2,
+                          solo=lambda group: group.startswith("t"))
+            c.start()
+            jobs = []
+            # v3 and v4 take both workers; ta and tb queue; ta starts when v3 ends, tb waits
+            # for ta although a worker is free, which runs v5 meanwhile.
+            for wait, group, p in ((0.0, "v", 3), (0.05, "v", 4), (0.05, "ta", 1), (0.05, "tb", 2),
+                                   (0.15, "v", 5)):
+                await asyncio.sleep(wait)
+                jobs.append(asyncio.create_task(c.submit(group, p)))
+            results = await asyncio.gather(*jobs)
+            await c.close()
+            return results
+
+    assert asyncio.run(main()) == [6, 8, 2, 4, 10]
+    assert most["t"] == 1, "two solo batches ran at once"
+    assert most["v"] == 2, "the vector batches did not run side by side"
+    assert (1, 1) in seen, "no vector batch ran beside a solo one"
+
+
 def test_search_group_joins_equal_options_only():
     from clag_fast.server.service import search_group
 

@@ -6,6 +6,15 @@ worker takes everything queued for the same group (same search options, say) up 
 ``max_items`` and runs it as one call in a worker thread. Nothing waits on a timer: under
 light load a request runs alone at once, under heavy load the batches grow by themselves,
 which is where one embedding call for 64 texts and one SQLite commit for 64 adds pay off.
+
+Batches that embed texts run one at a time (``solo``), while batches of vectors may run side
+by side: the two kinds load the machine differently. A text batch's cost is its embedding and
+its Python, and a second one running beside it only splits the queue into smaller batches and
+adds contention: under benches/bench_service.py's text load, one text batch at a time per
+coalescer gave 12-20% more throughput than two (10-15% less CPU per request). A batch of
+vector searches is mostly native search with the GIL released, and with many namespaces
+(one group each) batches rarely coalesce: there two at a time gave ~24% more throughput
+than one (benches/bench_ray.py's single-process service, 32 namespaces).
 """
 
 from __future__ import annotations
@@ -34,16 +43,20 @@ class _Job:
 
 
 class Coalescer:
-    """A queue of jobs and ``workers`` tasks that run them in batches on ``executor``."""
+    """A queue of jobs and ``workers`` tasks that run them in batches on ``executor``.
+    ``solo(group)``: true for groups of which one batch at a time may run (the others still
+    run beside it, up to ``workers`` batches in all)."""
 
     def __init__(self, name: str, run: BatchRunner, executor: Executor, *, max_items: int,
-                 max_pending: int, workers: int = 1) -> None:
+                 max_pending: int, workers: int = 1, solo: Callable[[Hashable], bool] | None = None) -> None:
         self.name = name
         self._run = run
         self._executor = executor
         self._max_items = max_items
         self._max_pending = max_pending
         self._n_workers = workers
+        self._solo = solo
+        self._solo_running = False
         self._queue: deque[_Job] = deque()
         self._pending = 0
         self._wake: asyncio.Event | None = None
@@ -86,28 +99,41 @@ class Coalescer:
                 pass
         self._tasks = []
 
-    def _take(self) -> list[_Job]:
-        first = self._queue.popleft()
+    def _may_run(self, group: Hashable) -> bool:
+        return not (self._solo_running and self._solo is not None and self._solo(group))
+
+    def _take(self) -> list[_Job] | None:
+        """The next batch: the first queued job that may run now, with the jobs of its group
+        queued after it (up to ``max_items``); None when nothing queued may run now."""
+        first = next((job for job in self._queue if self._may_run(job.group)), None)
+        if first is None:
+            return None
         batch, n = [first], first.size
         keep: deque[_Job] = deque()
-        while self._queue:
-            job = self._queue.popleft()
+        for job in self._queue:
+            if job is first:
+                continue
             if job.group == first.group and n + job.size <= self._max_items:
                 batch.append(job)
                 n += job.size
             else:
                 keep.append(job)
-        self._queue.extendleft(reversed(keep))
+        self._queue = keep
         return batch
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._wake is not None
         while True:
-            while not self._queue:
+            # No await between the look and clear(): workers share one event loop, so nothing
+            # is queued or finishes in between.
+            batch = self._take() if self._queue else None
+            while batch is None:
                 self._wake.clear()
                 await self._wake.wait()
-            batch = self._take()
+                batch = self._take() if self._queue else None
+            solo = self._solo is not None and self._solo(batch[0].group)
+            self._solo_running |= solo
             self.batches += 1
             self.items += sum(j.size for j in batch)
             try:
@@ -116,6 +142,10 @@ class Coalescer:
             except Exception as e:  # the runner maps per-job errors itself; this is a bug or a crash
                 log.exception("%s batch failed", self.name)
                 results = [e] * len(batch)
+            finally:
+                if solo:
+                    self._solo_running = False
+                    self._wake.set()  # a solo job may be waiting for this batch to end
             for job, result in zip(batch, results):
                 if job.future.done():
                     continue

@@ -56,10 +56,13 @@ class StoreService:
         limits = config.limits
         self._executor = ThreadPoolExecutor(max_workers=3 + config.add_workers + config.search_workers,
                                             thread_name_prefix="clag-serve")
+        # Batches that embed texts run one at a time, vector batches side by side (``batching``).
         self.adds = Coalescer("add", self._add_batch, self._executor, max_items=limits.max_batch,
-                              max_pending=limits.max_pending, workers=config.add_workers)
+                              max_pending=limits.max_pending, workers=config.add_workers,
+                              solo=lambda group: group == "texts")
         self.searches = Coalescer("search", self._search_batch, self._executor, max_items=config.search_batch,
-                                  max_pending=limits.max_pending, workers=config.search_workers)
+                                  max_pending=limits.max_pending, workers=config.search_workers,
+                                  solo=lambda group: group[0] == "text")
         # cluster id -> namespaces of its members, for keys that read only some namespaces:
         # built on first need, then kept up to date by the writes (see ``rerouted``).
         self._table: dict[int, set[str]] | None = None

@@ -48,13 +48,9 @@ class ServeConfig:
     dim: vector width when the store is created (an existing store keeps its own).
     fsync: sync vectors and the database on every write batch (power-loss safety; a process
       kill loses nothing answered either way).
-    search_workers, add_workers: search and add batches run at once. One of each: the add
-      and the search batch embed side by side (a batch of 8 texts or more spreads over the
-      cores itself), re-organisation runs in the store's worker (not inside an add batch),
-      and what queues behind a running batch goes into the next one whole. Two of each (the earlier default, from when a periodic re-organisation
-      ran inside the add batch that triggered it) cost 10-15% more CPU per request in
-      contention and smaller batches: 12-20% less throughput under benches/bench_service.py's
-      load, with one namespace or eight.
+    search_workers, add_workers: search and add batches run at once; of the batches that
+      embed texts only one at a time (see ``batching``: two text batches side by side cost
+      throughput, two vector batches gain it).
     search_batch: most queries coalesced into one ``search_many`` (adds: ``limits.max_batch``).
     embed_cache: vectors of recent texts the store keeps (``StoreConfig.embed_cache``; 0: none):
       a repeated query or label phrase is not embedded again.
@@ -68,8 +64,8 @@ class ServeConfig:
     embedder: bool = True
     dim: int | None = None
     fsync: bool = False
-    search_workers: int = 1
-    add_workers: int = 1
+    search_workers: int = 2
+    add_workers: int = 2
     search_batch: int = 256
     embed_cache: int = 4096
     limits: Limits = field(default_factory=Limits)
