@@ -7,14 +7,11 @@ worker takes everything queued for the same group (same search options, say) up 
 light load a request runs alone at once, under heavy load the batches grow by themselves,
 which is where one embedding call for 64 texts and one SQLite commit for 64 adds pay off.
 
-Batches that embed texts run one at a time (``solo``), while batches of vectors may run side
-by side: the two kinds load the machine differently. A text batch's cost is its embedding and
-its Python, and a second one running beside it only splits the queue into smaller batches and
-adds contention: under benches/bench_service.py's text load, one text batch at a time per
-coalescer gave 12-20% more throughput than two (10-15% less CPU per request). A batch of
-vector searches is mostly native search with the GIL released, and with many namespaces
-(one group each) batches rarely coalesce: there two at a time gave ~24% more throughput
-than one (benches/bench_ray.py's single-process service, 32 namespaces).
+Batches that embed texts run one at a time (``solo``); other batches run side by side, up to
+``workers``. A second text batch beside the first only splits the queue into smaller batches
+that contend for the same cores (12-17% less throughput under benches/bench_service.py), while
+vector batches are native work with the GIL released, for which a second one uses the second
+core (~24% more with 32 namespaces): BENCHMARKS.md, fourteenth and fifteenth sessions.
 """
 
 from __future__ import annotations
