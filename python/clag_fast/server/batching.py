@@ -9,7 +9,7 @@ which is where one embedding call for 64 texts and one SQLite commit for 64 adds
 
 Batches that embed texts run one at a time (``solo``); other batches run side by side, up to
 ``workers``. A second text batch beside the first only splits the queue into smaller batches
-that contend for the same cores (12-17% less throughput under benches/bench_service.py), while
+that contend for the same cores (11-15% less throughput under benches/bench_service.py), while
 vector batches are native work with the GIL released, for which a second one uses the second
 core (~24% more with 32 namespaces): BENCHMARKS.md, fourteenth and fifteenth sessions.
 """
