@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 from bench_service import DRIVERS, free_port, question, sentence  # noqa: E402
+from measure import process_cpu  # noqa: E402
 
 DIM = 384
 NAMESPACES = [f"tenant-{i}" for i in range(32)]
@@ -89,24 +90,29 @@ def request(op: tuple[str, str, object]) -> tuple[str, dict, str]:
 
 def tree_cpu_s(root: int, include_root: bool = True) -> float:
     """CPU seconds (user + system) used so far by the live processes under ``root`` (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent, cpu = {}, {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(pid)] = int(fields[1])
-        cpu[int(pid)] = (int(fields[11]) + int(fields[12])) / tick
-    total = cpu.get(root, 0.0) if include_root else 0.0
-    for pid in cpu:
-        p = parent.get(pid)
+    procs = process_cpu()
+    total = procs[root][1] if include_root and root in procs else 0.0
+    for pid, (p, cpu) in procs.items():
         while p and p != root:
-            p = parent.get(p)
+            p = procs[p][0] if p in procs else 0
         if p == root and pid != root:
-            total += cpu[pid]
+            total += cpu
     return total
+
+
+def embed_alone(texts: list[str], cpus: int) -> tuple[float, float, float, np.ndarray]:
+    """One process embedding ``texts`` on ``cpus`` threads: (seconds with the model load,
+    seconds embedding, CPU seconds embedding, vectors). The Ray figure includes its embedding
+    actor's model load, so the single process's is timed too."""
+    from clag_fast.embed.embedder import Embedder
+
+    t0 = time.perf_counter()
+    emb = Embedder(threads=cpus, device="cpu")
+    emb.encode(texts[:64])  # the sessions' first calls, as the actor's first batch has them
+    t1, c1 = time.perf_counter(), time.process_time()
+    vectors = emb.encode(texts)
+    t2, c2 = time.perf_counter(), time.process_time()
+    return t2 - t0, t2 - t1, c2 - c1, vectors
 
 
 def drive(url: str, ops: list, clients: int, driver: str = "lean", server_cpu=None) -> dict:
@@ -216,25 +222,13 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
     from clag_fast import MemoryStore, StoreConfig
     from clag_fast.distributed import ShardedStore, ingest
     from clag_fast.distributed.ingest import row_key
-    from clag_fast.embed.embedder import Embedder
 
     rng = np.random.default_rng(3)
     texts = [f"{sentence(rng)} (note {i})" for i in range(n)]
     src = root.parent / "bulk.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
-    def embed_alone() -> tuple[float, float, np.ndarray]:
-        """(seconds with the model load, seconds embedding, vectors): the Ray figure includes
-        its embedding actor's model load, so the single process's is timed too."""
-        t0 = time.perf_counter()
-        emb = Embedder(threads=cpus, device="cpu")
-        emb.encode(texts[:64])  # the sessions' first calls, as the actor's first batch has them
-        t1 = time.perf_counter()
-        vectors = emb.encode(texts)
-        t2 = time.perf_counter()
-        return t2 - t0, t2 - t1, vectors
-
-    cold_s, embed_s, vectors = embed_alone()
+    cold_s, embed_s, _, vectors = embed_alone(texts, cpus)
     # The same work in one process: those vectors written to one store in the same batches
     # (what the Ray pipeline's owners do), so the two ratios separate the store's own cost
     # from the engine's.
@@ -267,7 +261,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
     if again:
         # The machine's speed drifts (other load, a shared VM): the single process again after
         # the Ray run; the ratio is taken against the mean of its two rates.
-        cold2_s, embed2_s, _ = embed_alone()
+        cold2_s, embed2_s, _, _ = embed_alone(texts, cpus)
         out["single_texts_s_after"] = n / embed2_s
         out["single_cold_texts_s_after"] = n / cold2_s
         print(f"  single process again: embedding {n / embed2_s:.0f} texts/s ({n / cold2_s:.0f} with the model "

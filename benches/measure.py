@@ -43,6 +43,22 @@ def peak_rss_mb() -> float:
     return _status_mb("VmHWM")
 
 
+
+def process_cpu() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds used so far, user + system) of every live process, from
+    /proc (one read of each process's stat file; processes that exit meanwhile are left out)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
 @dataclass
 class Timed:
     """Result of a timed call: seconds, RSS delta in MiB, and what the call returned."""

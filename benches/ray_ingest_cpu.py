@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -24,37 +23,28 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ray import embed_alone  # noqa: E402
 from bench_service import sentence  # noqa: E402
-
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def snapshot() -> dict[int, tuple[float, str]]:
-    """pid -> (user + system CPU seconds, command line) for every process readable now."""
-    out = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{p}/stat").read()
-            cmd = open(f"/proc/{p}/cmdline").read().replace("\0", " ").strip()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        out[int(p)] = ((int(fields[11]) + int(fields[12])) / HZ, cmd or stat[stat.find("(") + 1:stat.rfind(")")])
-    return out
+from measure import process_cpu  # noqa: E402
 
 
-def embed_alone(texts: list[str]) -> tuple[float, float]:
-    """(texts/s, ms of CPU per text) of one process's Embedder on 2 threads, model warm."""
-    from clag_fast.embed.embedder import Embedder
+def name_of(pid: int) -> str:
+    """A process's command line (Ray sets ``ray::<Actor>`` there), or its short name."""
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            cmd = f.read().replace("\0", " ").strip()
+        if cmd:
+            return cmd
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
-    e = Embedder(threads=2, device="cpu")
-    e.encode(texts[:64])
-    c0, t0 = time.process_time(), time.perf_counter()
-    e.encode(texts)
-    t1, c1 = time.perf_counter(), time.process_time()
-    return len(texts) / (t1 - t0), (c1 - c0) / len(texts) * 1e3
+
+def single(texts: list[str]) -> tuple[float, float]:
+    """(texts/s, ms of CPU per text) of one process embedding ``texts`` on 2 threads, model warm."""
+    _, seconds, cpu, _ = embed_alone(texts, 2)
+    return len(texts) / seconds, cpu / len(texts) * 1e3
 
 
 def main() -> int:
@@ -72,48 +62,57 @@ def main() -> int:
     src = tmp / "bulk.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     try:
-        before = embed_alone(texts)
+        before = single(texts)
         print(f"one process: {before[0]:.0f} texts/s, {before[1]:.2f} ms CPU/text", flush=True)
         extra = {"_system_config": {"enable_metrics_collection": False, "event_stats": False}} if args.lean else {}
         ray.init(num_cpus=2, include_dashboard=False, namespace="clag_fast", log_to_driver=False, **extra)
         time.sleep(2)  # the cluster's own start is not the ingest's
-        start = snapshot()
-        last, first_seen, trace, stop = dict(start), {}, [], threading.Event()
+        # CPU of every process before, and as last seen (a process that exits keeps its last
+        # reading). Names are read every 10 s, not on every sample: a Ray worker is renamed
+        # when it takes a task (ray::IDLE -> ray::<Actor>), so the last name read is kept.
+        start = {pid: cpu for pid, (_, cpu) in process_cpu().items()}
+        last, names, first_seen, trace, stop = dict(start), {}, {}, [], threading.Event()
 
         def sample() -> None:
             k = 0
             while not stop.is_set():
-                for p, v in snapshot().items():
-                    last[p] = v
-                    if p not in start:
-                        first_seen.setdefault(p, time.perf_counter())
+                now = time.perf_counter()
+                seen = process_cpu()
+                for pid, (_, cpu) in seen.items():
+                    last[pid] = cpu
+                    if pid not in start:
+                        first_seen.setdefault(pid, now)
                 if k % 20 == 0:
-                    trace.append((time.perf_counter(), dict(last)))
+                    names.update((pid, name_of(pid)) for pid in seen)
+                    trace.append((now, dict(last)))
                 k += 1
                 stop.wait(0.5)
 
         sampler = threading.Thread(target=sample, daemon=True)
+        t0 = time.perf_counter()  # before the sampler's first reading, so every time is >= 0
         sampler.start()
-        t0 = time.perf_counter()
         report = ingest(str(src), tmp / "root", shards=4, namespace="bulk", embedders=1, embed_threads=2)
         wall = time.perf_counter() - t0
         stop.set()
         sampler.join()
-        last.update(snapshot())
-        used = sorted(((cpu - start.get(p, (0.0, ""))[0], p, cmd) for p, (cpu, cmd) in last.items()
-                       if cpu - start.get(p, (0.0, ""))[0] > 0.05), reverse=True)
+        final = process_cpu()
+        last.update((pid, cpu) for pid, (_, cpu) in final.items())
+        names.update((pid, name_of(pid)) for pid in final)
+        used = sorted(((cpu - start.get(pid, 0.0), pid) for pid, cpu in last.items()
+                       if cpu - start.get(pid, 0.0) > 0.05), reverse=True)
         total = sum(u[0] for u in used)
         print(f"Ray Data ingest: {report.rate:.0f} texts/s, {wall:.1f} s, every process {total:.1f} s of CPU "
-              f"({total / wall:.2f} cores)")
-        for cpu, p, cmd in used[:16]:
-            print(f"  {cpu:7.1f} s  appeared at +{first_seen.get(p, t0) - t0:5.1f} s  {cmd[:70]}")
+              f"({total / wall:.2f} cores; the sampler's own CPU is in this process's)")
+        for cpu, pid in used[:16]:
+            print(f"  {cpu:7.1f} s  appeared at +{first_seen.get(pid, t0) - t0:5.1f} s  "
+                  f"{names.get(pid, '?'):.70}")
         top = used[:8]
-        print("  cumulative CPU every 10 s: " + ", ".join(c.split()[0][:28] for _, _, c in top))
-        for t, snap in trace:
-            print(f"    +{t - t0:5.1f} s " + " ".join(f"{snap.get(p, (0.0, ''))[0] - start.get(p, (0.0, ''))[0]:6.1f}"
-                                              for _, p, _ in top))
+        print("  cumulative CPU every 10 s: " + ", ".join(names.get(pid, "?").split()[0][:28] for _, pid in top))
+        for t, seen in trace:
+            print(f"    +{t - t0:5.1f} s " + " ".join(f"{seen.get(pid, 0.0) - start.get(pid, 0.0):6.1f}"
+                                              for _, pid in top))
         ray.shutdown()
-        after = embed_alone(texts)
+        after = single(texts)
         print(f"one process again: {after[0]:.0f} texts/s, {after[1]:.2f} ms CPU/text; "
               f"ratio {report.rate / ((before[0] + after[0]) / 2):.2f}x")
     finally:
