@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 from bench_service import DRIVERS, free_port, question, sentence  # noqa: E402
-from measure import process_cpu  # noqa: E402
+from measure import cpu_times, process_cpu  # noqa: E402
 
 DIM = 384
 NAMESPACES = [f"tenant-{i}" for i in range(32)]
@@ -228,7 +228,11 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
     src = root.parent / "bulk.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
+    # The hypervisor's steal (this VM's cores given to others) shows in no process's CPU and
+    # changed by a quarter of the machine within minutes: printed with each timed part.
+    m0 = cpu_times()
     cold_s, embed_s, _, vectors = embed_alone(texts, cpus)
+    steal_before = (cpu_times()["steal"] - m0["steal"]) / cold_s
     # The same work in one process: those vectors written to one store in the same batches
     # (what the Ray pipeline's owners do), so the two ratios separate the store's own cost
     # from the engine's.
@@ -243,29 +247,33 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
     del vectors
     out: dict = {"single_texts_s": n / embed_s, "single_cold_texts_s": n / cold_s,
                  "single_ingest_s": n / (embed_s + write_s)}
-    print(f"  single process: embedding {n / embed_s:.0f} texts/s ({n / cold_s:.0f} with the model load); "
-          f"embedding + writing {n / (embed_s + write_s):.0f} texts/s", flush=True)
+    print(f"  single process: embedding {n / embed_s:.0f} texts/s ({n / cold_s:.0f} with the model load; "
+          f"steal {steal_before:.2f} cores); embedding + writing {n / (embed_s + write_s):.0f} texts/s", flush=True)
     marks: list[tuple[float, int]] = []
+    m0 = cpu_times()
     t0 = time.perf_counter()
     report = ingest(str(src), root, shards=4, namespace="bulk", embedders=1, embed_threads=cpus,
                     progress=lambda k: marks.append((time.perf_counter() - t0, k)))
+    steal = (cpu_times()["steal"] - m0["steal"]) / (time.perf_counter() - t0)
     store = ShardedStore(root)
     out.update(ray_texts_s=report.rate, ray_s=report.seconds, added=report.added, stored=len(store))
     store.shutdown()
     # Ray Data reports a read block's rows (7,500-14,286 here) when its task ends, and the
-    # embedding actor runs two blocks at once, so a rate between reports overstates: only
+    # embedding actor runs one block per core at once, so a rate between reports overstates: only
     # when the first block was reported written (start-up included) is shown.
     ta, ka = marks[0]
     print(f"  Ray Data ingest: {report.rate:.0f} texts/s, {len(texts)} rows, {out['stored']} stored; "
-          f"first {ka} rows reported written at {ta:.1f} s", flush=True)
+          f"first {ka} rows reported written at {ta:.1f} s; steal {steal:.2f} cores", flush=True)
     if again:
         # The machine's speed drifts (other load, a shared VM): the single process again after
         # the Ray run; the ratio is taken against the mean of its two rates.
+        m0 = cpu_times()
         cold2_s, embed2_s, _, _ = embed_alone(texts, cpus)
+        steal = (cpu_times()["steal"] - m0["steal"]) / cold2_s
         out["single_texts_s_after"] = n / embed2_s
         out["single_cold_texts_s_after"] = n / cold2_s
         print(f"  single process again: embedding {n / embed2_s:.0f} texts/s ({n / cold2_s:.0f} with the model "
-              f"load)", flush=True)
+              f"load; steal {steal:.2f} cores)", flush=True)
     if kill_at is None:
         return out
     # Killed then resumed: the driver is a separate process on this Ray cluster, so a SIGKILL

@@ -68,6 +68,16 @@ class Timed:
     value: object = None
 
 
+def cpu_times() -> dict[str, float]:
+    """The machine's CPU seconds so far, all cores together, by state (/proc/stat): ``busy``,
+    ``idle`` and ``steal`` (time the hypervisor ran someone else while this VM wanted the
+    core: it shows in no process's CPU, so a run that lost some looks idle)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"busy": (v[0] + v[1] + v[2] + v[5] + v[6]) / tick, "idle": (v[3] + v[4]) / tick, "steal": v[7] / tick}
+
+
 def timed(fn, *args, **kwargs) -> Timed:
     """Run ``fn`` once, measuring wall time and the RSS change it leaves behind."""
     before = rss_mb()

@@ -6,7 +6,8 @@ process embedding the same texts before and after (the machine's speed drifts).
 Prints the ingest rate, the CPU of each process that used any (with when it appeared after
 ``ingest()`` was called), a cumulative trace every 10 s for the busiest, and the ratio to the
 single process's embedding rate. ``--lean`` starts Ray with metrics collection and event
-statistics off. Results: BENCHMARKS.md, sixteenth session.
+statistics off. The machine's steal (cores the hypervisor gave to others) is printed with
+each timed part. Results: BENCHMARKS.md, sixteenth and seventeenth sessions.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ray import embed_alone  # noqa: E402
 from bench_service import sentence  # noqa: E402
-from measure import process_cpu  # noqa: E402
+from measure import cpu_times, process_cpu  # noqa: E402
 
 
 def name_of(pid: int) -> str:
@@ -41,10 +42,13 @@ def name_of(pid: int) -> str:
         return "?"
 
 
-def single(texts: list[str]) -> tuple[float, float]:
-    """(texts/s, ms of CPU per text) of one process embedding ``texts`` on 2 threads, model warm."""
+def single(texts: list[str]) -> tuple[float, float, float]:
+    """(texts/s, ms of CPU per text, cores stolen by the hypervisor meanwhile) of one process
+    embedding ``texts`` on 2 threads, model warm."""
+    m0 = cpu_times()
     _, seconds, cpu, _ = embed_alone(texts, 2)
-    return len(texts) / seconds, cpu / len(texts) * 1e3
+    m1 = cpu_times()
+    return len(texts) / seconds, cpu / len(texts) * 1e3, (m1["steal"] - m0["steal"]) / seconds
 
 
 def main() -> int:
@@ -63,7 +67,8 @@ def main() -> int:
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     try:
         before = single(texts)
-        print(f"one process: {before[0]:.0f} texts/s, {before[1]:.2f} ms CPU/text", flush=True)
+        print(f"one process: {before[0]:.0f} texts/s, {before[1]:.2f} ms CPU/text, steal {before[2]:.2f} cores",
+              flush=True)
         extra = {"_system_config": {"enable_metrics_collection": False, "event_stats": False}} if args.lean else {}
         ray.init(num_cpus=2, include_dashboard=False, namespace="clag_fast", log_to_driver=False, **extra)
         time.sleep(2)  # the cluster's own start is not the ingest's
@@ -91,8 +96,10 @@ def main() -> int:
         sampler = threading.Thread(target=sample, daemon=True)
         t0 = time.perf_counter()  # before the sampler's first reading, so every time is >= 0
         sampler.start()
+        machine0 = cpu_times()
         report = ingest(str(src), tmp / "root", shards=4, namespace="bulk", embedders=1, embed_threads=2)
         wall = time.perf_counter() - t0
+        machine1 = cpu_times()
         stop.set()
         sampler.join()
         final = process_cpu()
@@ -103,6 +110,8 @@ def main() -> int:
         total = sum(u[0] for u in used)
         print(f"Ray Data ingest: {report.rate:.0f} texts/s, {wall:.1f} s, every process {total:.1f} s of CPU "
               f"({total / wall:.2f} cores; the sampler's own CPU is in this process's)")
+        print("  the machine meanwhile: " + ", ".join(f"{k} {(machine1[k] - machine0[k]) / wall:.2f} cores"
+                                                    for k in ("busy", "idle", "steal")))
         for cpu, pid in used[:16]:
             print(f"  {cpu:7.1f} s  appeared at +{first_seen.get(pid, t0) - t0:5.1f} s  "
                   f"{names.get(pid, '?'):.70}")
@@ -113,7 +122,7 @@ def main() -> int:
                                               for _, pid in top))
         ray.shutdown()
         after = single(texts)
-        print(f"one process again: {after[0]:.0f} texts/s, {after[1]:.2f} ms CPU/text; "
+        print(f"one process again: {after[0]:.0f} texts/s, {after[1]:.2f} ms CPU/text, steal {after[2]:.2f} cores; "
               f"ratio {report.rate / ((before[0] + after[0]) / 2):.2f}x")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

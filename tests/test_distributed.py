@@ -453,19 +453,23 @@ def _listed(store: ShardedStore, namespace: str) -> list:
 
 
 @pytest.mark.slow
-def test_ingest_embeds_texts_from_jsonl_on_an_actor_pool(ray_local, tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ingest_embeds_texts_from_jsonl_on_an_actor_pool(ray_local, tmp_path, threads):
+    """With two cores the actor runs two calls at once: every row still gets its own vector
+    (each text is its own nearest memory), none is lost or stored twice."""
     import json
 
     src = tmp_path / "turns.jsonl"
     texts = [f"the user mentioned topic number {i} during the trip" for i in range(64)]
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     root = tmp_path / "embedded"
-    report = ingest(str(src), root, shards=2, namespace="trip", batch_size=16, embed_threads=1)
+    report = ingest(str(src), root, shards=2, namespace="trip", batch_size=16, embed_batch=16,
+                    embed_threads=threads)
     store = ShardedStore(root)
     try:
         assert report.added == 64 and len(store) == 64
-        hits = store.search("the user mentioned topic number 17 during the trip", k=1, namespace="trip")
-        assert hits[0].text == texts[17]
+        for i in range(0, 64, 3):
+            assert store.search(texts[i], k=1, namespace="trip")[0].text == texts[i]
     finally:
         store.shutdown()
 

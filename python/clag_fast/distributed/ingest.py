@@ -7,9 +7,14 @@
 
 Prepare is a plain function that Ray Data runs inside the embedding actor (or, with given
 vectors, inside the read tasks): no process of its own, and the rows are not copied through
-the object store to reach the embedder. Writing keeps an actor of its own: run inside the
-embedding actor instead, each batch's write wait left the embedder idle, and 100k texts went
-from 1,285 to 878 texts/s (one run each, load 2-3).
+the object store to reach the embedder. The embedding actor writes too, with as many calls
+running at once as it has cores, each embedding on one core: a call's preparation and its
+wait for the owners overlap the other calls' embedding, one Ray worker fewer starts, and the
+vectors are not copied through the object store to a writing actor. (One call at a time, the
+embedder sat idle during each write: 100k texts went from 1,285 to 878 texts/s. A separate
+writing actor, which fixed that, read a median 0.69x one process's rate against this design's
+0.72x, six pairs of 30k-text runs in turns; BENCHMARKS.md, seventeenth session.) With given
+vectors, a writing actor that reserves no core does the writes.
 
 Idempotent and resumable by keys: every row has one (its ``key_column``, or a hash of its
 namespace and text), a key already in its namespace is skipped before it is embedded, and a
@@ -141,23 +146,6 @@ def _missing(layout: ShardMap, namespaces: list[str], keys: list[str], shards: n
     return keep
 
 
-class _Embed:
-    """An embedding actor: one ONNX embedder, loaded once, for every batch it is given."""
-
-    def __init__(self, threads: int | None, device: str) -> None:
-        from clag_fast.embed.embedder import Embedder
-
-        self.embedder = Embedder(threads=threads, device=device)
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        new = np.flatnonzero(batch["new"])  # placeholders (row counts only) are not embedded
-        vectors = np.zeros((len(batch["new"]), self.embedder.dim), np.float32)
-        if len(new):
-            vectors[new] = self.embedder.encode([str(t) for t in batch["text"][new]])
-        batch["vector"] = vectors
-        return batch
-
-
 class _Write:
     """Each batch split by shard; one atomic ``add_many`` per owner (in parallel)."""
 
@@ -165,21 +153,47 @@ class _Write:
         self.layout = ShardMap.load(root)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import ray
+        return _write(self.layout, batch)
 
-        from clag_fast.distributed.backend import owner_handle
 
-        new = batch["new"]
-        shards = batch["shard"]
-        refs = []
-        for shard in np.unique(shards[new]).tolist():
-            idx = np.flatnonzero(new & (shards == shard))
-            refs.append(owner_handle(self.layout, shard).add_many.remote(
-                [str(t) for t in batch["text"][idx]], np.ascontiguousarray(batch["vector"][idx], np.float32),
-                [str(k) for k in batch["kind"][idx]], [str(n) for n in batch["namespace"][idx]], None,
-                [str(k) for k in batch["key"][idx]], defer_organize=True))
-        added = sum(len(ids) for ids in ray.get(refs))
-        return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
+class _EmbedWrite:
+    """An embedding actor that also writes: one ONNX embedder, loaded once, for every batch
+    it is given, and the vectors go straight to the owners. Ray Data runs several calls at
+    once in it (one per core it uses), each embedding on one core, so one call's preparation
+    and write wait overlap the others' embedding."""
+
+    def __init__(self, root: str, device: str) -> None:
+        from clag_fast.embed.embedder import Embedder
+
+        self.layout = ShardMap.load(root)
+        self.embedder = Embedder(threads=1 if device == "cpu" else None, device=device)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        new = np.flatnonzero(batch["new"])  # placeholders (row counts only) are not embedded
+        batch["vector"] = np.zeros((len(batch["new"]), self.embedder.dim), np.float32)
+        if len(new):
+            batch["vector"][new] = self.embedder.encode([str(t) for t in batch["text"][new]])
+        return _write(self.layout, batch)
+
+
+def _write(layout: ShardMap, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``batch`` split by shard; one atomic ``add_many`` per owner, in parallel; the rows
+    written and read."""
+    import ray
+
+    from clag_fast.distributed.backend import owner_handle
+
+    new = batch["new"]
+    shards = batch["shard"]
+    refs = []
+    for shard in np.unique(shards[new]).tolist():
+        idx = np.flatnonzero(new & (shards == shard))
+        refs.append(owner_handle(layout, shard).add_many.remote(
+            [str(t) for t in batch["text"][idx]], np.ascontiguousarray(batch["vector"][idx], np.float32),
+            [str(k) for k in batch["kind"][idx]], [str(n) for n in batch["namespace"][idx]], None,
+            [str(k) for k in batch["key"][idx]], defer_organize=True))
+    added = sum(len(ids) for ids in ray.get(refs))
+    return {"added": np.array([added], np.int64), "rows": np.array([int(batch["rows"].sum())], np.int64)}
 
 
 def _organize_owners(layout: ShardMap) -> None:
@@ -198,10 +212,13 @@ def _organize_owners(layout: ShardMap) -> None:
             log.info("shard %d organised after the ingest: %d clusters, %.2f s", s, r["clusters"], r["seconds"])
 
 
-def _pool(size: int) -> Any:
+def _pool(size: int, calls: int = 1) -> Any:
     import ray.data
 
-    return ray.data.ActorPoolStrategy(size=size)
+    if calls == 1:
+        return ray.data.ActorPoolStrategy(size=size)
+    return ray.data.ActorPoolStrategy(size=size, max_concurrent_calls_per_actor=calls,
+                                      enable_true_multi_threading=True)
 
 
 def _embed_cpus(embedders: int, threads: int | None) -> float:
@@ -229,14 +246,17 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
       namespace and the text, so identical texts of a namespace are stored once).
     namespace_column: per-row namespaces (else every row goes to ``namespace``).
     vector_column: precomputed embeddings (then nothing is embedded).
-    batch_size: rows per write (one atomic ``add_many`` per shard owner, with
-      ``defer_organize``: the owners re-organise once, after the last write, before this
-      returns; a run that dies first leaves that pass owed to the next).
-    embed_batch: texts per embedding call. The embedder sorts a call's texts by length and
-      pads each inner batch to its longest, so a call of 256 texts pads far more than one
-      process embedding everything at once would.
-    embedders, embed_threads, num_gpus: the embedding actor pool: how many actors, ONNX
-      threads each, and GPUs each (GPU actors embed on CUDA).
+    batch_size: rows per batch read and prepared, and per write with given vectors (one
+      atomic ``add_many`` per shard owner, with ``defer_organize``: the owners re-organise
+      once, after the last write, before this returns; a run that dies first leaves that
+      pass owed to the next).
+    embed_batch: texts per embedding call, and per write of embedded texts. The embedder
+      sorts a call's texts by length and pads each inner batch to its longest, so a call of
+      256 texts pads far more than one process embedding everything at once would.
+    embedders, embed_threads, num_gpus: the embedding actor pool: how many actors, cores each
+      (calls running at once, one core each; default: the cluster's cores shared out among
+      the actors, at most this machine's), and
+      GPUs each (GPU actors embed on CUDA, two calls at once).
     resume: skip rows whose key is already stored, before embedding (a re-run after a
       failure embeds only what is missing). Off, they are re-embedded and upserted.
     progress: called with the number of rows written after each batch (Ray Data shows its
@@ -266,14 +286,22 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
                                  vector_column=vector_column, resume=resume),
         batch_size=batch_size, batch_format="numpy")
     if vector_column is None:
+        from clag_fast.embed.embedder import usable_cpus
+
         device = "cuda" if num_gpus else "cpu"
-        prepared = prepared.map_batches(_Embed, fn_constructor_args=(embed_threads, device), batch_size=embed_batch,
-                                        batch_format="numpy", compute=_pool(embedders), num_gpus=num_gpus,
-                                        num_cpus=_embed_cpus(embedders, embed_threads))
-    # Writing waits on the owners most of the time: it reserves no core, so a small cluster
-    # never holds every core in actors while a read task waits for one.
-    written = prepared.map_batches(_Write, fn_constructor_args=(str(layout.root),), batch_size=batch_size,
-                                   batch_format="numpy", compute=_pool(1), num_cpus=0)
+        # On CPU, one call per core the actor uses, each embedding on one core; on a GPU,
+        # two, so one's preparation and write overlap the other's inference.
+        calls = 2 if num_gpus else (embed_threads or max(1, min(usable_cpus(),
+                                                                int(ray.cluster_resources().get("CPU", 1)) // embedders)))
+        written = prepared.map_batches(_EmbedWrite, fn_constructor_args=(str(layout.root), device),
+                                       batch_size=embed_batch, batch_format="numpy",
+                                       compute=_pool(embedders, calls), num_gpus=num_gpus,
+                                       num_cpus=_embed_cpus(embedders, embed_threads))
+    else:
+        # Writing waits on the owners most of the time: it reserves no core, so a small
+        # cluster never holds every core in actors while a read task waits for one.
+        written = prepared.map_batches(_Write, fn_constructor_args=(str(layout.root),), batch_size=batch_size,
+                                       batch_format="numpy", compute=_pool(1), num_cpus=0)
     # Ray Data polls every map worker's memory (psutil, once a second) for its statistics:
     # CPU the embedder could use (~1% of it in py-spy), for numbers nothing here reads.
     written.context.memory_usage_poll_interval_s = None
