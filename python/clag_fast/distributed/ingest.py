@@ -7,7 +7,9 @@
 
 Prepare is a plain function that Ray Data runs inside the embedding actor (or, with given
 vectors, inside the read tasks): no process of its own, and the rows are not copied through
-the object store to reach the embedder. The embedding actor writes too, with as many calls
+the object store to reach the embedder. (Ray Data fuses it into the actor only when the two
+reserve the same resources: one CPU and no GPU, the default with one embedder; otherwise it
+runs in tasks of its own.) The embedding actor writes too, with as many calls
 running at once as it has cores, each embedding on one core: a call's preparation and its
 wait for the owners overlap the other calls' embedding, one Ray worker fewer starts, and the
 vectors are not copied through the object store to a writing actor. (One call at a time, the
@@ -159,14 +161,15 @@ class _Write:
 class _EmbedWrite:
     """An embedding actor that also writes: one ONNX embedder, loaded once, for every batch
     it is given, and the vectors go straight to the owners. Ray Data runs several calls at
-    once in it (one per core it uses), each embedding on one core, so one call's preparation
-    and write wait overlap the others' embedding."""
+    once in it (one per core it uses), each embedding on one core, so one call's write wait
+    (and its preparation, where that is fused into the actor) overlaps the others' embedding.
+    On a GPU, ``threads`` are the host threads of each call."""
 
-    def __init__(self, root: str, device: str) -> None:
+    def __init__(self, root: str, device: str, threads: int | None) -> None:
         from clag_fast.embed.embedder import Embedder
 
         self.layout = ShardMap.load(root)
-        self.embedder = Embedder(threads=1 if device == "cpu" else None, device=device)
+        self.embedder = Embedder(threads=1 if device == "cpu" else threads, device=device)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         new = np.flatnonzero(batch["new"])  # placeholders (row counts only) are not embedded
@@ -253,10 +256,12 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
     embed_batch: texts per embedding call, and per write of embedded texts. The embedder
       sorts a call's texts by length and pads each inner batch to its longest, so a call of
       256 texts pads far more than one process embedding everything at once would.
-    embedders, embed_threads, num_gpus: the embedding actor pool: how many actors, cores each
-      (calls running at once, one core each; default: the cluster's cores shared out among
-      the actors, at most this machine's), and
-      GPUs each (GPU actors embed on CUDA, two calls at once).
+    embedders, embed_threads, num_gpus: the embedding actor pool: how many actors, calls
+      running at once in each, one core apiece (default: the cluster's cores shared out among
+      the actors, at most this machine's; each actor reserves ``embed_threads`` cores, one by
+      default, all of them together at most one fewer than the cluster has, so read tasks
+      keep one), and GPUs each (GPU actors embed on CUDA, two
+      calls at once, ``embed_threads`` host threads each).
     resume: skip rows whose key is already stored, before embedding (a re-run after a
       failure embeds only what is missing). Off, they are re-embedded and upserted.
     progress: called with the number of rows written after each batch (Ray Data shows its
@@ -290,10 +295,10 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
 
         device = "cuda" if num_gpus else "cpu"
         # On CPU, one call per core the actor uses, each embedding on one core; on a GPU,
-        # two, so one's preparation and write overlap the other's inference.
+        # two, so one's write overlaps the other's inference.
         calls = 2 if num_gpus else (embed_threads or max(1, min(usable_cpus(),
                                                                 int(ray.cluster_resources().get("CPU", 1)) // embedders)))
-        written = prepared.map_batches(_EmbedWrite, fn_constructor_args=(str(layout.root), device),
+        written = prepared.map_batches(_EmbedWrite, fn_constructor_args=(str(layout.root), device, embed_threads),
                                        batch_size=embed_batch, batch_format="numpy",
                                        compute=_pool(embedders, calls), num_gpus=num_gpus,
                                        num_cpus=_embed_cpus(embedders, embed_threads))
