@@ -69,7 +69,6 @@ def ingest(path: Path, n: int, batch: int, data: str, spread: float = 1.0,
     # The hypervisor's steal (this VM's cores given to others) is in no process's CPU: each
     # slice reports its share, so a slow slice on a stolen core is told from a slow store.
     m_slice = measure.cpu_times()
-    w_slice = time.perf_counter()
     try:
         for start in range(0, n, batch):
             m = min(batch, n - start)
@@ -82,9 +81,8 @@ def ingest(path: Path, n: int, batch: int, data: str, spread: float = 1.0,
             t_total += dt
             done_slice += m
             if done_slice >= slice_n or start + m == n:
-                now, m_now = time.perf_counter(), measure.cpu_times()
                 row = {"upto": start + m, "rate": done_slice / t_slice, "seconds": t_slice,
-                       "steal": (m_now["steal"] - m_slice["steal"]) / (now - w_slice),
+                       "steal": measure.cores(m_slice),
                        "clusters": len(store._state.index.cluster_ids()),  # bench-only peek
                        "rss_mb": measure.rss_mb()}
                 out["slices"].append(row)
@@ -92,7 +90,7 @@ def ingest(path: Path, n: int, batch: int, data: str, spread: float = 1.0,
                     print(f"  {row['upto']:>9,}  {row['rate']:>9,.0f}/s  {row['seconds']:6.1f} s  "
                           f"{row['clusters']:>6} clusters  rss {row['rss_mb']:.0f} MB  steal {row['steal']:.2f} cores", flush=True)
                 t_slice, done_slice = 0.0, 0
-                m_slice, w_slice = measure.cpu_times(), time.perf_counter()
+                m_slice = measure.cpu_times()
         out["ingest_s"] = t_total
         out["ingest_rate"] = n / t_total
         t0 = time.perf_counter()

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 from bench_service import DRIVERS, free_port, question, sentence  # noqa: E402
-from measure import cpu_times, process_cpu  # noqa: E402
+from measure import cores, cpu_times, process_cpu  # noqa: E402
 
 DIM = 384
 NAMESPACES = [f"tenant-{i}" for i in range(32)]
@@ -232,7 +232,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
     # changed by a quarter of the machine within minutes: printed with each timed part.
     m0 = cpu_times()
     cold_s, embed_s, _, vectors = embed_alone(texts, cpus)
-    steal_before = (cpu_times()["steal"] - m0["steal"]) / cold_s
+    steal_before = cores(m0)
     # The same work in one process: those vectors written to one store in the same batches
     # (what the Ray pipeline's owners do), so the two ratios separate the store's own cost
     # from the engine's.
@@ -254,7 +254,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
     t0 = time.perf_counter()
     report = ingest(str(src), root, shards=4, namespace="bulk", embedders=1, embed_threads=cpus,
                     progress=lambda k: marks.append((time.perf_counter() - t0, k)))
-    steal = (cpu_times()["steal"] - m0["steal"]) / (time.perf_counter() - t0)
+    steal = cores(m0)
     store = ShardedStore(root)
     out.update(ray_texts_s=report.rate, ray_s=report.seconds, added=report.added, stored=len(store))
     store.shutdown()
@@ -269,7 +269,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
         # the Ray run; the ratio is taken against the mean of its two rates.
         m0 = cpu_times()
         cold2_s, embed2_s, _, _ = embed_alone(texts, cpus)
-        steal = (cpu_times()["steal"] - m0["steal"]) / cold2_s
+        steal = cores(m0)
         out["single_texts_s_after"] = n / embed2_s
         out["single_cold_texts_s_after"] = n / cold2_s
         print(f"  single process again: embedding {n / embed2_s:.0f} texts/s ({n / cold2_s:.0f} with the model "

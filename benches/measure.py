@@ -43,7 +43,6 @@ def peak_rss_mb() -> float:
     return _status_mb("VmHWM")
 
 
-
 def process_cpu() -> dict[int, tuple[int, float]]:
     """pid -> (parent pid, CPU seconds used so far, user + system) of every live process, from
     /proc (one read of each process's stat file; processes that exit meanwhile are left out)."""
@@ -75,7 +74,14 @@ def cpu_times() -> dict[str, float]:
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     tick = os.sysconf("SC_CLK_TCK")
-    return {"busy": (v[0] + v[1] + v[2] + v[5] + v[6]) / tick, "idle": (v[3] + v[4]) / tick, "steal": v[7] / tick}
+    return {"busy": (v[0] + v[1] + v[2] + v[5] + v[6]) / tick, "idle": (v[3] + v[4]) / tick, "steal": v[7] / tick,
+            "at": time.perf_counter()}
+
+
+def cores(since: dict[str, float], state: str = "steal") -> float:
+    """Cores spent in ``state`` on average since the ``cpu_times()`` reading ``since``."""
+    now = cpu_times()
+    return (now[state] - since[state]) / (now["at"] - since["at"])
 
 
 def timed(fn, *args, **kwargs) -> Timed:

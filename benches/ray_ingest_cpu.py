@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ray import embed_alone  # noqa: E402
 from bench_service import sentence  # noqa: E402
-from measure import cpu_times, process_cpu  # noqa: E402
+from measure import cores, cpu_times, process_cpu  # noqa: E402
 
 
 def name_of(pid: int) -> str:
@@ -46,9 +46,8 @@ def single(texts: list[str]) -> tuple[float, float, float]:
     """(texts/s, ms of CPU per text, cores stolen by the hypervisor meanwhile) of one process
     embedding ``texts`` on 2 threads, model warm."""
     m0 = cpu_times()
-    cold, seconds, cpu, _ = embed_alone(texts, 2)
-    m1 = cpu_times()
-    return len(texts) / seconds, cpu / len(texts) * 1e3, (m1["steal"] - m0["steal"]) / cold
+    _, seconds, cpu, _ = embed_alone(texts, 2)
+    return len(texts) / seconds, cpu / len(texts) * 1e3, cores(m0)
 
 
 def main() -> int:
@@ -99,7 +98,7 @@ def main() -> int:
         machine0 = cpu_times()
         report = ingest(str(src), tmp / "root", shards=4, namespace="bulk", embedders=1, embed_threads=2)
         wall = time.perf_counter() - t0
-        machine1 = cpu_times()
+        machine = {k: cores(machine0, k) for k in ("busy", "idle", "steal")}
         stop.set()
         sampler.join()
         final = process_cpu()
@@ -110,8 +109,7 @@ def main() -> int:
         total = sum(u[0] for u in used)
         print(f"Ray Data ingest: {report.rate:.0f} texts/s, {wall:.1f} s, every process {total:.1f} s of CPU "
               f"({total / wall:.2f} cores; the sampler's own CPU is in this process's)")
-        print("  the machine meanwhile: " + ", ".join(f"{k} {(machine1[k] - machine0[k]) / wall:.2f} cores"
-                                                    for k in ("busy", "idle", "steal")))
+        print("  the machine meanwhile: " + ", ".join(f"{k} {v:.2f} cores" for k, v in machine.items()))
         for cpu, pid in used[:16]:
             print(f"  {cpu:7.1f} s  appeared at +{first_seen.get(pid, t0) - t0:5.1f} s  "
                   f"{names.get(pid, '?'):.70}")

@@ -216,22 +216,27 @@ def _organize_owners(layout: ShardMap) -> None:
 
 
 def _pool(size: int, calls: int = 1) -> Any:
+    """A fixed pool of ``size`` actors, each running ``calls`` calls at once."""
     import ray.data
 
-    if calls == 1:
-        return ray.data.ActorPoolStrategy(size=size)
     return ray.data.ActorPoolStrategy(size=size, max_concurrent_calls_per_actor=calls,
                                       enable_true_multi_threading=True)
 
 
-def _embed_cpus(embedders: int, threads: int | None) -> float:
-    """Cores each embedding actor reserves: its threads, but never so many that the pool
-    holds every core of the cluster (the read tasks feeding it need one, else the pipeline
-    waits forever)."""
+def _embed_shape(embedders: int, threads: int | None, gpus: float) -> tuple[int, float]:
+    """(calls each embedding actor runs at once, cores it reserves). Calls: ``threads``, else
+    the cluster's cores shared out among the actors (at most this machine's), one core each;
+    two on a GPU. Cores: its threads, but never so many that the pool holds every core of the
+    cluster (the read tasks feeding it need one, else the pipeline waits forever)."""
     import ray
 
+    from clag_fast.embed.embedder import usable_cpus
+
     total = float(ray.cluster_resources().get("CPU", 1))
-    return max(0.1, min(float(threads or 1), (total - 1) / embedders if total > 1 else total / (2 * embedders)))
+    cpus = max(0.1, min(float(threads or 1), (total - 1) / embedders if total > 1 else total / (2 * embedders)))
+    if gpus:
+        return 2, cpus
+    return threads or max(1, min(usable_cpus(), int(total) // embedders)), cpus
 
 
 def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = None, namespace: str = "default",
@@ -291,17 +296,13 @@ def ingest(dataset: Any, root: str | os.PathLike[str], *, shards: int | None = N
                                  vector_column=vector_column, resume=resume),
         batch_size=batch_size, batch_format="numpy")
     if vector_column is None:
-        from clag_fast.embed.embedder import usable_cpus
-
-        device = "cuda" if num_gpus else "cpu"
         # On CPU, one call per core the actor uses, each embedding on one core; on a GPU,
         # two, so one's write overlaps the other's inference.
-        calls = 2 if num_gpus else (embed_threads or max(1, min(usable_cpus(),
-                                                                int(ray.cluster_resources().get("CPU", 1)) // embedders)))
-        written = prepared.map_batches(_EmbedWrite, fn_constructor_args=(str(layout.root), device, embed_threads),
-                                       batch_size=embed_batch, batch_format="numpy",
-                                       compute=_pool(embedders, calls), num_gpus=num_gpus,
-                                       num_cpus=_embed_cpus(embedders, embed_threads))
+        calls, cpus = _embed_shape(embedders, embed_threads, num_gpus)
+        written = prepared.map_batches(_EmbedWrite, fn_constructor_args=(str(layout.root), "cuda" if num_gpus else "cpu",
+                                                                         embed_threads),
+                                       batch_size=embed_batch, batch_format="numpy", compute=_pool(embedders, calls),
+                                       num_gpus=num_gpus, num_cpus=cpus)
     else:
         # Writing waits on the owners most of the time: it reserves no core, so a small
         # cluster never holds every core in actors while a read task waits for one.
