@@ -12,7 +12,8 @@ generated outside the timed region, one call's worth at a time:
 * ``iso``: isotropic unit vectors (no structure: every row opens or joins a weak cluster).
 
 Script mode: ``python benches/bench_ingest.py [--n 1000000] [--batch 10000] [--data blobs]``
-prints the table. pytest mode (a 20k store): ``pytest benches/bench_ingest.py --benchmark-enable``.
+prints the table; ``--organize-every 0`` times the add path alone (no periodic passes; the
+cold start still runs). pytest mode (a 20k store): ``pytest benches/bench_ingest.py --benchmark-enable``.
 Native core: the release build that ``maturin develop --release`` installs.
 """
 
@@ -140,10 +141,13 @@ if __name__ == "__main__":
     ap.add_argument("--spread", type=float, default=1.0)
     ap.add_argument("--slices", type=int, default=10)
     ap.add_argument("--dir", default=None, help="store parent directory (default: a temp dir)")
+    ap.add_argument("--organize-every", type=int, default=None,
+                    help="StoreConfig.organize_every (0: no periodic passes, the add path alone)")
     a = ap.parse_args()
+    config = None if a.organize_every is None else StoreConfig(organize_every=a.organize_every)
     info = measure.machine()
     print(", ".join(f"{k} {v}" for k, v in info.items()), f"| load before: {measure.load_avg()}", flush=True)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
-        res = ingest(Path(tmp) / "s", a.n, a.batch, a.data, a.spread, slices=a.slices, verbose=True)
+        res = ingest(Path(tmp) / "s", a.n, a.batch, a.data, a.spread, config=config, slices=a.slices, verbose=True)
     print(table(res))
     print(f"load after: {measure.load_avg()}")

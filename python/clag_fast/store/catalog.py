@@ -12,8 +12,9 @@ import json
 import re
 import sqlite3
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -309,6 +310,7 @@ class Catalog:
         # every caller gets its own dict. Every method that writes a memory forgets it.
         self._details: dict[int, tuple] = {}
         self._details_lock = threading.Lock()
+        self._aside: ThreadPoolExecutor | None = None  # started by the first ``aside`` call
 
     def forget_cached(self, memory_ids: Iterable[int] | None = None) -> None:
         """Drop cached details (all of them with None: another process wrote the database)."""
@@ -320,7 +322,20 @@ class Catalog:
                     self._details.pop(m, None)
 
     def close(self) -> None:
+        if self._aside is not None:
+            self._aside.shutdown(wait=True)
+            self._aside = None
         self.db.close()
+
+    def aside(self, write: Callable[[], None]) -> Future:
+        """Run ``write`` (statements of the caller's open transaction) on the catalog's helper
+        thread and return its future. The caller must not use the connection until the future
+        is done: Python's connection objects are not safe for two threads at once. Why a
+        thread: ``sqlite3_step`` runs without the GIL, so a large batch's inserts overlap work
+        the caller does meanwhile in native code (``MemoryStore`` routes the batch)."""
+        if self._aside is None:
+            self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clag-fast-sqlite")
+        return self._aside.submit(write)
 
     def checkpoint(self) -> None:
         """Copy the write-ahead log into the database (not inside a transaction; readers in
