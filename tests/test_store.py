@@ -267,8 +267,11 @@ def test_periodic_organisation_profiles_new_clusters(tmp_path):
         first, _, _ = fill(s, 40, topics=4)
         old_clusters = {c.id for c in s.clusters()}
         assert s.stats()["organizations"] == 1 and old_clusters  # the cold start
+        cold_s = s.stats()["timings_s"]["organize"]
+        assert cold_s > 0
         later, _, _ = fill(s, 60, topics=4, seed=5)  # far-away topics open new clusters
         assert s.stats()["organizations"] >= 2  # periodic, every 20 adds
+        assert s.stats()["timings_s"]["organize"] > cold_s  # the periodic passes' time is counted
         new_home = {s.get(m).clusters[0][0] for m in later}
         assert new_home and not (new_home & old_clusters), "the new topics live in clusters of their own"
         assert {s.get(m).clusters[0][0] for m in first} <= {c.id for c in s.clusters()}

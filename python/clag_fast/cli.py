@@ -372,7 +372,8 @@ def _print_stats(stats: dict[str, Any]) -> None:
           f"prompt tokens {llm.get('prompt_tokens', 0)}, completion tokens {llm.get('completion_tokens', 0)}, "
           f"errors {llm.get('errors', 0)}")
     t = stats["timings_s"]
-    print(f"time: embedding {t['embed']:.2f} s, adds {t['add']:.2f} s, searches {t['search']:.3f} s")
+    print(f"time: embedding {t['embed']:.2f} s, adds {t['add']:.2f} s, organisations {t['organize']:.2f} s, "
+          f"searches {t['search']:.3f} s")
 
 
 def _short_report(report: dict[str, Any]) -> str:

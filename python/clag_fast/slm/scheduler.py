@@ -407,6 +407,16 @@ class SLMScheduler:
         """One re-organisation, then the profiles it calls for: every cluster that needs one
         for an explicit pass and the cold start, else (and with ``label_limit``) at most that
         many (``LABELS_PER_PASS``)."""
+        t0 = time.perf_counter()
+        try:
+            return self._organize(task_context, reason, progress, label_limit)
+        finally:
+            with self._state.lock.write():  # counters are written under the write lock
+                self._state.count("organize_s", time.perf_counter() - t0)
+
+    def _organize(self, task_context: str | None, reason: str,
+                  progress: Callable[[str, int, int], None] | None,
+                  label_limit: int | None) -> dict[str, Any]:
         state = self._state
         self.route_pending()
         topics: list[str] = []

@@ -436,9 +436,10 @@ class MemoryStore:
         """Route fresh ``rows`` while ``write_rows`` (their SQLite rows, inside the caller's
         transaction) runs. From ``OVERLAP_ROWS`` rows on, the write runs on the catalog's
         helper thread meanwhile: both sides spend most of their time without the GIL
-        (``sqlite3_step``, the native soft assignment), and routing touches no SQL. Adding
-        1M blob vectors in calls of 10k without periodic passes, the overlap took the add
-        path from 51.6k to 61.5k memories/s (BENCHMARKS.md, eighteenth session)."""
+        (``sqlite3_step``, the native soft assignment), and routing touches no SQL. Growing a
+        store to 1M blob vectors in calls of 10k: 52.8k -> 58.9k memories/s without periodic
+        passes, 25.0k -> 27.3k with them (medians of three runs in turns; BENCHMARKS.md,
+        eighteenth session)."""
         state = self._state
         vectors = state.index.vectors()[rows]
         if len(rows) < OVERLAP_ROWS:
@@ -909,7 +910,10 @@ class MemoryStore:
             "slm": self._slm.describe(),
             "slm_pending": self._slm.pending(),
             "labels": self._slm.label_stats(),
-            "timings_s": {"embed": c["embed_s"], "add": c["add_s"], "search": c["search_s"]},
+            # "add": embedding, routing and writing; "organize": re-organisations and the
+            # profiles they write, periodic ones inside add() included (not counted in "add").
+            "timings_s": {"embed": c["embed_s"], "add": c["add_s"], "search": c["search_s"],
+                          "organize": c["organize_s"]},
         }
 
     def refresh(self) -> None:

@@ -36,7 +36,7 @@ ASSIGNMENTS = "index/assignments.bin"
 #: Searches whose cluster hits are recorded before they are folded into ``AccessLog.clusters``.
 HIT_BATCH = 256
 
-COUNTERS = ("adds", "searches", "cache_hits", "organizations", "embed_s", "add_s", "search_s",
+COUNTERS = ("adds", "searches", "cache_hits", "organizations", "embed_s", "add_s", "search_s", "organize_s",
             "routed_vector", "routed_new", "routed_slm", "routed_fallback")
 
 
