@@ -1,11 +1,19 @@
 """A large ``add_many`` writes its SQLite rows on the catalog's helper thread while the batch
 is routed (``MemoryStore._route_while``). These tests check that this path stores exactly what
-the one-thread path stores, and that a failure on either side leaves the store as it was."""
+the one-thread path stores, that the batch commits only after the helper's last row, and that
+a failure on either side, or Ctrl-C, leaves the store as it was."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
+import time
+from contextlib import closing
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,29 +111,141 @@ def test_failed_write_on_the_helper_thread_rolls_back(tmp_path, monkeypatch):
         assert [m.text for m in s.get_many(kept)] == texts[:100]
 
 
+def _slow_insert(monkeypatch, done: threading.Event, pause: float = 0.3):
+    """``Catalog.insert_memories`` that writes the first half of its rows, pauses, writes the
+    second half, then sets ``done``: a write still running when the caller moves on."""
+    real = Catalog.insert_memories
+
+    def slow(self, ids, texts, kinds, namespaces, metadata, now, rows, keys=None):
+        h = len(ids) // 2
+
+        def part(a, b):
+            real(self, ids[a:b], texts[a:b], kinds[a:b], namespaces[a:b], metadata[a:b], now,
+                 rows[a:b], None if keys is None else keys[a:b])
+
+        part(0, h)
+        time.sleep(pause)
+        part(h, len(ids))
+        done.set()
+
+    monkeypatch.setattr(Catalog, "insert_memories", slow)
+
+
+def _rows_in_database(path) -> int:
+    with closing(sqlite3.connect(path / "memories.db")) as db:
+        return db.execute("SELECT COUNT(*) FROM memories").fetchone()[0]
+
+
+def test_the_batch_commits_only_after_the_helper_wrote_it(tmp_path, monkeypatch):
+    texts, vecs = _batch(N, 0, seed=5)
+    with _open(tmp_path / "s") as s:
+        s.add_many(texts[:100], embeddings=vecs[:100])
+        done = threading.Event()
+        _slow_insert(monkeypatch, done)
+        seen: list[bool] = []
+        real_record = placement.record_placement
+
+        def record(*a, **k):
+            seen.append(done.is_set())
+            return real_record(*a, **k)
+
+        monkeypatch.setattr(placement, "record_placement", record)
+        s.add_many(texts[100:], embeddings=vecs[100:])
+        assert seen == [True]  # recorded (and committed) after the helper's last row
+        assert len(s) == N
+    assert _rows_in_database(tmp_path / "s") == N
+
+
 def test_failed_routing_waits_for_the_write_then_rolls_back(tmp_path, monkeypatch):
     texts, vecs = _batch(N, 0, seed=4)
     with _open(tmp_path / "s") as s:
         s.add_many(texts[:100], embeddings=vecs[:100])
-        written = threading.Event()
-        real_insert = Catalog.insert_memories
-
-        def slow_insert(self, *a, **k):
-            real_insert(self, *a, **k)
-            written.set()
+        done = threading.Event()
+        _slow_insert(monkeypatch, done)
 
         def failing_route(*a, **k):
             raise RuntimeError("routing failed")
 
-        monkeypatch.setattr(Catalog, "insert_memories", slow_insert)
         monkeypatch.setattr(placement, "route_new_rows", failing_route)
         with pytest.raises(RuntimeError, match="routing failed"):
             s.add_many(texts[100:], embeddings=vecs[100:])
         # The rollback ran after the helper's write (not beside it): its rows are gone.
-        assert written.is_set()
-        assert len(s) == 100
+        assert done.is_set()
+        assert len(s) == 100 and _rows_in_database(tmp_path / "s") == 100
         monkeypatch.undo()
         s.add_many(texts[100:], embeddings=vecs[100:])
         assert len(s) == N
     with _open(tmp_path / "s") as s:
         assert len(s) == N
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT goes to the main thread")
+def test_ctrl_c_during_the_write_commits_nothing(tmp_path, monkeypatch):
+    """Ctrl-C while the helper is between its statements: the caller keeps waiting for it, so
+    the rollback takes every row it wrote (rolled back while it ran, its later rows would be
+    committed one by one)."""
+    texts, vecs = _batch(N, 0, seed=6)
+    with _open(tmp_path / "s") as s:
+        s.add_many(texts[:100], embeddings=vecs[:100])
+        done = threading.Event()
+        _slow_insert(monkeypatch, done, pause=0.8)
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                s.add_many(texts[100:], embeddings=vecs[100:])
+        finally:
+            timer.cancel()
+        assert done.is_set()
+        assert len(s) == 100 and _rows_in_database(tmp_path / "s") == 100
+        monkeypatch.undo()
+        s.add_many(texts[100:], embeddings=vecs[100:])  # the store still takes writes
+        assert len(s) == N
+    assert _rows_in_database(tmp_path / "s") == N
+
+
+def test_overlap_stores_what_one_thread_stores(tmp_path, monkeypatch):
+    texts, vecs = _batch(N, 0, seed=7)
+    meta = [{"i": i} for i in range(N)]
+    got = []
+    for name, overlap in (("two", memory_store.OVERLAP_ROWS), ("one", 10**9)):
+        monkeypatch.setattr(memory_store, "OVERLAP_ROWS", overlap)
+        with _open(tmp_path / name) as s:
+            s.add_many(texts[:100], embeddings=vecs[:100])
+            ids = s.add_many(texts[100:], embeddings=vecs[100:], metadata=meta[100:])
+            got.append([(m.memory_id, m.text, m.metadata, m.clusters) for m in s.get_many(ids)])
+    assert got[0] == got[1]
+
+
+def test_close_stops_the_helper_thread(tmp_path):
+    texts, vecs = _batch(N, 0, seed=8)
+    s = _open(tmp_path / "s")
+    s.add_many(texts, embeddings=vecs)
+    assert any(t.name.startswith("clag-fast-sqlite") for t in threading.enumerate())
+    s.close()
+    assert not any(t.name.startswith("clag-fast-sqlite") for t in threading.enumerate())
+
+
+def test_a_large_batch_at_interpreter_exit_is_written(tmp_path):
+    """From an ``atexit`` handler the helper thread cannot start (the executor refuses new work
+    once the interpreter shuts down): the batch is written on the caller's thread."""
+    code = f"""
+import atexit, sys
+import numpy as np
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_store_overlap import _batch, _open, N
+texts, vecs = _batch(N, 0, seed=9)
+s = _open({str(tmp_path / "s")!r})
+s.add_many(texts[:100], embeddings=vecs[:100])
+
+def at_exit():
+    s.add_many(texts[100:], embeddings=vecs[100:])
+    s.close()
+    print("stored", N)
+
+atexit.register(at_exit)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"stored {N}" in out.stdout
+    assert _rows_in_database(tmp_path / "s") == N

@@ -13,6 +13,7 @@ import re
 import sqlite3
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -230,6 +231,21 @@ def _check_and_migrate(conn: sqlite3.Connection, path: Path, read_only: bool) ->
         conn.executescript(f"BEGIN;\n{step}\nPRAGMA user_version={v + 1};\nCOMMIT;")
 
 
+def join(future: Future) -> None:
+    """Wait until ``future`` is done, through any interruption (KeyboardInterrupt, a signal
+    handler's exception): a transaction rolled back while a helper's statement still runs
+    would leave that statement's later rows committed on their own. The interruption is
+    raised once the future is done; the future's own outcome is left in it."""
+    interrupted: BaseException | None = None
+    while not future.done():
+        try:
+            futures_wait([future])
+        except BaseException as e:  # noqa: BLE001 - re-raised below, once it is safe
+            interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
+
+
 class transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection.
 
@@ -311,6 +327,8 @@ class Catalog:
         self._details: dict[int, tuple] = {}
         self._details_lock = threading.Lock()
         self._aside: ThreadPoolExecutor | None = None  # started by the first ``aside`` call
+        self._aside_lock = threading.Lock()
+        self._closed = False
 
     def forget_cached(self, memory_ids: Iterable[int] | None = None) -> None:
         """Drop cached details (all of them with None: another process wrote the database)."""
@@ -322,20 +340,31 @@ class Catalog:
                     self._details.pop(m, None)
 
     def close(self) -> None:
-        if self._aside is not None:
-            self._aside.shutdown(wait=True)
-            self._aside = None
+        with self._aside_lock:
+            self._closed = True
+            if self._aside is not None:
+                self._aside.shutdown(wait=True)
+                self._aside = None
         self.db.close()
 
-    def aside(self, write: Callable[[], None]) -> Future:
+    def aside(self, write: Callable[[], None]) -> Future | None:
         """Run ``write`` (statements of the caller's open transaction) on the catalog's helper
-        thread and return its future. The caller must not use the connection until the future
-        is done: Python's connection objects are not safe for two threads at once. Why a
-        thread: ``sqlite3_step`` runs without the GIL, so a large batch's inserts overlap work
-        the caller does meanwhile in native code (``MemoryStore`` routes the batch)."""
-        if self._aside is None:
-            self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clag-fast-sqlite")
-        return self._aside.submit(write)
+        thread and return its future, or None when no helper can run it (the catalog closed,
+        the interpreter shutting down): the caller then runs it itself. Until the future is
+        done the caller must not use the connection, and must wait for it even when
+        interrupted (``join``) before it commits or rolls back. Store readers that take the
+        store's lock cannot meet it (the caller holds the write side). Why a thread:
+        ``sqlite3_step`` runs without the GIL, so a large batch's inserts overlap work the
+        caller does meanwhile in native code (``MemoryStore`` routes the batch)."""
+        with self._aside_lock:
+            if self._closed:
+                return None
+            if self._aside is None:
+                self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clag-fast-sqlite")
+            try:
+                return self._aside.submit(write)
+            except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+                return None
 
     def checkpoint(self) -> None:
         """Copy the write-ahead log into the database (not inside a transaction; readers in

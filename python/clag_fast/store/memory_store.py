@@ -19,7 +19,6 @@ import json
 import logging
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -446,11 +445,15 @@ class MemoryStore:
             write_rows()
             return placement.route_new_rows(state, rows, vectors)
         written = self._catalog.aside(write_rows)
+        if written is None:  # no helper thread (closing, interpreter shutdown): one thread
+            write_rows()
+            return placement.route_new_rows(state, rows, vectors)
         try:
             placed = placement.route_new_rows(state, rows, vectors)
-        except BaseException:
-            futures.wait([written])  # the connection is the caller's again before it rolls back
-            raise
+        finally:
+            # Whatever happened here (a routing error, Ctrl-C), the caller's transaction ends
+            # only once the helper's statements have: the connection is the caller's again.
+            catalog_mod.join(written)
         written.result()  # a failed write raises here, and the caller's transaction rolls back
         return placed
 
