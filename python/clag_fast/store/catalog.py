@@ -352,8 +352,11 @@ class Catalog:
         thread and return its future, or None when no helper can run it (the catalog closed,
         the interpreter shutting down): the caller then runs it itself. Until the future is
         done the caller must not use the connection, and must wait for it even when
-        interrupted (``join``) before it commits or rolls back. Store readers that take the
-        store's lock cannot meet it (the caller holds the write side). Why a thread:
+        interrupted (``join``) before it commits or rolls back. Readers under the store's lock
+        cannot meet it (the caller holds the write side). ``get``/``get_many``/``links`` and
+        ``stats``' count take no lock (they must not wait for an organisation) and may run
+        meanwhile: SQLite serialises them on the connection (``sqlite3.threadsafety`` 3), and,
+        as before this thread, they can read the write's open transaction. Why a thread:
         ``sqlite3_step`` runs without the GIL, so a large batch's inserts overlap work the
         caller does meanwhile in native code (``MemoryStore`` routes the batch)."""
         with self._aside_lock:
