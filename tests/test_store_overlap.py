@@ -131,6 +131,52 @@ def _slow_insert(monkeypatch, done: threading.Event, pause: float = 0.3):
     monkeypatch.setattr(Catalog, "insert_memories", slow)
 
 
+def test_a_reader_never_sees_a_batch_that_is_rolled_back(tmp_path, monkeypatch):
+    """``get``/``get_many``/``links``/``stats`` take no lock and read through the catalog's
+    read-only connection: on the writer's own one they would read its open transaction, here
+    a batch that is then rolled back. (That they do not wait for the write lock is
+    ``test_store.test_vector_organisations_in_the_worker_when_asked``.)"""
+    texts, vecs = _batch(N, 0, seed=10)
+    with _open(tmp_path / "s") as s:
+        kept = s.add_many(texts[:100], embeddings=vecs[:100], keys=[f"k{i}" for i in range(100)])
+        half = threading.Event()
+        real = Catalog.insert_memories
+
+        def insert_then_pause(self, *a, **k):
+            real(self, *a, **k)
+            half.set()
+            time.sleep(0.5)  # the batch's rows are in the open transaction, not committed
+
+        def failing_route(*a, **k):
+            raise RuntimeError("routing failed")
+
+        monkeypatch.setattr(Catalog, "insert_memories", insert_then_pause)
+        monkeypatch.setattr(placement, "route_new_rows", failing_route)
+        seen: dict[str, object] = {}
+
+        def reader():
+            half.wait(10)
+            try:
+                seen["get"] = s.get(kept[-1] + 1).text
+            except KeyError as e:
+                seen["get"] = e
+            seen["get_many"] = [m.text for m in s.get_many([kept[-1] + 1, kept[-1] + 2])]
+            seen["by_key"] = [m.text for m in s.get_many(keys=["k0", "k100"])]
+            seen["stats"] = s.stats()["archived"]
+
+        t = threading.Thread(target=reader)
+        t.start()
+        with pytest.raises(RuntimeError, match="routing failed"):
+            s.add_many(texts[100:], embeddings=vecs[100:], keys=[f"k{i}" for i in range(100, N)])
+        t.join(10)
+        assert isinstance(seen["get"], KeyError), seen["get"]
+        assert seen["get_many"] == [] and seen["by_key"] == [texts[0]] and seen["stats"] == 0
+        monkeypatch.undo()
+        assert s.get(kept[0]).text == texts[0] and s.links(kept[0]) == []
+        with pytest.raises(KeyError):
+            s.links(kept[-1] + 1)
+
+
 def _rows_in_database(path) -> int:
     with closing(sqlite3.connect(path / "memories.db")) as db:
         return db.execute("SELECT COUNT(*) FROM memories").fetchone()[0]

@@ -329,6 +329,7 @@ class Catalog:
         self._aside: ThreadPoolExecutor | None = None  # started by the first ``aside`` call
         self._aside_lock = threading.Lock()
         self._closed = False
+        self._readers: Catalog | None = self if read_only else None  # opened by ``readers()``
 
     def forget_cached(self, memory_ids: Iterable[int] | None = None) -> None:
         """Drop cached details (all of them with None: another process wrote the database)."""
@@ -345,7 +346,28 @@ class Catalog:
             if self._aside is not None:
                 self._aside.shutdown(wait=True)
                 self._aside = None
+            if self._readers is not None and self._readers is not self:
+                self._readers.close()
+                self._readers = None
         self.db.close()
+
+    def readers(self) -> "Catalog":
+        """This catalog on a second, read-only connection (opened on first use), for the
+        store's readers that take no store lock: ``get``, ``get_many``, ``links``, the
+        counts of ``stats``. They must not wait for an organisation holding the write lock,
+        and on the main connection they would read a write's open transaction (rows of a
+        batch that may still roll back) and share it with the write's helper thread
+        (``aside``). Here they see committed data only (WAL: each statement reads the last
+        commit). Only read methods may be called on it; ``close`` closes it."""
+        got = self._readers
+        if got is not None:
+            return got
+        with self._aside_lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+            if self._readers is None:
+                self._readers = Catalog(self.path, read_only=True)
+            return self._readers
 
     def aside(self, write: Callable[[], None]) -> Future | None:
         """Run ``write`` (statements of the caller's open transaction) on the catalog's helper
@@ -353,10 +375,8 @@ class Catalog:
         the interpreter shutting down): the caller then runs it itself. Until the future is
         done the caller must not use the connection, and must wait for it even when
         interrupted (``join``) before it commits or rolls back. Readers under the store's lock
-        cannot meet it (the caller holds the write side). ``get``/``get_many``/``links`` and
-        ``stats``' count take no lock (they must not wait for an organisation) and may run
-        meanwhile: SQLite serialises them on the connection (``sqlite3.threadsafety`` 3), and,
-        as before this thread, they can read the write's open transaction. Why a thread:
+        cannot meet it (the caller holds the write side); those without it read through
+        ``readers()``, another connection. Why a thread:
         ``sqlite3_step`` runs without the GIL, so a large batch's inserts overlap work the
         caller does meanwhile in native code (``MemoryStore`` routes the batch)."""
         with self._aside_lock:

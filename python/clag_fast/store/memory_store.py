@@ -780,7 +780,8 @@ class MemoryStore:
         """The memory with this id, or with this ``key`` in ``namespace`` (exactly one of the
         two); KeyError naming it when there is none. Archived memories are returned too."""
         self._check_open()
-        found = self._memories([self._resolve(memory_id, key, namespace)])
+        readers = self._catalog.readers()  # no lock: committed data, never an organisation's wait
+        found = self._memories([self._resolve(memory_id, key, namespace, readers)], readers)
         if not found:
             raise KeyError(f"no memory with id {memory_id}")
         return found[0]
@@ -794,11 +795,11 @@ class MemoryStore:
             raise ValueError("get_many needs memory_ids or keys (exactly one)")
         if keys is not None:
             keys = _check_keys(keys, len(list(keys)), allow_none=False)
-            found = self._catalog.ids_of_keys(namespace, keys)
+            found = self._catalog.readers().ids_of_keys(namespace, keys)
             ids = [found[k][0] for k in keys if k in found]
         else:
             ids = [_check_id(m) for m in memory_ids]
-        return self._memories(ids)
+        return self._memories(ids, self._catalog.readers())
 
     def memories(self, namespace: str | None = None, cluster: int | None = None,
                  where: dict[str, Any] | None = None, kind: str | None = None, limit: int = 100,
@@ -846,8 +847,10 @@ class MemoryStore:
     def links(self, memory_id: int) -> list[tuple[int, str]]:
         """(other memory id, relation) pairs linked from this memory (localized evolution)."""
         self._check_open()
-        self._row_of(memory_id, include_archived=True)
-        return self._catalog.links(memory_id)
+        readers = self._catalog.readers()
+        if readers.row_of(_check_id(memory_id)) is None:
+            raise KeyError(f"no memory with id {memory_id}")
+        return readers.links(memory_id)
 
     def clusters(self) -> list[ClusterInfo]:
         """Every live cluster with its profile and size, largest first."""
@@ -897,7 +900,7 @@ class MemoryStore:
         llm = self._slm.llm_stats()
         return {
             "memories": len(state),
-            "archived": self._catalog.count_state(catalog_mod.ARCHIVED),
+            "archived": self._catalog.readers().count_state(catalog_mod.ARCHIVED),
             "vector_rows": len(state.index),
             "clusters": int(len(sizes)),
             "cluster_size": _distribution(sizes),
@@ -994,22 +997,25 @@ class MemoryStore:
             self._embedder = Embedder(precision=self._embed_precision or "auto")
         return self._embedder
 
-    def _memories(self, memory_ids: list[int]) -> list[Memory]:
+    def _memories(self, memory_ids: list[int], catalog: Catalog | None = None) -> list[Memory]:
         """The memories of ``memory_ids`` that exist, in the order asked, each with its
         clusters and affinities from the assignment records (clusters the database no longer
-        lists are left out: a dropped cluster's pairs stay in the records until re-assignment)."""
-        found = self._catalog.memories(memory_ids)
+        lists are left out: a dropped cluster's pairs stay in the records until re-assignment).
+        ``catalog``: where to read them (``Catalog.readers()`` for callers without the lock)."""
+        catalog = catalog or self._catalog
+        found = catalog.memories(memory_ids)
         pairs = self._state.assignments.pairs([r[10] for r in found])
-        listed = self._catalog.listed_clusters([c for p in pairs for c, _ in p])
+        listed = catalog.listed_clusters([c for p in pairs for c, _ in p])
         return [_memory(r, [(c, a) for c, a in p if c in listed]) for r, p in zip(found, pairs)]
 
-    def _resolve(self, memory_id: int | None, key: str | None, namespace: str) -> int:
+    def _resolve(self, memory_id: int | None, key: str | None, namespace: str,
+                 catalog: Catalog | None = None) -> int:
         """The memory id named by an id or by a key in a namespace (exactly one given)."""
         if (memory_id is None) == (key is None):
             raise ValueError("name the memory by its id or by key= (exactly one)")
         if memory_id is not None:
             return _check_id(memory_id)
-        mid = self._catalog.id_of_key(namespace, _check_keys([key], 1, allow_none=False, single=True)[0])
+        mid = (catalog or self._catalog).id_of_key(namespace, _check_keys([key], 1, allow_none=False, single=True)[0])
         if mid is None:
             raise KeyError(f"no memory with key {key!r} in namespace {namespace!r}")
         return mid
