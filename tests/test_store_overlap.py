@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,20 @@ def _open(path):
 def _batch(n, start, seed):
     vecs, _ = topic_vectors(n, 12, seed=seed, dim=DIM)
     return [f"memory {i}" for i in range(start, start + n)], vecs
+
+
+@contextmanager
+def _clustered(path, seed):
+    """An open store holding the first 100 of ``N`` memories (its cold start: clusters to
+    route into), with all ``N`` texts and vectors."""
+    texts, vecs = _batch(N, 0, seed=seed)
+    with _open(path) as s:
+        s.add_many(texts[:100], embeddings=vecs[:100])
+        yield s, texts, vecs
+
+
+def _fail_routing(*a, **k):
+    raise RuntimeError("routing failed")
 
 
 def _writer_threads(monkeypatch):
@@ -147,11 +161,8 @@ def test_a_reader_never_sees_a_batch_that_is_rolled_back(tmp_path, monkeypatch):
             half.set()
             time.sleep(0.5)  # the batch's rows are in the open transaction, not committed
 
-        def failing_route(*a, **k):
-            raise RuntimeError("routing failed")
-
         monkeypatch.setattr(Catalog, "insert_memories", insert_then_pause)
-        monkeypatch.setattr(placement, "route_new_rows", failing_route)
+        monkeypatch.setattr(placement, "route_new_rows", _fail_routing)
         seen: dict[str, object] = {}
 
         def reader():
@@ -183,9 +194,7 @@ def _rows_in_database(path) -> int:
 
 
 def test_the_batch_commits_only_after_the_helper_wrote_it(tmp_path, monkeypatch):
-    texts, vecs = _batch(N, 0, seed=5)
-    with _open(tmp_path / "s") as s:
-        s.add_many(texts[:100], embeddings=vecs[:100])
+    with _clustered(tmp_path / "s", seed=5) as (s, texts, vecs):
         done = threading.Event()
         _slow_insert(monkeypatch, done)
         seen: list[bool] = []
@@ -203,16 +212,10 @@ def test_the_batch_commits_only_after_the_helper_wrote_it(tmp_path, monkeypatch)
 
 
 def test_failed_routing_waits_for_the_write_then_rolls_back(tmp_path, monkeypatch):
-    texts, vecs = _batch(N, 0, seed=4)
-    with _open(tmp_path / "s") as s:
-        s.add_many(texts[:100], embeddings=vecs[:100])
+    with _clustered(tmp_path / "s", seed=4) as (s, texts, vecs):
         done = threading.Event()
         _slow_insert(monkeypatch, done)
-
-        def failing_route(*a, **k):
-            raise RuntimeError("routing failed")
-
-        monkeypatch.setattr(placement, "route_new_rows", failing_route)
+        monkeypatch.setattr(placement, "route_new_rows", _fail_routing)
         with pytest.raises(RuntimeError, match="routing failed"):
             s.add_many(texts[100:], embeddings=vecs[100:])
         # The rollback ran after the helper's write (not beside it): its rows are gone.
@@ -230,9 +233,7 @@ def test_ctrl_c_during_the_write_commits_nothing(tmp_path, monkeypatch):
     """Ctrl-C while the helper is between its statements: the caller keeps waiting for it, so
     the rollback takes every row it wrote (rolled back while it ran, its later rows would be
     committed one by one)."""
-    texts, vecs = _batch(N, 0, seed=6)
-    with _open(tmp_path / "s") as s:
-        s.add_many(texts[:100], embeddings=vecs[:100])
+    with _clustered(tmp_path / "s", seed=6) as (s, texts, vecs):
         done = threading.Event()
         _slow_insert(monkeypatch, done, pause=0.8)
         timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))

@@ -411,8 +411,7 @@ class SLMScheduler:
         try:
             return self._organize(task_context, reason, progress, label_limit)
         finally:
-            with self._state.lock.write():  # counters are written under the write lock
-                self._state.count("organize_s", time.perf_counter() - t0)
+            self._state.count("organize_s", time.perf_counter() - t0)
 
     def _organize(self, task_context: str | None, reason: str,
                   progress: Callable[[str, int, int], None] | None,

@@ -441,11 +441,9 @@ class MemoryStore:
         eighteenth session)."""
         state = self._state
         vectors = state.index.vectors()[rows]
-        if len(rows) < OVERLAP_ROWS:
-            write_rows()
-            return placement.route_new_rows(state, rows, vectors)
-        written = self._catalog.aside(write_rows)
-        if written is None:  # no helper thread (closing, interpreter shutdown): one thread
+        # None: a small batch, or no helper thread (closing, interpreter shutdown).
+        written = self._catalog.aside(write_rows) if len(rows) >= OVERLAP_ROWS else None
+        if written is None:
             write_rows()
             return placement.route_new_rows(state, rows, vectors)
         try:
@@ -793,13 +791,14 @@ class MemoryStore:
         self._check_open()
         if (memory_ids is None) == (keys is None):
             raise ValueError("get_many needs memory_ids or keys (exactly one)")
+        readers = self._catalog.readers()  # no lock: committed data, never an organisation's wait
         if keys is not None:
             keys = _check_keys(keys, len(list(keys)), allow_none=False)
-            found = self._catalog.readers().ids_of_keys(namespace, keys)
+            found = readers.ids_of_keys(namespace, keys)
             ids = [found[k][0] for k in keys if k in found]
         else:
             ids = [_check_id(m) for m in memory_ids]
-        return self._memories(ids, self._catalog.readers())
+        return self._memories(ids, readers)
 
     def memories(self, namespace: str | None = None, cluster: int | None = None,
                  where: dict[str, Any] | None = None, kind: str | None = None, limit: int = 100,
@@ -848,8 +847,7 @@ class MemoryStore:
         """(other memory id, relation) pairs linked from this memory (localized evolution)."""
         self._check_open()
         readers = self._catalog.readers()
-        if readers.row_of(_check_id(memory_id)) is None:
-            raise KeyError(f"no memory with id {memory_id}")
+        self._row_of(memory_id, include_archived=True, catalog=readers)
         return readers.links(memory_id)
 
     def clusters(self) -> list[ClusterInfo]:
@@ -1020,8 +1018,8 @@ class MemoryStore:
             raise KeyError(f"no memory with key {key!r} in namespace {namespace!r}")
         return mid
 
-    def _row_of(self, memory_id: int, include_archived: bool = False) -> int:
-        r = self._catalog.row_of(_check_id(memory_id))
+    def _row_of(self, memory_id: int, include_archived: bool = False, catalog: Catalog | None = None) -> int:
+        r = (catalog or self._catalog).row_of(_check_id(memory_id))
         if r is None or (r[1] != catalog_mod.LIVE and not include_archived):
             raise KeyError(f"no memory with id {memory_id}")
         return r[0]
