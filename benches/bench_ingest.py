@@ -138,7 +138,7 @@ def exact_top10(vecs: Vectors, n: int, batch: int, q: np.ndarray) -> np.ndarray:
     """Indices of the exact top-10 rows (cosine) for each query, streamed over the rows in
     the chunks ``ingest`` generated (a 1M x 384 copy would be 1.5 GB)."""
     best_s = np.full((len(q), 10), -np.inf, np.float32)
-    best_i = np.zeros((len(q), 10), np.int64)
+    best_i = np.full((len(q), 10), -1, np.int64)  # -1: fewer than 10 rows (never a hit)
     for start in range(0, n, batch):
         m = min(batch, n - start)
         s = q @ vecs.chunk(start, m).T
