@@ -24,7 +24,8 @@ drawn like the rows: ``search(q, k=10)`` with the defaults, recall@10 against th
 left worse clusters shows up.
 
 Script mode: ``python benches/bench_ingest.py [--n 1000000] [--batch 10000] [--data blobs]
-[--modes default,defer] [--turns 1]`` prints a table per run and a comparison;
+[--modes default,defer] [--turns 1]`` prints a table per run and a comparison (every other
+turn runs the modes in the other order);
 ``--organize-every 0`` times the add path alone (no periodic passes; the cold start still
 runs). pytest mode (a 20k store): ``pytest benches/bench_ingest.py --benchmark-enable``.
 Native core: the release build that ``maturin develop --release`` installs.
@@ -221,7 +222,7 @@ if __name__ == "__main__":
                     help="StoreConfig.organize_every (0: no periodic passes, the add path alone)")
     ap.add_argument("--modes", default="default",
                     help="comma-separated: default (passes inside add_many), defer (defer_organize=True)")
-    ap.add_argument("--turns", type=int, default=1, help="runs of every mode, in turns")
+    ap.add_argument("--turns", type=int, default=1, help="runs of every mode, in turns (every other turn in the other order)")
     ap.add_argument("--queries", type=int, default=300, help="held-out searches after each load (0: none)")
     a = ap.parse_args()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -232,7 +233,9 @@ if __name__ == "__main__":
     print(", ".join(f"{k} {v}" for k, v in info.items()), f"| load before: {measure.load_avg()}", flush=True)
     runs = []
     for turn in range(a.turns):
-        for mode in modes:
+        # Every other turn in the other order: a mode that always ran first (a fresh process,
+        # a smaller heap) would carry that as its own.
+        for mode in (modes if turn % 2 == 0 else modes[::-1]):
             with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
                 res = ingest(Path(tmp) / "s", a.n, a.batch, a.data, a.spread, config=config, slices=a.slices,
                              verbose=True, defer=mode == "defer", queries=a.queries)
