@@ -48,7 +48,8 @@ _F32 = np.dtype(np.float32)  # numpy's float32 descriptor is a singleton: `is` c
 MAX_KEY_CHARS = 512
 
 # Batches from this size on write their SQLite rows on the catalog's helper thread while they
-# are routed (``_route_while``); below it the hand-off costs more than the overlap saves.
+# are routed (``_route_while``); smaller ones stay on one thread: the overlap gains them
+# nothing measurable (BENCHMARKS.md, nineteenth session).
 OVERLAP_ROWS = 1024
 
 
@@ -435,10 +436,8 @@ class MemoryStore:
         """Route fresh ``rows`` while ``write_rows`` (their SQLite rows, inside the caller's
         transaction) runs. From ``OVERLAP_ROWS`` rows on, the write runs on the catalog's
         helper thread meanwhile: both sides spend most of their time without the GIL
-        (``sqlite3_step``, the native soft assignment), and routing touches no SQL. Growing a
-        store to 1M blob vectors in calls of 10k: 52.8k -> 58.9k memories/s without periodic
-        passes, 25.0k -> 27.3k with them (medians of three runs in turns; BENCHMARKS.md,
-        eighteenth session)."""
+        (``sqlite3_step``, the native soft assignment), and routing touches no SQL
+        (measured: BENCHMARKS.md, eighteenth and nineteenth sessions)."""
         state = self._state
         vectors = state.index.vectors()[rows]
         # None: a small batch, or no helper thread (closing, interpreter shutdown).
