@@ -1,14 +1,19 @@
 """Catalog.insert_memories writes a batch column holding one plain value as a literal in the
-statement: every kind of batch (uniform or mixed, plain or with quotes, NUL-free unicode,
-metadata, keys) reads back exactly as written."""
+statement and the rest as one JSON document SQLite unpacks (or, without JSON support or with
+a NUL in a text, bound row by row): every kind of batch (uniform or mixed, plain or with
+quotes, unicode, NULs, text that reads as JSON, metadata, keys, ids and rows in any order)
+reads back exactly as written, by either path."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
 from clag_fast import MemoryStore, StoreConfig
-from clag_fast.store.catalog import _batch_literal
+from clag_fast.store import catalog as catalog_mod
+from clag_fast.store.catalog import Catalog, _batch_literal
 
 
 @pytest.mark.parametrize("values, literal", [
@@ -44,3 +49,115 @@ def test_every_batch_reads_back_as_written(tmp_path, namespaces, kinds, metadata
     assert [m.kind for m in got] == kd
     assert [m.metadata for m in got] == (metadata or [None] * 3)
     assert [m.key for m in got] == (keys or [None] * 3)
+
+
+ODD_TEXTS = ["null", "123", '{"a": [1, 2]}', "[1]", "back\\slash \"quote\" 'single'", "line\nsep\u2028tab\t",
+             "emoji \U0001F389 and \U0001D11E", "", "\x01\x7f control"]
+
+
+def _read(cat: Catalog) -> list[tuple]:
+    return cat.db.execute("SELECT id, text, kind, namespace, metadata, key, created_at, vector_row, state "
+                          "FROM memories ORDER BY id").fetchall()
+
+
+COUNTING = (list(range(1, 10)), list(range(0, 9)))  # an ordinary batch: ids and rows count up
+UNIFORM = (["user_input"] * 9, ["default"] * 9, [None] * 9, None)  # only the text varies
+MIXED = (["a", "b"] * 4 + ["a"], ["ns"] * 9, [None, '{"k": "v"}'] * 4 + [None],
+         [f"key'{i}" if i % 3 else None for i in range(9)])
+
+
+needs_json = pytest.mark.skipif(not catalog_mod._json_each_works(), reason="this SQLite has no JSON functions")
+
+
+def _statements(cat: Catalog) -> list[str]:
+    seen: list[str] = []
+    cat.db.set_trace_callback(seen.append)
+    return seen
+
+
+@pytest.mark.parametrize("json_each", [pytest.param(True, marks=needs_json), False])
+@pytest.mark.parametrize("ids, rows", [
+    COUNTING,
+    ([3, 9, 4, 100, 5, 6, 7, 8, 2], list(range(9))),  # ids in any order
+    (list(range(1, 10)), [8, 0, 7, 1, 6, 2, 5, 3, 4]),  # rows in any order
+    (np.arange(11, 20), np.arange(40, 49)),            # numpy integers
+])
+@pytest.mark.parametrize("others", [UNIFORM, MIXED], ids=["uniform", "mixed"])
+@pytest.mark.parametrize("texts", [ODD_TEXTS, ["with a NUL \x00 inside"] + ODD_TEXTS[1:]], ids=["odd", "nul"])
+def test_insert_reads_back_by_either_path(tmp_path, monkeypatch, json_each, ids, rows, others, texts):
+    monkeypatch.setattr(catalog_mod, "_JSON_EACH", json_each)
+    kinds, namespaces, meta, keys = others
+    cat = Catalog(tmp_path / "m.db")
+    try:
+        seen = _statements(cat)
+        with cat.transaction():
+            cat.insert_memories(ids, texts, kinds, namespaces, meta, 12.5, rows, keys)
+        # The JSON document is used exactly where it can be: JSON on, only the text varying,
+        # ids and rows counting up, no NUL.
+        counting = all(bool(np.all(np.diff(np.asarray(v)) == 1)) for v in (ids, rows))
+        expected = json_each and others is UNIFORM and counting and "\x00" not in "".join(texts)
+        assert any("json_each" in q for q in seen) == expected
+        want = sorted(zip([int(i) for i in ids], texts, kinds, namespaces, meta, keys or [None] * 9, [12.5] * 9,
+                          [int(r) for r in rows], [0] * 9))
+        assert _read(cat) == want
+    finally:
+        cat.close()
+
+
+def _columns(ids, texts, others, rows):
+    kinds, namespaces, meta, keys = others
+    return {"id": ids, "text": texts, "kind": kinds, "namespace": namespaces, "metadata": meta,
+            "key": keys or [None] * len(ids), "vector_row": rows}
+
+
+@needs_json
+def test_only_a_batch_whose_text_alone_varies_goes_through_json():
+    """The JSON document carries the texts of an ordinary batch; anything else is bound."""
+    def packed(ids, texts, others, rows):
+        cols = _columns(ids, texts, others, rows)
+        sql = {name: None for name in cols}
+        for name in ("kind", "namespace", "metadata", "key"):
+            sql[name] = _batch_literal(cols[name])
+        return catalog_mod._json_rows(cols, sql)
+
+    got = packed(*COUNTING[:1], ODD_TEXTS, UNIFORM, COUNTING[1])
+    assert got is not None
+    doc, exprs = got
+    assert json.loads(doc) == ODD_TEXTS
+    assert exprs == {"text": "value", "id": "1 + key", "vector_row": "0 + key"}
+    assert packed(COUNTING[0], ODD_TEXTS, MIXED, COUNTING[1]) is None           # metadata varies
+    assert packed([1, 3, 2, 4, 5, 6, 7, 8, 9], ODD_TEXTS, UNIFORM, COUNTING[1]) is None  # ids out of order
+    assert packed(COUNTING[0], ["a\x00"] + ODD_TEXTS[1:], UNIFORM, COUNTING[1]) is None  # a NUL
+    assert packed(COUNTING[0], ODD_TEXTS, UNIFORM, [0, 1, 2, 3, 4, 5, 6, 8, 7]) is None  # rows out of order
+    assert packed([5], ["one"], ([UNIFORM[0][0]], ["default"], [None], None), [3]) is not None  # one row
+
+
+def test_a_document_over_the_limit_is_bound_instead(tmp_path, monkeypatch):
+    monkeypatch.setattr(catalog_mod, "_JSON_MAX", 100)
+    cat = Catalog(tmp_path / "m.db")
+    try:
+        seen = _statements(cat)
+        texts = [f"text number {i} " * 3 for i in range(9)]
+        with cat.transaction():
+            cat.insert_memories(*COUNTING[:1], texts, *UNIFORM[:3], 1.0, COUNTING[1])
+        assert not any("json_each" in q for q in seen)
+        assert [r[1] for r in _read(cat)] == texts
+    finally:
+        cat.close()
+
+
+def test_both_paths_write_the_same_rows(tmp_path, monkeypatch):
+    batches = {}
+    for json_each in (True, False):
+        monkeypatch.setattr(catalog_mod, "_JSON_EACH", json_each)
+        cat = Catalog(tmp_path / f"{json_each}.db")
+        try:
+            with cat.transaction():
+                cat.insert_memories(list(range(1, 6)), [f"t{i}" for i in range(5)], ["user_input"] * 5,
+                                    ["default"] * 5, [None] * 5, 3.0, list(range(5)))
+                cat.insert_memories([9, 7], ["x", "y"], ["k", "k"], ["a", "b"], ['{"a":1}', None], 4.0, [6, 5], ["p", None])
+            batches[json_each] = _read(cat)
+        finally:
+            cat.close()
+    assert batches[True] == batches[False]
+    assert len(batches[True]) == 7

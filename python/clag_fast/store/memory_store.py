@@ -388,11 +388,11 @@ class MemoryStore:
 
         def write_rows() -> None:
             if len(fresh) == len(texts):
-                self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows.tolist(), keys)
+                self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows, keys)
                 return
             self._catalog.insert_memories(_take(ids, fresh), _take(texts, fresh), _take(kinds, fresh),
                                           _take(namespaces, fresh), _take(meta_json, fresh), now,
-                                          rows[fresh].tolist(), _take(keys, fresh))
+                                          rows[fresh], _take(keys, fresh))
             self._catalog.replace_memories(_take(ids, old), _take(texts, old), _take(kinds, old),
                                            _take(meta_json, old), rows[old].tolist())
 
