@@ -847,9 +847,7 @@ impl Clusters {
         c.n_pending = pending.len();
         c.pending = pending;
         c.slots = slots;
-        for (s, row) in centres.chunks_exact(dim.max(1)).enumerate() {
-            c.centre_codes.set(s, row);
-        }
+        c.centre_codes = CentreCodes::from_rows(&centres, dim);
         c.centres = centres;
         Ok(c)
     }

@@ -12,6 +12,12 @@
 //! a group it did not probe gets the best centre of the groups it did (measured agreement of
 //! the top-1 with exact routing: `coarse_matches_exact_on_clustered_data` and
 //! benches/bench_ingest.py).
+//!
+//! On a CPU with AVX-512 VNNI the probed centres are first scored from their int8 codes (the
+//! ones stage 1 of the search keeps, `quant::CentreCodes`); each group's best k by those
+//! scores are then scored exactly in f32 (`route_coded`): 13.5-14.0 against 16.5 ms of CPU
+//! for `coarse_timing`'s 1,024 rows, isotropic or around blobs (BENCHMARKS.md, twentieth
+//! session).
 
 use std::sync::Mutex;
 
@@ -19,6 +25,7 @@ use rayon::prelude::*;
 
 use crate::kernels::{self, PreparedB};
 use crate::kmeans::{self, KMeansConfig};
+use crate::quant::{self, CentreCodes, QuantBlock, QueryCodes};
 
 /// Below this many centres routing is exact (the product is cheap and exactness free).
 pub const COARSE_MIN: usize = 1024;
@@ -113,6 +120,7 @@ pub fn top_centres(
     k: usize,
     valid: &[bool],
     coarse: &Coarse,
+    codes: Option<&CentreCodes>,
     ids: &mut [i64],
     scores: &mut [f32],
 ) {
@@ -139,8 +147,24 @@ pub fn top_centres(
             }
         }
     }
-    // Per group: its rows against its centres in one product, each row's top k kept.
-    let per_group: Vec<(usize, Vec<i64>, Vec<f32>)> = (0..g)
+    match usable_codes(codes, centres.len(), dim) {
+        Some(cc) => route_coded(rows, centres, dim, k, cc, &members, &rows_of, p, ids, scores),
+        None => route_f32(rows, centres, dim, k, &members, &rows_of, ids, scores),
+    }
+}
+
+/// The codes routing scores from: where the CPU has the batched int8 kernel and there is a
+/// code row for every centre row.
+fn usable_codes(codes: Option<&CentreCodes>, centre_floats: usize, dim: usize) -> Option<&CentreCodes> {
+    codes.filter(|c| c.len() * dim >= centre_floats && coded_routing())
+}
+
+/// Per group: its rows against its centres in f32 products, each row's top k kept; then each
+/// row's lists merged.
+#[allow(clippy::too_many_arguments)]
+fn route_f32(rows: &[f32], centres: &[f32], dim: usize, k: usize, members: &[Vec<u32>], rows_of: &[Vec<u32>],
+             ids: &mut [i64], scores: &mut [f32]) {
+    let per_group: Vec<(usize, Vec<i64>, Vec<f32>)> = (0..members.len())
         .into_par_iter()
         .filter(|&grp| !rows_of[grp].is_empty() && !members[grp].is_empty())
         .map(|grp| {
@@ -163,26 +187,92 @@ pub fn top_centres(
                 prep.gemm(&a, block);
                 for i in 0..chunk.len() {
                     let at = (ci * GROUP_CHUNK + i) * k;
-                    let (oid, osc) = (&mut gi[at..at + k], &mut gs[at..at + k]);
-                    // Most scores lose to the current k-th best: one comparison against a
-                    // local threshold skips them.
-                    let mut thr = f32::NEG_INFINITY;
-                    for (j, &sc) in block[i * ms.len()..(i + 1) * ms.len()].iter().enumerate() {
-                        if sc < thr {
-                            continue;
-                        }
-                        insert_sorted(oid, osc, ms[j] as i64, sc);
-                        if oid[k - 1] >= 0 {
-                            thr = osc[k - 1];
-                        }
-                    }
+                    keep_best(&block[i * ms.len()..(i + 1) * ms.len()], ms, &mut gi[at..at + k], &mut gs[at..at + k]);
                 }
             }
             (grp, gi, gs)
         })
         .collect();
-    // Merge each row's per-group lists into its k best (ties to the lower slot); a centre
-    // filed under two probed groups arrives twice and is kept once.
+    merge_groups(per_group, rows_of, k, ids, scores);
+}
+
+/// As `route_f32`, from the centres' int8 codes (four times the multiplies per instruction
+/// with AVX-512 VNNI): per group, each row's best k centres by approximate score; per row,
+/// those of all its groups scored exactly in f32, the best k kept. int8 rounding moves a
+/// score by well under 0.01 (`quant`), so a centre of the f32 top k is missed only where a
+/// centre of its group that close to it took its place (`coded_routing_returns_the_f32_top_k`).
+#[allow(clippy::too_many_arguments)]
+fn route_coded(rows: &[f32], centres: &[f32], dim: usize, k: usize, cc: &CentreCodes, members: &[Vec<u32>],
+               rows_of: &[Vec<u32>], n_probes: usize, ids: &mut [i64], scores: &mut [f32]) {
+    let queries: Vec<QueryCodes> = rows.par_chunks(dim).map(QueryCodes::new).collect();
+    let per_group: Vec<(usize, Vec<i64>)> = (0..members.len())
+        .into_par_iter()
+        .filter(|&grp| !rows_of[grp].is_empty() && !members[grp].is_empty())
+        .map(|grp| {
+            let (rs, ms) = (&rows_of[grp], &members[grp]);
+            let block = QuantBlock::gather(cc, ms);
+            let mut gi = vec![-1i64; rs.len() * k];
+            let mut gs = vec![f32::NEG_INFINITY; k];
+            let (mut raw, mut approx) = (Vec::with_capacity(ms.len()), Vec::with_capacity(ms.len()));
+            for (i, &r) in rs.iter().enumerate() {
+                block.scores_into(&queries[r as usize], &mut raw, &mut approx);
+                gs.fill(f32::NEG_INFINITY);
+                keep_best(&approx, ms, &mut gi[i * k..(i + 1) * k], &mut gs);
+            }
+            (grp, gi)
+        })
+        .collect();
+    // Each row's candidates from its groups side by side (`n_probes` lists of k), then scored.
+    let n = rows.len() / dim;
+    let width = n_probes * k;
+    let mut cand = vec![-1i64; n * width];
+    let mut filled = vec![0usize; n];
+    for (grp, gi) in per_group {
+        for (i, &r) in rows_of[grp].iter().enumerate() {
+            let r = r as usize;
+            let at = r * width + filled[r] * k;
+            cand[at..at + k].copy_from_slice(&gi[i * k..(i + 1) * k]);
+            filled[r] += 1;
+        }
+    }
+    ids.par_chunks_mut(k)
+        .zip(scores.par_chunks_mut(k))
+        .zip(rows.par_chunks(dim))
+        .zip(cand.par_chunks(width))
+        .for_each(|(((oid, osc), row), cands)| {
+            for &s in cands {
+                // A centre filed under two probed groups arrives twice and is kept once.
+                if s >= 0 && !oid.contains(&s) {
+                    let at = s as usize * dim;
+                    insert_sorted(oid, osc, s, kernels::dot(row, &centres[at..at + dim]));
+                }
+            }
+        });
+}
+
+/// One row's scores against centres `ms` into its best-first lists `oid` / `osc`.
+#[inline]
+fn keep_best(row: &[f32], ms: &[u32], oid: &mut [i64], osc: &mut [f32]) {
+    let k = oid.len();
+    // Most scores lose to the current k-th best: one comparison against a local threshold
+    // skips them.
+    let mut thr = f32::NEG_INFINITY;
+    for (j, &sc) in row.iter().enumerate() {
+        if sc < thr {
+            continue;
+        }
+        insert_sorted(oid, osc, ms[j] as i64, sc);
+        if oid[k - 1] >= 0 {
+            thr = osc[k - 1];
+        }
+    }
+}
+
+/// Merge each row's per-group lists (`k` per row of the group, in `rows_of` order) into its
+/// `k` best (ties to the lower slot); a centre filed under two probed groups arrives twice and
+/// is kept once.
+fn merge_groups(per_group: Vec<(usize, Vec<i64>, Vec<f32>)>, rows_of: &[Vec<u32>], k: usize, ids: &mut [i64],
+                scores: &mut [f32]) {
     for (grp, gi, gs) in per_group {
         for (i, &r) in rows_of[grp].iter().enumerate() {
             let r = r as usize;
@@ -197,7 +287,15 @@ pub fn top_centres(
     }
 }
 
+/// Whether routing scores the centres from their int8 codes first: on a CPU with the batched
+/// int8 kernel (AVX-512 VNNI), unless `CLAG_FAST_F32_ROUTING` is set (benchmarks compare both).
+fn coded_routing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| quant::batch_kernel() && std::env::var_os("CLAG_FAST_F32_ROUTING").is_none())
+}
+
 /// Insert (id, sc) into the best-first lists if it beats the last (ties: lower id first).
+#[inline]
 fn insert_sorted(ids: &mut [i64], scores: &mut [f32], id: i64, sc: f32) {
     let k = ids.len();
     let worse = |a_sc: f32, a_id: i64| a_id < 0 || sc > a_sc || (sc == a_sc && id < a_id);
@@ -219,7 +317,7 @@ mod tests {
     use super::*;
     use crate::kmeans::Rng;
 
-    fn unit_rows(n: usize, dim: usize, around: Option<(&[f32], usize, f32)>, rng: &mut Rng) -> Vec<f32> {
+    pub(super) fn unit_rows(n: usize, dim: usize, around: Option<(&[f32], usize, f32)>, rng: &mut Rng) -> Vec<f32> {
         let mut out = vec![0.0f32; n * dim];
         for r in 0..n {
             let row = &mut out[r * dim..(r + 1) * dim];
@@ -263,7 +361,7 @@ mod tests {
         let (mut ei, mut es) = (vec![0i64; n * k], vec![0.0f32; n * k]);
         kernels::top_centres(&rows, &centres, dim, k, Some(&valid), &mut ei, &mut es);
         let (mut ci, mut cs) = (vec![0i64; n * k], vec![0.0f32; n * k]);
-        top_centres(&rows, &centres, dim, k, &valid, &coarse, &mut ci, &mut cs);
+        top_centres(&rows, &centres, dim, k, &valid, &coarse, None, &mut ci, &mut cs);
         // The same best centre, or one as good within 0.02 cosine (near-duplicate centres).
         let same = (0..n).filter(|&r| ci[r * k] == ei[r * k]).count();
         let close = (0..n).filter(|&r| cs[r * k] >= es[r * k] - 0.02).count();
@@ -279,6 +377,57 @@ mod tests {
             assert!((d - cs[r * k]).abs() < 1e-4);
         }
     }
+
+    /// Routing from the int8 codes returns what the f32 products do, to the rounding of the
+    /// codes: the same best centre (or one tied with it within 0.002), every rank's score
+    /// within 0.01 of the f32 path's, and each score the exact f32 dot product; on clustered
+    /// rows (many centres within the codes' error of each other) and on isotropic ones.
+    /// Like `quant`'s VNNI kernel test: runs where the compiler targets VNNI, and with
+    /// `cargo test --release -- --include-ignored` on any CPU that has it; asked for on a CPU
+    /// without it (or with `CLAG_FAST_F32_ROUTING` set), it fails rather than pass untested.
+    #[test]
+    #[cfg_attr(
+        not(target_feature = "avx512vnni"),
+        ignore = "needs AVX-512 VNNI: run `cargo test --release -- --include-ignored` on a CPU that has it"
+    )]
+    fn coded_routing_returns_the_f32_top_k() {
+        assert!(coded_routing(), "no batched int8 kernel on this CPU (or CLAG_FAST_F32_ROUTING set)");
+        for (dim, spread, seed) in [(384usize, 0.2f32, 3u64), (384, 0.6, 4), (100, 0.3, 5), (64, 0.0, 6)] {
+            let (nb, nc, n, k) = (300, 1500, 1500, 5);
+            let mut rng = Rng::new(seed);
+            let blobs = unit_rows(nb, dim, None, &mut rng);
+            let centres = unit_rows(nc, dim, Some((&blobs, nb, spread)), &mut rng);
+            let rows = if spread > 0.0 { unit_rows(n, dim, Some((&blobs, nb, 0.5)), &mut rng) } else { unit_rows(n, dim, None, &mut rng) };
+            let mut valid = vec![true; nc];
+            valid[7] = false;
+            let coarse = Coarse::build(&centres, &valid, dim).unwrap();
+            let cc = CentreCodes::from_rows(&centres, dim);
+            assert!(usable_codes(Some(&cc), centres.len(), dim).is_some(), "the codes would not be used");
+            let (mut fi, mut fs) = (vec![0i64; n * k], vec![0.0f32; n * k]);
+            top_centres(&rows, &centres, dim, k, &valid, &coarse, None, &mut fi, &mut fs);
+            let (mut qi, mut qs) = (vec![0i64; n * k], vec![0.0f32; n * k]);
+            top_centres(&rows, &centres, dim, k, &valid, &coarse, Some(&cc), &mut qi, &mut qs);
+            let mut other_best = 0;
+            for r in 0..n {
+                let row = &rows[r * dim..(r + 1) * dim];
+                if qi[r * k] != fi[r * k] {
+                    other_best += 1;
+                    assert!(qs[r * k] >= fs[r * k] - 0.002, "dim {dim} row {r}: best {} vs {}", qs[r * k], fs[r * k]);
+                }
+                for j in r * k..(r + 1) * k {
+                    assert!(qi[j] >= 0 && qi[j] != 7, "dim {dim} row {r}: slot {}", qi[j]);
+                    assert!((qs[j] - fs[j]).abs() < 0.01, "dim {dim} row {r} rank {}: {} vs {}", j - r * k, qs[j], fs[j]);
+                    // The same candidates, exactly scored: never better than the f32 path.
+                    assert!(qs[j] <= fs[j] + 1e-5, "dim {dim} row {r} rank {}: {} above {}", j - r * k, qs[j], fs[j]);
+                    let s = qi[j] as usize;
+                    assert!((qs[j] - kernels::dot(row, &centres[s * dim..(s + 1) * dim])).abs() < 1e-5);
+                }
+                assert!(qs[r * k..(r + 1) * k].windows(2).all(|w| w[0] >= w[1]));
+            }
+            eprintln!("dim {dim} spread {spread}: another best centre (tied) for {other_best} of {n} rows");
+            assert!(other_best * 100 <= n, "dim {dim}: {other_best} of {n} rows routed elsewhere");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -286,8 +435,9 @@ mod timing {
     use super::*;
     use crate::kmeans::Rng;
 
-    /// `cargo test --release coarse_timing -- --ignored --nocapture`: best-of-20 wall time of
-    /// exact and coarse routing of 1,024 rows against 3,000 centres (dim 384).
+    /// `cargo test --release coarse_timing -- --ignored --nocapture`: best-of-20 CPU time of
+    /// exact routing, coarse routing and coarse routing from int8 codes, 1,024 rows against
+    /// 3,000 centres (dim 384).
     #[test]
     #[ignore = "a timing report, not a check; run it by hand"]
     fn coarse_timing() {
@@ -301,8 +451,15 @@ mod timing {
             }
             v
         };
-        let centres = gen(nc, &mut rng);
-        let rows = gen(n, &mut rng);
+        // CLAG_FAST_TIMING_BLOBS: rows and centres around 1,000 blobs (the shape of a store's
+        // data) instead of isotropic ones (every centre about as far as any other).
+        let (centres, rows) = if std::env::var_os("CLAG_FAST_TIMING_BLOBS").is_some() {
+            let blobs = super::tests::unit_rows(1000, dim, None, &mut rng);
+            (super::tests::unit_rows(nc, dim, Some((&blobs, 1000, 0.3)), &mut rng),
+             super::tests::unit_rows(n, dim, Some((&blobs, 1000, 1.0)), &mut rng))
+        } else {
+            (gen(nc, &mut rng), gen(n, &mut rng))
+        };
         let valid = vec![true; nc];
         let coarse = Coarse::build(&centres, &valid, dim).unwrap();
         let (mut ids, mut sc) = (vec![0i64; n * k], vec![0.0f32; n * k]);
@@ -313,16 +470,20 @@ mod timing {
             unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
             ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
         };
-        let (mut te, mut tc) = (f64::MAX, f64::MAX);
+        let cc = CentreCodes::from_rows(&centres, dim);
+        let (mut te, mut tc, mut tq) = (f64::MAX, f64::MAX, f64::MAX);
         for _ in 0..20 {
             let t = cpu();
             kernels::top_centres(&rows, &centres, dim, k, Some(&valid), &mut ids, &mut sc);
             te = te.min(cpu() - t);
             let t = cpu();
-            top_centres(&rows, &centres, dim, k, &valid, &coarse, &mut ids, &mut sc);
+            top_centres(&rows, &centres, dim, k, &valid, &coarse, None, &mut ids, &mut sc);
             tc = tc.min(cpu() - t);
+            let t = cpu();
+            top_centres(&rows, &centres, dim, k, &valid, &coarse, Some(&cc), &mut ids, &mut sc);
+            tq = tq.min(cpu() - t);
         }
-        eprintln!("CPU time: exact {:.2} ms, coarse {:.2} ms ({} groups, {} probed)", te * 1e3, tc * 1e3,
-                  coarse.groups(dim), probes(coarse.groups(dim)));
+        eprintln!("CPU time: exact {:.2} ms, coarse {:.2} ms, coarse from int8 codes {:.2} ms ({} groups, {} probed)",
+                  te * 1e3, tc * 1e3, tq * 1e3, coarse.groups(dim), probes(coarse.groups(dim)));
     }
 }

@@ -193,7 +193,9 @@ impl Index {
         let mut sc = vec![f32::NEG_INFINITY; n * k];
         let valid = self.cl.has_centres();
         match self.coarse_for(&valid) {
-            Some(c) => coarse::top_centres(&x, self.cl.centre_matrix(), dim, k, &valid, &c, &mut ids, &mut sc),
+            Some(c) => {
+                coarse::top_centres(&x, self.cl.centre_matrix(), dim, k, &valid, &c, Some(self.cl.centre_codes()), &mut ids, &mut sc)
+            }
             None => kernels::top_centres(&x, self.cl.centre_matrix(), dim, k, Some(&valid), &mut ids, &mut sc),
         }
         for v in ids.iter_mut() {

@@ -61,6 +61,40 @@ impl QuantBlock {
         self.scales.is_empty()
     }
 
+    /// The codes of centres `slots` of `cc`, contiguous, in that order (one routing group's
+    /// centres: every row routed through the group reads them in turn, from cache).
+    pub fn gather(cc: &CentreCodes, slots: &[u32]) -> Self {
+        let stride = cc.stride;
+        let mut b = QuantBlock { stride, codes: Vec::with_capacity(slots.len() * stride), scales: Vec::with_capacity(slots.len()),
+                                 sums: Vec::with_capacity(slots.len()) };
+        for &s in slots {
+            let s = s as usize;
+            b.codes.extend_from_slice(&cc.codes[s * stride..(s + 1) * stride]);
+            b.scales.push(cc.scales[s]);
+            b.sums.push(cc.sums[s]);
+        }
+        b
+    }
+
+    /// The approximate score of every row into `out` (as `scan`), through the batched kernel
+    /// where there is one; `raw` is scratch.
+    pub fn scores_into(&self, q: &QueryCodes, raw: &mut Vec<i32>, out: &mut Vec<f32>) {
+        assert_eq!(q.codes.len(), self.stride, "query and block were quantised for different dims");
+        out.clear();
+        let Some(dots) = q.kernel.dots else {
+            self.scan(q, |_, s| out.push(s));
+            return;
+        };
+        raw.clear();
+        raw.resize(self.len(), 0);
+        // SAFETY: `dots` was chosen for this CPU by `QueryCodes::new`; the query is `stride`
+        // long (asserted), a multiple of 64, and the block holds `len()` rows of `stride`.
+        unsafe { dots(&q.codes, &self.codes, raw) };
+        let off = q.kernel.offset;
+        // Plain arrays in step: the loop vectorises.
+        out.extend(raw.iter().zip(&self.sums).zip(&self.scales).map(|((&d, &sum), &sc)| (d - off * sum) as f32 * q.scale * sc));
+    }
+
     /// Call `f(i, approx_score)` for every row, in order.
     #[inline]
     pub fn scan(&self, q: &QueryCodes, mut f: impl FnMut(usize, f32)) {
@@ -137,6 +171,15 @@ impl CentreCodes {
         CentreCodes { dim, stride: padded(dim), codes: Vec::new(), scales: Vec::new(), sums: Vec::new(), l1: Vec::new() }
     }
 
+    /// The codes of every row of `centres` (rows x `dim`), slot = row.
+    pub fn from_rows(centres: &[f32], dim: usize) -> Self {
+        let mut cc = CentreCodes::new(dim);
+        for (s, row) in centres.chunks_exact(dim.max(1)).enumerate() {
+            cc.set(s, row);
+        }
+        cc
+    }
+
     pub fn len(&self) -> usize {
         self.scales.len()
     }
@@ -198,6 +241,8 @@ impl CentreCodes {
 }
 
 type DotU8I8 = unsafe fn(&[u8], &[i8]) -> i32;
+/// (query codes, contiguous code rows, out): the raw dot of the query with each row.
+type DotsU8I8 = unsafe fn(&[u8], &[i8], &mut [i32]);
 
 /// A dot kernel over (query codes, row codes) and what to subtract per unit of the row's code
 /// sum to get the signed dot product: 128 for kernels that multiply the offset codes as they
@@ -206,6 +251,9 @@ type DotU8I8 = unsafe fn(&[u8], &[i8]) -> i32;
 #[derive(Clone, Copy)]
 pub struct Kernel {
     dot: DotU8I8,
+    /// Several rows at once, sharing the query's loads and one reduction per four rows
+    /// (`dots_vnni`); None where only `dot` exists.
+    dots: Option<DotsU8I8>,
     offset: i32,
     simd: bool,
 }
@@ -239,13 +287,13 @@ fn pick_kernel() -> Kernel {
         #[cfg(target_arch = "x86_64")]
         {
             if vnni_usable() {
-                return Kernel { dot: dot_vnni, offset: 128, simd: true };
+                return Kernel { dot: dot_vnni, dots: Some(dots_vnni), offset: 128, simd: true };
             }
             if avx2_usable() {
-                return Kernel { dot: dot_avx2_signed, offset: 0, simd: true };
+                return Kernel { dot: dot_avx2_signed, dots: None, offset: 0, simd: true };
             }
         }
-        Kernel { dot: dot_portable, offset: 128, simd: false }
+        Kernel { dot: dot_portable, dots: None, offset: 128, simd: false }
     })
 }
 
@@ -253,6 +301,12 @@ fn pick_kernel() -> Kernel {
 /// int8 pre-scan of the centres cheaper than the f32 scan (the portable loop is not).
 pub fn fast_kernel() -> bool {
     pick_kernel().simd
+}
+
+/// True where the int8 kernel scores many rows per call (`dots_vnni`): batched routing
+/// against centre codes pays off only then.
+pub fn batch_kernel() -> bool {
+    pick_kernel().dots.is_some()
 }
 
 /// `CLAG_FAST_NO_INT8_AVX2` turns the AVX2 int8 kernel off (benchmarks compare both).
@@ -351,6 +405,50 @@ pub unsafe fn dot_vnni(a: &[u8], b: &[i8]) -> i32 {
     _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1))
 }
 
+/// `out[i] = dot(a, rows[i * a.len()..][..a.len()])` for every row, four rows at a time: one
+/// load of the query per 64 bytes feeds four `vpdpbusd`, and the four sums are reduced
+/// together, where `dot_vnni` pays a call and a reduction for every row (with the same
+/// rescoring, routing `coarse_timing`'s rows took 28.8 ms through it against 24.3 ms through
+/// this kernel: BENCHMARKS.md, twentieth session).
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VNNI; `a.len()` is a multiple of 64 and `rows.len() ==
+/// out.len() * a.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn dots_vnni(a: &[u8], rows: &[i8], out: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let stride = a.len();
+    debug_assert!(stride.is_multiple_of(64) && rows.len() == out.len() * stride);
+    let chunks = stride / 64;
+    let (pa, pr) = (a.as_ptr(), rows.as_ptr());
+    let mut i = 0;
+    while i + 4 <= out.len() {
+        let p = pr.add(i * stride);
+        let (mut a0, mut a1, mut a2, mut a3) =
+            (_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512());
+        for c in 0..chunks {
+            let x = _mm512_loadu_si512(pa.add(c * 64) as *const _);
+            a0 = _mm512_dpbusd_epi32(a0, x, _mm512_loadu_si512(p.add(c * 64) as *const _));
+            a1 = _mm512_dpbusd_epi32(a1, x, _mm512_loadu_si512(p.add(stride + c * 64) as *const _));
+            a2 = _mm512_dpbusd_epi32(a2, x, _mm512_loadu_si512(p.add(2 * stride + c * 64) as *const _));
+            a3 = _mm512_dpbusd_epi32(a3, x, _mm512_loadu_si512(p.add(3 * stride + c * 64) as *const _));
+        }
+        // Transpose-add: each 128-bit lane of `u` holds the four rows' partial sums in order,
+        // then the four lanes are added.
+        let t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+        let t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+        let u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+        let h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
+        let r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_storeu_si128(out.as_mut_ptr().add(i) as *mut __m128i, r);
+        i += 4;
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(i) {
+        *o = dot_vnni(a, &rows[j * stride..(j + 1) * stride]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +503,32 @@ mod tests {
             let want: i32 = a.iter().zip(&b).map(|(&x, &y)| x as i32 * y as i32).sum();
             // SAFETY: VNNI checked above; lengths are multiples of 64.
             assert_eq!(unsafe { dot_vnni(&a, &b) }, want);
+        }
+        // The batched kernel: every row count (four at a time, then the rest one by one).
+        for (rows, len) in [(1usize, 384usize), (3, 384), (4, 64), (5, 448), (8, 128), (11, 384)] {
+            let a: Vec<u8> = (0..len).map(|i| (i * 37 % 256) as u8).collect();
+            let b: Vec<i8> = (0..rows * len).map(|i| ((i * 91 % 255) as i32 - 127) as i8).collect();
+            let want: Vec<i32> = b.chunks(len).map(|r| a.iter().zip(r).map(|(&x, &y)| x as i32 * y as i32).sum()).collect();
+            let mut got = vec![0i32; rows];
+            // SAFETY: VNNI checked above; the query is `len` bytes (a multiple of 64), the rows `rows` x `len`.
+            unsafe { dots_vnni(&a, &b, &mut got) };
+            assert_eq!(got, want, "{rows} rows of {len}");
+        }
+    }
+
+    /// `scores_into` gives what `scan` gives. It tests the batched kernel only on a CPU that
+    /// has one (AVX-512 VNNI); elsewhere both are the row-by-row kernel.
+    #[test]
+    fn batched_scores_equal_row_by_row_ones() {
+        for (dim, n) in [(384usize, 13usize), (100, 4), (64, 1)] {
+            let rows = unit_rows(n, dim, 3);
+            let q = &unit_rows(1, dim, 4)[..];
+            let block = QuantBlock::build(rows.chunks(dim), dim);
+            let mut one = vec![];
+            block.scan(&QueryCodes::new(q), |_, s| one.push(s));
+            let (mut raw, mut all) = (vec![], vec![]);
+            block.scores_into(&QueryCodes::new(q), &mut raw, &mut all);
+            assert_eq!(all, one, "dim {dim}");
         }
     }
 
