@@ -66,8 +66,15 @@ class RWLock:
                 self._depth += 1
             else:
                 self._waiting_writers += 1
-                while self._writer is not None or self._readers:
-                    self._cond.wait()
+                try:
+                    while self._writer is not None or self._readers:
+                        self._cond.wait()
+                except BaseException:
+                    # An interrupted wait (Ctrl-C): a writer still counted as waiting would keep
+                    # every later reader waiting behind it, forever.
+                    self._waiting_writers -= 1
+                    self._cond.notify_all()
+                    raise
                 self._waiting_writers -= 1
                 self._writer, self._depth = me, 1
         try:
