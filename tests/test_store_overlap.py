@@ -14,6 +14,7 @@ import threading
 import time
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -125,9 +126,11 @@ def test_failed_write_on_the_helper_thread_rolls_back(tmp_path, monkeypatch):
         assert [m.text for m in s.get_many(kept)] == texts[:100]
 
 
-def _slow_insert(monkeypatch, done: threading.Event, pause: float = 0.3):
-    """``Catalog.insert_memories`` that writes the first half of its rows, pauses, writes the
-    second half, then sets ``done``: a write still running when the caller moves on."""
+def _slow_insert(monkeypatch, done: threading.Event, pause: float = 0.3,
+                 at_pause: Callable[[], None] | None = None):
+    """``Catalog.insert_memories`` that writes the first half of its rows, pauses (calling
+    ``at_pause`` first), writes the second half, then sets ``done``: a write still running
+    when the caller moves on."""
     real = Catalog.insert_memories
 
     def slow(self, ids, texts, kinds, namespaces, metadata, now, rows, keys=None):
@@ -138,6 +141,8 @@ def _slow_insert(monkeypatch, done: threading.Event, pause: float = 0.3):
                  rows[a:b], None if keys is None else keys[a:b])
 
         part(0, h)
+        if at_pause is not None:
+            at_pause()
         time.sleep(pause)
         part(h, len(ids))
         done.set()
@@ -235,14 +240,17 @@ def test_ctrl_c_during_the_write_commits_nothing(tmp_path, monkeypatch):
     committed one by one)."""
     with _clustered(tmp_path / "s", seed=6) as (s, texts, vecs):
         done = threading.Event()
-        _slow_insert(monkeypatch, done, pause=0.8)
-        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
+        # The helper sends the Ctrl-C itself, between its two statements, the moment this test
+        # is about. (With a 0.3 s timer instead, one CI simulation saw add_many return without
+        # it, in a full run; 17 runs of the test and its file alone could not repeat that.)
+        _slow_insert(monkeypatch, done, pause=0.5, at_pause=lambda: os.kill(os.getpid(), signal.SIGINT))
+        # Python's own Ctrl-C handler, whatever an earlier test in the process installed.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             with pytest.raises(KeyboardInterrupt):
                 s.add_many(texts[100:], embeddings=vecs[100:])
         finally:
-            timer.cancel()
+            signal.signal(signal.SIGINT, previous)
         assert done.is_set()
         assert len(s) == 100 and _rows_in_database(tmp_path / "s") == 100
         monkeypatch.undo()
