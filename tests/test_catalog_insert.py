@@ -66,7 +66,7 @@ MIXED = (["a", "b"] * 4 + ["a"], ["ns"] * 9, [None, '{"k": "v"}'] * 4 + [None],
          [f"key'{i}" if i % 3 else None for i in range(9)])
 
 
-needs_json = pytest.mark.skipif(not catalog_mod._json_each_works(), reason="this SQLite has no JSON functions")
+needs_json = pytest.mark.skipif(not catalog_mod._JSON_EACH, reason="this SQLite has no JSON functions")
 
 
 def _statements(cat: Catalog) -> list[str]:
@@ -81,6 +81,7 @@ def _statements(cat: Catalog) -> list[str]:
     ([3, 9, 4, 100, 5, 6, 7, 8, 2], list(range(9))),  # ids in any order
     (list(range(1, 10)), [8, 0, 7, 1, 6, 2, 5, 3, 4]),  # rows in any order
     (np.arange(11, 20), np.arange(40, 49)),            # numpy integers
+    (range(21, 30), np.arange(50, 59)),                # add_many's shape: a range of fresh ids
 ])
 @pytest.mark.parametrize("others", [UNIFORM, MIXED], ids=["uniform", "mixed"])
 @pytest.mark.parametrize("texts", [ODD_TEXTS, ["with a NUL \x00 inside"] + ODD_TEXTS[1:]], ids=["odd", "nul"])
@@ -115,10 +116,7 @@ def test_only_a_batch_whose_text_alone_varies_goes_through_json():
     """The JSON document carries the texts of an ordinary batch; anything else is bound."""
     def packed(ids, texts, others, rows):
         cols = _columns(ids, texts, others, rows)
-        sql = {name: None for name in cols}
-        for name in ("kind", "namespace", "metadata", "key"):
-            sql[name] = _batch_literal(cols[name])
-        return catalog_mod._json_rows(cols, sql)
+        return catalog_mod._json_rows(cols, catalog_mod._literals(cols))
 
     got = packed(*COUNTING[:1], ODD_TEXTS, UNIFORM, COUNTING[1])
     assert got is not None

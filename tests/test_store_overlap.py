@@ -242,7 +242,7 @@ def test_ctrl_c_during_the_write_commits_nothing(tmp_path, monkeypatch):
         done = threading.Event()
         # The helper sends the Ctrl-C itself, between its two statements, the moment this test
         # is about. (With a 0.3 s timer instead, one CI simulation saw add_many return without
-        # it, in a full run; 17 runs of the test and its file alone could not repeat that.)
+        # it, in a full run; 21 runs of the test alone or with its file could not repeat that.)
         _slow_insert(monkeypatch, done, pause=0.5, at_pause=lambda: os.kill(os.getpid(), signal.SIGINT))
         # Python's own Ctrl-C handler, whatever an earlier test in the process installed.
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)

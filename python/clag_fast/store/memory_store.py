@@ -387,8 +387,9 @@ class MemoryStore:
             ids[i] = replaces[i][0]
 
         def write_rows() -> None:
-            if len(fresh) == len(texts):
-                self._catalog.insert_memories(ids, texts, kinds, namespaces, meta_json, now, rows, keys)
+            if len(fresh) == len(texts):  # ids are first, first + 1, ...: say so with a range
+                self._catalog.insert_memories(range(first, first + len(texts)), texts, kinds, namespaces,
+                                              meta_json, now, rows, keys)
                 return
             self._catalog.insert_memories(_take(ids, fresh), _take(texts, fresh), _take(kinds, fresh),
                                           _take(namespaces, fresh), _take(meta_json, fresh), now,
