@@ -1395,4 +1395,26 @@ mod tests {
         }
         assert!(Lexical::load(&dir.path().join("missing.bin")).is_err());
     }
+
+    #[test]
+    fn a_file_written_before_still_loads() {
+        // A version-2 file from the first encoder of this layout; never regenerate it.
+        let old: &[u8] = include_bytes!("testdata/lexical_v2.bin");
+        let mut want = Lexical::new();
+        want.add(&[0, 2, 5, 6], &["red apple pie", "green apples", "東京 red hiking", "blue sky"], &["a", "b", "a", "b"])
+            .unwrap();
+        want.sync(&[1, 0, 0, 0, 0, 1, 1]);
+        let got = Lexical::decode(old).unwrap();
+        assert_eq!(got.encode(), old, "the layout is unchanged: the same index encodes to the same bytes");
+        assert_eq!(want.encode(), old);
+        assert_eq!((got.len(), got.n_terms(), got.n_postings()), (7, 9, 11));
+        assert_eq!(got.stats(Scope::Namespace("a")), (2, 7));
+        for q in ["apple", "red hike", "東", "sky blue"] {
+            let (x, y) = (want.score(q, Scope::All, None, Bm25::default()), got.score(q, Scope::All, None, Bm25::default()));
+            assert_eq!((x.rows, x.scores), (y.rows, y.scores));
+        }
+        let mut bad = old.to_vec();
+        bad[old.len() / 2] ^= 1;
+        assert!(Lexical::decode(&bad).is_err());
+    }
 }

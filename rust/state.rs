@@ -229,4 +229,34 @@ mod tests {
         mixed.extend_from_slice(&sum.to_le_bytes());
         assert!(decode(&mixed, dim).is_err());
     }
+
+    /// The clusters `testdata/clusters_v2.bin` holds, built again through the public calls.
+    fn fixture_clusters() -> (Clusters, [i64; 3]) {
+        let data: Vec<f32> = vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.6, 0.8, 0.0, 0.0, 0.6, 0.8];
+        let mut c = Clusters::new(3);
+        c.grow_rows(5);
+        let a = c.new_cluster(Some(&[1.0, 0.0, 0.0]), 0.5).unwrap();
+        let b = c.new_cluster(None, 1.0).unwrap();
+        let e = c.new_cluster(None, 1.0).unwrap();
+        c.assign(&[0, 1, 3], &[a, b, b, -1, e, a], 2, &data).unwrap();
+        c.unassign(&[1], &data).unwrap();
+        (c, [a, b, e])
+    }
+
+    #[test]
+    fn a_version_2_file_still_loads() {
+        // Written by the version-2 encoder (fnv1a_words checksum); never regenerate it.
+        let old: &[u8] = include_bytes!("testdata/clusters_v2.bin");
+        assert_eq!(u32::from_le_bytes(old[8..12].try_into().unwrap()), 2);
+        let (want, [a, _, e]) = fixture_clusters();
+        let (got, rows) = decode(old, 3).unwrap();
+        assert_eq!(rows, 5);
+        assert_eq!(encode(&got), encode(&want));
+        assert_eq!([0, 1, 2, 3, 4].map(|r| got.cluster_of(r).unwrap()), [a, -1, -1, e, -1]);
+        assert_eq!(got.secondary_of(3).unwrap(), vec![a]);
+        assert_eq!(got.n_pending(), 2);
+        let mut bad = old.to_vec();
+        bad[40] ^= 1;
+        assert!(decode(&bad, 3).is_err());
+    }
 }
