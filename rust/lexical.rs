@@ -33,6 +33,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::Path;
 
+use crate::bytes::{self, Format};
 use crate::error::{Error, Result};
 use crate::files;
 
@@ -924,96 +925,12 @@ impl Lexical {
 // The statistics are stored rather than recounted so a load is a parse, not a pass over the
 // postings with hash updates (a 1M-memory index loads in a fraction of a second).
 
-const MAGIC: [u8; 8] = *b"CLAGLEX\0";
-// 2: tokens are stemmed (`stem_ascii`); a version-1 file is rebuilt from the database.
-const VERSION: u32 = 2;
-
-/// Checksum of a file body: four interleaved 64-bit multiply-rotate lanes over 8-byte words,
-/// several GB/s (FNV-1a, a byte at a time, would spend ~0.15 s on a 1M-memory index). It
-/// detects torn and flipped bytes; it is not a defence against a crafted file.
-pub fn checksum(b: &[u8]) -> u64 {
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut lanes = [0x243F_6A88_85A3_08D3u64, 0x1319_8A2E_0370_7344, 0xA409_3822_299F_31D0, 0x082E_FA98_EC4E_6C89];
-    let mut blocks = b.chunks_exact(32);
-    for blk in &mut blocks {
-        for (i, lane) in lanes.iter_mut().enumerate() {
-            let w = u64::from_le_bytes(blk[i * 8..i * 8 + 8].try_into().unwrap());
-            *lane = (*lane ^ w).wrapping_mul(K).rotate_left(29);
-        }
-    }
-    let mut h = (b.len() as u64).wrapping_mul(K);
-    for lane in lanes {
-        h = (h ^ lane).wrapping_mul(K).rotate_left(31);
-    }
-    for (i, &x) in blocks.remainder().iter().enumerate() {
-        h = (h ^ ((x as u64) << ((i % 8) * 8))).wrapping_mul(K).rotate_left(7);
-    }
-    h ^ (h >> 29)
-}
+/// The file format. Version 2: tokens are stemmed (`stem_ascii`); a version-1 file is
+/// refused and the store rebuilds the index from the database.
+pub const FORMAT: Format = Format { magic: *b"CLAGLEX\0", what: "lexical index", versions: &[(2, bytes::checksum)] };
 
 fn corrupt(what: &str) -> Error {
     Error::Io(format!("corrupt lexical index: {what}"))
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.b.len() - self.at < n {
-            return Err(corrupt("truncated"));
-        }
-        let s = &self.b[self.at..self.at + n];
-        self.at += n;
-        Ok(s)
-    }
-    /// `n` items of `size` bytes, checked against the bytes left before anything is allocated.
-    fn items(&mut self, n: u64, size: usize) -> Result<&'a [u8]> {
-        let left = (self.b.len() - self.at) as u64;
-        if n > left / size as u64 {
-            return Err(corrupt("a count larger than the file"));
-        }
-        self.take(n as usize * size)
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn u16s(&mut self, n: u64) -> Result<Vec<u16>> {
-        Ok(self.items(n, 2)?.chunks_exact(2).map(|c| u16::from_le_bytes(c.try_into().unwrap())).collect())
-    }
-    fn u32s(&mut self, n: u64) -> Result<Vec<u32>> {
-        Ok(self.items(n, 4)?.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect())
-    }
-    fn u64s(&mut self, n: u64) -> Result<Vec<u64>> {
-        Ok(self.items(n, 8)?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
-    }
-    fn strings(&mut self, n: u64) -> Result<Vec<String>> {
-        let mut out = Vec::with_capacity(n.min(1 << 20) as usize);
-        for _ in 0..n {
-            let len = self.u32()? as u64;
-            let s = std::str::from_utf8(self.items(len, 1)?).map_err(|_| corrupt("a word is not UTF-8"))?;
-            out.push(s.to_owned());
-        }
-        Ok(out)
-    }
-}
-
-fn put_u16s(b: &mut Vec<u8>, v: impl IntoIterator<Item = u16>) {
-    v.into_iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
-}
-fn put_u32s(b: &mut Vec<u8>, v: impl IntoIterator<Item = u32>) {
-    v.into_iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
-}
-fn put_u64s(b: &mut Vec<u8>, v: impl IntoIterator<Item = u64>) {
-    v.into_iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
-}
-fn put_strings(b: &mut Vec<u8>, v: &[String]) {
-    for s in v {
-        b.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        b.extend_from_slice(s.as_bytes());
-    }
 }
 
 impl Lexical {
@@ -1021,84 +938,71 @@ impl Lexical {
     pub fn encode(&self) -> Vec<u8> {
         let rows = self.doc_len.len();
         let words: usize = self.words.iter().map(|w| w.len() + 4).sum();
-        let mut b = Vec::with_capacity(128 + words + self.n_postings * 6 + rows * 17 + self.fwd.len() * 4
+        let mut w = FORMAT.writer(128 + words + self.n_postings * 6 + rows * 17 + self.fwd.len() * 4
             + self.postings.len() * 18 + self.ns_df.len() * 12);
-        b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
         let mut ns_df: Vec<(u64, u32)> = self.ns_df.iter().map(|(&k, &v)| (k, v)).collect();
         ns_df.sort_unstable();
-        put_u64s(&mut b, [rows as u64, self.ns_names.len() as u64, self.words.len() as u64, self.n_postings as u64,
-                          self.fwd.len() as u64, self.docs, self.tokens, ns_df.len() as u64]);
-        put_strings(&mut b, &self.ns_names);
-        put_u64s(&mut b, self.ns_docs.iter().copied());
-        put_u64s(&mut b, self.ns_tokens.iter().copied());
-        put_strings(&mut b, &self.words);
-        put_u16s(&mut b, self.max_tf.iter().copied());
-        put_u32s(&mut b, self.min_len.iter().copied());
-        put_u32s(&mut b, self.df_all.iter().copied());
-        put_u64s(&mut b, self.postings.iter().map(|p| p.rows.len() as u64));
+        w.put_slice(&[rows as u64, self.ns_names.len() as u64, self.words.len() as u64, self.n_postings as u64,
+                      self.fwd.len() as u64, self.docs, self.tokens, ns_df.len() as u64]);
+        w.put_strings(&self.ns_names);
+        w.put_slice(&self.ns_docs);
+        w.put_slice(&self.ns_tokens);
+        w.put_strings(&self.words);
+        w.put_slice(&self.max_tf);
+        w.put_slice(&self.min_len);
+        w.put_slice(&self.df_all);
         for p in &self.postings {
-            put_u32s(&mut b, p.rows.iter().copied());
+            w.put(p.rows.len() as u64);
         }
         for p in &self.postings {
-            put_u16s(&mut b, p.tf.iter().copied());
+            w.put_slice(&p.rows);
         }
-        put_u32s(&mut b, self.doc_len.iter().copied());
-        put_u32s(&mut b, self.doc_ns.iter().copied());
-        b.extend(self.counted.iter().map(|&c| c as u8));
-        put_u64s(&mut b, self.fwd_off.iter().copied());
-        put_u32s(&mut b, self.fwd.iter().copied());
+        for p in &self.postings {
+            w.put_slice(&p.tf);
+        }
+        w.put_slice(&self.doc_len);
+        w.put_slice(&self.doc_ns);
+        for &c in &self.counted {
+            w.put(c as u8);
+        }
+        w.put_slice(&self.fwd_off);
+        w.put_slice(&self.fwd);
         for (k, v) in ns_df {
-            b.extend_from_slice(&k.to_le_bytes());
-            b.extend_from_slice(&v.to_le_bytes());
+            w.put(k);
+            w.put(v);
         }
-        let sum = checksum(&b);
-        b.extend_from_slice(&sum.to_le_bytes());
-        b
+        w.finish()
     }
 
     /// Parse a file image; every count, row, term and namespace is checked, so a damaged file
     /// is an `Io` error, never a panic or a wrong index.
     pub fn decode(b: &[u8]) -> Result<Lexical> {
-        if b.len() < 8 + 4 + 64 + 8 || b[..8] != MAGIC {
-            return Err(Error::Io("not a clag_fast lexical index (bad magic or too short)".into()));
-        }
-        let (body, tail) = b.split_at(b.len() - 8);
-        if checksum(body) != u64::from_le_bytes(tail.try_into().unwrap()) {
-            return Err(corrupt("checksum mismatch"));
-        }
-        let mut r = Reader { b: body, at: 8 };
-        let version = r.u32()?;
-        if version != VERSION {
-            return Err(Error::Io(format!("lexical index version {version} is not supported (this build reads {VERSION})")));
-        }
-        let h = r.u64s(8)?;
+        let (_, mut r) = FORMAT.open(b)?;
+        let h = r.vec::<u64>(8)?;
         let (rows, n_ns, n_terms, n_post, n_fwd, docs, tokens, n_nsdf) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
         if rows >= u32::MAX as u64 || n_ns >= NO_DOC as u64 || n_terms > u32::MAX as u64 {
             return Err(corrupt("sizes"));
         }
         let ns_names = r.strings(n_ns)?;
-        let ns_docs = r.u64s(n_ns)?;
-        let ns_tokens = r.u64s(n_ns)?;
+        let ns_docs = r.vec::<u64>(n_ns)?;
+        let ns_tokens = r.vec::<u64>(n_ns)?;
         let words = r.strings(n_terms)?;
-        let max_tf = r.u16s(n_terms)?;
-        let min_len = r.u32s(n_terms)?;
-        let df_all = r.u32s(n_terms)?;
-        let lens = r.u64s(n_terms)?;
+        let max_tf = r.vec::<u16>(n_terms)?;
+        let min_len = r.vec::<u32>(n_terms)?;
+        let df_all = r.vec::<u32>(n_terms)?;
+        let lens = r.vec::<u64>(n_terms)?;
         if lens.iter().try_fold(0u64, |a, &l| a.checked_add(l)) != Some(n_post) {
             return Err(corrupt("postings count"));
         }
-        let all_rows = r.u32s(n_post)?;
-        let all_tf = r.u16s(n_post)?;
-        let doc_len = r.u32s(rows)?;
-        let doc_ns = r.u32s(rows)?;
+        let all_rows = r.vec::<u32>(n_post)?;
+        let all_tf = r.vec::<u16>(n_post)?;
+        let doc_len = r.vec::<u32>(rows)?;
+        let doc_ns = r.vec::<u32>(rows)?;
         let counted: Vec<bool> = r.items(rows, 1)?.iter().map(|&c| c != 0).collect();
-        let fwd_off = r.u64s(rows + 1)?;
-        let fwd = r.u32s(n_fwd)?;
+        let fwd_off = r.vec::<u64>(rows + 1)?;
+        let fwd = r.vec::<u32>(n_fwd)?;
         let nsdf = r.items(n_nsdf, 12)?;
-        if r.at != body.len() {
-            return Err(corrupt("trailing bytes"));
-        }
+        r.end()?;
         let mut postings = Vec::with_capacity(lens.len());
         let mut at = 0usize;
         for &l in &lens {
