@@ -153,6 +153,11 @@ impl Writer {
     }
 }
 
+/// The error of a damaged file: "corrupt <what>: <why>".
+pub fn corrupt(what: &str, why: &str) -> Error {
+    Error::Io(format!("corrupt {what}: {why}"))
+}
+
 /// A cursor over a file image. Every read checks the bytes left, and counts read from the file
 /// are checked against them before anything is allocated, so a damaged file is an `Io` error
 /// ("corrupt <what>: ..."), never a panic or a huge allocation.
@@ -170,7 +175,7 @@ impl<'a> Reader<'a> {
 
     /// An `Io` error saying the file is corrupt and why.
     pub fn corrupt(&self, why: &str) -> Error {
-        Error::Io(format!("corrupt {}: {why}", self.what))
+        corrupt(self.what, why)
     }
 
     pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
