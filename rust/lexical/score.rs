@@ -111,6 +111,7 @@ impl Lexical {
 
     /// BM25 of one row (eligible or not), each term looked up in its postings, summed in
     /// canonical term order.
+    #[inline]
     pub(super) fn row_score(&self, q: &Query, p: Bm25, row: u32) -> f32 {
         let mut s = 0.0f32;
         for (&t, &idf) in q.terms.iter().zip(&q.idf) {
