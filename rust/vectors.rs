@@ -48,7 +48,9 @@ const MIN_GROW_BYTES: usize = 4 << 20;
 /// Bytes of rows normalised and written per pwrite in `append`.
 const APPEND_CHUNK_BYTES: usize = 1 << 20;
 
-/// The checksum of a commit slot: over magic, version, dim, seq and count.
+/// The checksum of a commit slot, over magic, version, dim, seq and count: FNV-1a, as format
+/// version 1 fixes it (slots are rewritten in place by every append, so a file keeps the
+/// version it was created with).
 fn slot_checksum(dim: u32, seq: u64, count: u64) -> u64 {
     let mut w = Writer::with_capacity(32);
     w.put_bytes(&MAGIC);
