@@ -171,6 +171,10 @@ impl<'a> Lists<'a> {
     #[inline(never)]
     fn walk(&self, seeds: &[u32], top_n: usize) -> (BinaryHeap<Hit>, usize) {
         let Lists { ix, q, e, p, ref order, ref lists, ref prefix } = *self;
+        // The slices the row loop reads, as locals: read through `ix` and `q`, their pointers
+        // were loaded again after every store into `contrib`.
+        let (doc_len, idf, avgdl): (&[u32], &[f32], f32) = (&ix.doc_len, &q.idf, q.avgdl);
+        let (counted, doc_ns): (&[bool], &[u32]) = (&ix.counted, &ix.doc_ns);
         let m = lists.len();
         let mut heap: BinaryHeap<Hit> = BinaryHeap::with_capacity(top_n + 1);
         let mut scored = self.hold_seeds(seeds, top_n, &mut heap);
@@ -198,14 +202,14 @@ impl<'a> Lists<'a> {
             while next_seed < seeds.len() && seeds[next_seed] < cand {
                 next_seed += 1;
             }
-            let eligible = seeds.get(next_seed) != Some(&cand) && ix.ok(e, cand);
+            let eligible = seeds.get(next_seed) != Some(&cand) && e.allows(counted, doc_ns, cand);
             // The essential lists: step past the row, and when it counts, take their share.
             let mut s = 0.0f32;
             for k in first_ess..m {
                 let l = lists[k];
                 if l.rows.get(pos[k]) == Some(&cand) {
                     if eligible {
-                        let c = bm25(q.idf[order[k]], l.tf[pos[k]], ix.doc_len[cand as usize], q.avgdl, p);
+                        let c = bm25(idf[order[k]], l.tf[pos[k]], doc_len[cand as usize], avgdl, p);
                         contrib[order[k]] = c;
                         s += c;
                     }
@@ -226,7 +230,7 @@ impl<'a> Lists<'a> {
                 let l = lists[k];
                 pos[k] = seek(&l.rows, pos[k], cand);
                 if l.rows.get(pos[k]) == Some(&cand) {
-                    let c = bm25(q.idf[order[k]], l.tf[pos[k]], ix.doc_len[cand as usize], q.avgdl, p);
+                    let c = bm25(idf[order[k]], l.tf[pos[k]], doc_len[cand as usize], avgdl, p);
                     contrib[order[k]] = c;
                     s += c;
                 }

@@ -36,6 +36,19 @@ pub(super) enum Eligible<'a> {
     Mask(&'a [u8]),
 }
 
+impl Eligible<'_> {
+    /// Whether `row` may be returned, given which rows are counted and their namespaces.
+    #[inline]
+    pub(super) fn allows(self, counted: &[bool], doc_ns: &[u32], row: u32) -> bool {
+        let r = row as usize;
+        match self {
+            Eligible::Counted => counted[r],
+            Eligible::CountedIn(ns) => counted[r] && doc_ns[r] == ns,
+            Eligible::Mask(m) => in_mask(m, r),
+        }
+    }
+}
+
 /// A query's terms with their statistics in scope, in canonical (term id) order.
 pub(super) struct Query {
     pub terms: Vec<u32>,
@@ -101,12 +114,7 @@ impl Lexical {
 
     #[inline]
     pub(super) fn ok(&self, e: Eligible, row: u32) -> bool {
-        let r = row as usize;
-        match e {
-            Eligible::Counted => self.counted[r],
-            Eligible::CountedIn(ns) => self.counted[r] && self.doc_ns[r] == ns,
-            Eligible::Mask(m) => in_mask(m, r),
-        }
+        e.allows(&self.counted, &self.doc_ns, row)
     }
 
     /// BM25 of one row (eligible or not), each term looked up in its postings, summed in
