@@ -1,6 +1,6 @@
 """``MemoryStore.search`` through the public API, side by side with what users pick instead.
 
-Issue 11's comparison: on unit vectors in 1,000 Gaussian blobs (dim 384, spread 1.0; 300
+The search comparison of BENCHMARKS.md (Search): on unit vectors in 1,000 Gaussian blobs (dim 384, spread 1.0; 300
 held-out queries drawn the same way), one run measures
 
 - clag_fast: ``MemoryStore.open(d, llm=False, embedder=False)``, ``add_many`` in calls of
@@ -29,7 +29,7 @@ How it is timed (a 2-core shared VM, so everything runs in one process, side by 
   for the defaults, the index under the store's own probe rule (adaptive: each query probes
   what the default search probes); for ``n_probe=1/4/8``, the index at that count. The
   defaults are also compared with the index at one fixed count (the last first-pass query's),
-  the figure earlier sessions quoted, which differs in work per query. The interleaved
+  which differs in work per query. The interleaved
   figures include the bench's own conversion of hits to row ids and the caches every other
   configuration evicted between two calls; a third figure times the two calls alone, call
   against call (``paired_facade``: same query back to back, order alternating).
@@ -199,7 +199,7 @@ class ClagFast:
         return fn
 
     def index_fn(self, n_probe: Callable[[], int]) -> Callable[[np.ndarray], tuple[np.ndarray, int]]:
-        index = self.store._state.index  # the VectorIndex under the facade (issue 11 asks for it)
+        index = self.store._state.index  # the VectorIndex under the facade: the facade's cost is the difference
 
         def fn(q: np.ndarray) -> tuple[np.ndarray, int]:
             res = index.search(q, k=K, n_probe=n_probe())
@@ -538,7 +538,7 @@ def table(result: dict) -> str:
 
 
 def _verdicts(result: dict) -> list[str]:
-    """Issue 11's checks in words: equal-recall ratio to faiss, p99/p50, lead over peers."""
+    """The search targets in words: equal-recall ratio to faiss, p99/p50, lead over peers."""
     rows = result["rows"]
     out = []
     d = next((r for r in rows if r["engine"] == "clag_fast" and r["config"] == "search() defaults"), None)
