@@ -447,7 +447,7 @@ def run(n: int, engines: tuple[str, ...] = ENGINES, rounds: int = 3, n_queries: 
             store_at.update({p: c for p, c in zip(STORE_PROBES, configs[1:1 + len(STORE_PROBES)])
                              if p not in store_at})
             # "rule": the defaults against the index under the same probe rule (same clusters
-            # per query); the first entry compares them at one query's fixed count, as before.
+            # per query); the first entry compares them at one query's fixed count.
             store_at["rule"] = configs[0]
             facade = {str(p): {"store": f.config, "index": unders[p].config,
                                "store_warm_p50_ms": _ms(f.warm, 50),

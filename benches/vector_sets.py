@@ -11,7 +11,7 @@ Names:
   cluster borders (faiss IVFFlat at nprobe 1 recalls < 0.7; spread calibrated at 100k).
 - ``uneven-100k`` / ``uneven-1M``: 2,713 blobs of very different sizes (Zipf-like weights,
   the largest ~130x the smallest) at the easy spread, while the partitioned indexes still use
-  1,000 clusters: the blob count no longer matches the cluster count, so no index gets one
+  1,000 clusters: the blob count does not match the cluster count, so no index gets one
   cluster per generating blob for free.
 - ``real``: every LoCoMo turn embedded with MiniLM; queries are its questions.
 """
