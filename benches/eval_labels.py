@@ -1,4 +1,4 @@
-"""Cluster label quality on one conversation (issue #16): copies, groundedness, self@1, SLM
+"""Cluster label quality on one conversation: copies, groundedness, self@1, SLM
 parse failures (apart from failed calls) and profile calls per memory.
 
 The conversation's turns are added 32 at a time (``--batch``; the store's defaults: background SLM work),
@@ -7,7 +7,7 @@ then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are mea
 
     python benches/eval_labels.py python/clag_fast/data/demo_trip.json --llm managed \
         --context "an agent planning a two-week trip to Japan for a user and their partner"
-    python benches/eval_labels.py ../shared/data/locomo10.json --sample 2 --llm off
+    python benches/eval_labels.py locomo10.json --sample 2 --llm off        # LoCoMo's data file
 
 ``--misses`` lists the clusters whose label fails self@1, the cluster it points at and the cosine
 of their centres.
