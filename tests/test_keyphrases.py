@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.labels import groundedness, is_copy
+from clag_fast.labels.measures import groundedness, is_copy
 from clag_fast.store import MemoryStore
-from clag_fast.store import keyphrases as kp
+from clag_fast.labels import keyphrases as kp
 
 HOTELS = [
     "User: We booked the Kyoto hotel near Kamogawa for April 19.",
@@ -519,7 +519,7 @@ def test_store_labels_are_keyphrases_never_members(tmp_path):
 
 @pytest.mark.parametrize("texts", [["ok", "ok"], ["👍", "🙂"]])
 def test_placement_labels_a_new_cluster_without_copying_it(texts):
-    from clag_fast.store.profiles import vector_profile
+    from clag_fast.labels.profiles import vector_profile
 
     summary, tags = vector_profile(texts)
     assert summary == kp.NEUTRAL_LABEL and tags == []

@@ -11,11 +11,11 @@ from llm_fixtures import completion, dead_url, fake_server, managed_server, real
 
 from clag_fast.cli import main
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.labels import ClusterLabel, groundedness, is_copy, measure, self_misses
+from clag_fast.labels.measures import ClusterLabel, groundedness, is_copy, measure, self_misses
 from clag_fast.slm.client import LLMClient
 from clag_fast.slm.organizer import ClusterBrief, Organizer
 from clag_fast.store import MemoryStore
-from clag_fast.store import keyphrases as kp
+from clag_fast.labels import keyphrases as kp
 
 DIM = 16
 GROUPS = {

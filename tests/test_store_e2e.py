@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.data import load_dataset
+from clag_fast.locomo import load_dataset
 from clag_fast.store import MemoryStore
 from llm_fixtures import dead_url, fake_server, real_llm  # noqa: F401
 from store_helpers import texts_for, topic_vectors
@@ -125,7 +125,7 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
 
 def vector_profile_of(store, cid):
     """The summary the vector fallback would write for cluster ``cid`` now."""
-    from clag_fast.store.profiles import vector_profile
+    from clag_fast.labels.profiles import vector_profile
 
     brief = store._slm._briefs({cid})[cid]
     return vector_profile(brief.examples)[0]

@@ -43,7 +43,7 @@ import numpy as np
 
 from clag_fast.eval.answer import (ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply, is_adversarial,
                                    question_prompt, score_answer)
-from clag_fast.eval.data import Sample, load_dataset
+from clag_fast.locomo import Sample, load_dataset
 
 __all__ = ["QA_CONFIGS", "DEFAULT_QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl",
            "summarize", "to_markdown", "main"]

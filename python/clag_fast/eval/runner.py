@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from clag_fast.eval.answer import answer_context, ask, is_adversarial, question_prompt, score_answer
-from clag_fast.eval.data import Sample, load_dataset
+from clag_fast.locomo import Sample, load_dataset
 from clag_fast.eval.metrics import (
     answer_tokens,
     ndcg_at_k,
@@ -586,7 +586,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             qa_llm = _diff(_llm_counts(qa_client), before_qa)
             try:
                 stats = store.stats()
-                stats["label_quality"] = store.label_quality()  # clag_fast.eval.labels
+                stats["label_quality"] = store.label_quality()  # clag_fast.labels.measures
             except Exception as exc:  # a report field, never a reason to lose the run
                 stats = {"error": repr(exc)}
             reorganised = _organizations(store) - orgs_before

@@ -22,10 +22,10 @@ from typing import Any, Sequence
 
 from clag_fast.config import SLMConfig
 from clag_fast.slm import prompts
-from clag_fast.store import keyphrases
-from clag_fast.store.profiles import BAD_TAGS as _BAD_TAGS
-from clag_fast.store.profiles import STOPWORDS as _STOPWORDS
-from clag_fast.store.profiles import TAG_WORD_RE as _WORD_RE
+from clag_fast.labels import keyphrases
+from clag_fast.labels.profiles import BAD_TAGS as _BAD_TAGS
+from clag_fast.labels.profiles import STOPWORDS as _STOPWORDS
+from clag_fast.labels.profiles import TAG_WORD_RE as _WORD_RE
 from clag_fast.slm.client import LLMClient, LLMError, is_transient
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from clag_fast.store.keyphrases import texts_label
+from clag_fast.labels.keyphrases import texts_label
 
 TAG_WORD_RE = re.compile(r"[a-z][a-z0-9'-]*")
 # Words a small model offers as "tags" that describe the prompt rather than the notes.

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from clag_fast.store.keyphrases import NEUTRAL_LABEL, NEUTRAL_MIXED, content_words
+from clag_fast.labels.keyphrases import NEUTRAL_LABEL, NEUTRAL_MIXED, content_words
 
 __all__ = ["ClusterLabel", "measure", "self_misses", "is_copy", "groundedness", "plot_cluster_map", "COPY_RUN"]
 

@@ -1,4 +1,4 @@
-"""Loading LoCoMo-format datasets for ``clag-fast eval``.
+"""Loading LoCoMo-format datasets: ``clag-fast eval``, the demo and ``clag-fast ingest`` read them.
 
 The format (LoCoMo, Maharana et al. 2024): a JSON list of samples; each sample has
 ``conversation`` with ``session_N`` lists of turns ``{speaker, dia_id, text}`` (optionally

@@ -1,6 +1,6 @@
 """The store's side of the SLM: when to ask it, what to ask, and how answers are applied.
 
-The organiser (``organizer.Organizer``) owns the prompts and turns SLM answers into decisions;
+The organiser (``slm.organizer.Organizer``) owns the prompts and turns SLM answers into decisions;
 this module owns their scheduling for one store: ambiguous routes queue up and go to the SLM
 in batches, triggers (periodic, confusion, drift) start re-organisation, cluster profiles are
 written after structural changes. With ``SLMConfig.background`` (the default) all SLM work runs
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from clag_fast.store import keyphrases
+from clag_fast.labels import keyphrases
 from clag_fast.store import organize as org_ops
 from clag_fast.store import placement as place_ops
 from clag_fast.store.state import StoreState
