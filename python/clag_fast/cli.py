@@ -186,7 +186,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def _plot(store, path: Path) -> None:
-    from clag_fast.labels.measures import plot_cluster_map
+    from clag_fast.cluster_map import plot_cluster_map
 
     if path.suffix.lower() != ".png":
         raise ValueError(f"--plot writes a PNG file; {path} does not end in .png")

@@ -506,7 +506,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             tmp, config=cfg,
             # Every vector is passed in: turns as embeddings, questions through the lookup (the
             # question text is still the query, for the lexical half of hybrid search). Both
-            # stores fall back to the shared embedder for label phrases (store/keyphrases ranks
+            # stores fall back to the shared embedder for label phrases (labels/keyphrases ranks
             # them by embedding) and SLM topics (embedded into cluster centres).
             embedder=LookupEmbedder([q.question for q in s.qa], q_vecs, fallback=emb),
             llm=store_client if store_client is not None else False,

@@ -1,12 +1,12 @@
 """How readable and faithful cluster labels are: copy rate, groundedness and self@1.
 
-Three measures over the clusters with two or more members (issue #16):
+Three measures over the clusters with two or more members:
 
 * **copy**: the summary is a member's text: it shares a run of ``COPY_RUN`` (8) consecutive
   words with one member. Rate = copies / clusters. Keyphrase labels hold at most six words,
   so they are never copies by construction; the measure is for SLM or other summaries.
 * **grounded**: the share of the label's content words (summary and tags, words as
-  ``store.keyphrases.content_words`` splits them) that occur in the cluster's members; the
+  ``labels.keyphrases.content_words`` splits them) that occur in the cluster's members; the
   mean over clusters.
 * **self@1**: the summary, embedded, is nearer to its own cluster's centre than to any other
   centre. Rate over clusters.
@@ -29,7 +29,7 @@ import numpy as np
 
 from clag_fast.labels.keyphrases import NEUTRAL_LABEL, NEUTRAL_MIXED, content_words
 
-__all__ = ["ClusterLabel", "measure", "self_misses", "is_copy", "groundedness", "plot_cluster_map", "COPY_RUN"]
+__all__ = ["ClusterLabel", "measure", "self_misses", "is_copy", "groundedness", "COPY_RUN"]
 
 COPY_RUN = 8
 _WORD_RE = re.compile(r"\w+")
@@ -64,8 +64,8 @@ def _longest_run(a: list[str], b: list[str]) -> int:
 
 
 def is_copy(summary: str, members: Sequence[str], run: int = COPY_RUN) -> bool:
-    """True when ``summary`` shares ``run`` consecutive words with one of ``members`` (the
-    issue's definition: a label equal to a member shorter than ``run`` words is not a copy)."""
+    """True when ``summary`` shares ``run`` consecutive words with one of ``members`` (so a
+    label equal to a member shorter than ``run`` words is not a copy)."""
     words = _words(summary)
     if len(words) < run:
         return False
@@ -144,46 +144,3 @@ def self_misses(summaries: Sequence[str], centres: np.ndarray,
         if j != i:
             out.append((i, j, float(row[i] - row[j])))
     return sorted(out, key=lambda x: x[2])
-
-
-def plot_cluster_map(store, path) -> int:
-    """Draw ``store``'s cluster map to ``path`` (PNG): the centres projected to 2-D (their
-    first two principal components), each a disc sized by its members and labelled with its
-    summary. Returns how many clusters were drawn. Needs matplotlib (ImportError naming it
-    otherwise)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: never a window, works without a display
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the cluster map needs matplotlib: pip install matplotlib") from e
-    ids, centres = store.cluster_centres()
-    info = {c.id: c for c in store.clusters()}
-    keep = [i for i, c in enumerate(ids.tolist()) if c in info]
-    fig, ax = plt.subplots(figsize=(12, 9), dpi=100)
-    if keep:
-        x = centres[keep].astype(np.float64)
-        x = x - x.mean(axis=0)
-        if len(keep) >= 2:
-            _, _, vt = np.linalg.svd(x, full_matrices=False)
-            xy = x @ vt[:2].T
-            if xy.shape[1] < 2:
-                xy = np.hstack([xy, np.zeros((len(xy), 1))])
-        else:
-            xy = np.zeros((1, 2))
-        sizes = np.array([info[int(ids[i])].size for i in keep], np.float64)
-        ax.scatter(xy[:, 0], xy[:, 1], s=30 + 600 * sizes / max(1.0, sizes.max()), alpha=0.35,
-                   c=np.arange(len(keep)) % 10, cmap="tab10", edgecolors="k", linewidths=0.5)
-        for (px, py), i in zip(xy.tolist(), keep):
-            c = info[int(ids[i])]
-            text = c.summary or "(no label)"
-            ax.annotate(text if len(text) <= 40 else text[:39] + "…", (px, py), fontsize=7,
-                        ha="center", va="center")
-    ax.set_title(f"{len(keep)} clusters: centres in 2-D (PCA), disc area ~ members")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return len(keep)

@@ -47,7 +47,7 @@ class ClusterBrief:
     tags: list[str] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
     size: int = 0
-    candidates: list[str] = field(default_factory=list)  # ranked keyphrases (store/keyphrases)
+    candidates: list[str] = field(default_factory=list)  # ranked keyphrases (labels/keyphrases)
     # The candidates the SLM may pick from (None: the first ``profile_candidates``); the tags
     # still come from all candidates.
     choices: list[str] | None = None

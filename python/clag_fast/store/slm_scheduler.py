@@ -25,6 +25,7 @@ import numpy as np
 
 from clag_fast.labels import keyphrases
 from clag_fast.store import organize as org_ops
+from clag_fast.store.cluster_phrases import cluster_phrases
 from clag_fast.store import placement as place_ops
 from clag_fast.store.state import StoreState
 
@@ -85,7 +86,7 @@ class SLMScheduler:
         # after 300 adds in bench_add_latency.py).
         self._queued: set[str] = set()
         self._worker: threading.Thread | None = None
-        # Each memory's keyphrases, kept across profile passes (store/keyphrases).
+        # Each memory's keyphrases, kept across profile passes (labels/keyphrases).
         self._phrases = keyphrases.PhraseCache()
         self._label_counts: dict[str, int] = {"vector": 0, "slm": 0, "neutral": 0, "slm_not_distinct": 0}
         # Only SLM work needs a worker: vector-only organisation is bounded and amortised
@@ -476,7 +477,7 @@ class SLMScheduler:
         relabel = self._stale_labels(set(todo)) if recheck else []
         with state.lock.read():
             briefs = self._briefs(set(todo))
-            phrases = keyphrases.cluster_phrases(state, todo + relabel, self._phrases)
+            phrases = cluster_phrases(state, todo + relabel, self._phrases)
             _, sizes_then = state.cluster_table()
             ids = state.index.cluster_ids().tolist()
             centres = np.array(state.index.centres(), np.float32)
