@@ -1,7 +1,9 @@
 """Turn a model's verified source files into ONNX bytes (fp32 fused, or int8).
 
 Called by :func:`clag_fast.embed.modelfiles.model_path` on a cache miss; import cost (onnx,
-safetensors, the onnxruntime optimiser and quantiser) is only paid when building.
+safetensors, the onnxruntime optimiser and quantiser) is only paid when building. Reads the
+verified source files (``embed.sources``) and never the build cache: the int8 build is handed
+the cached fp32 model's path.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ import contextlib
 import json
 import logging
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from clag_fast.embed import bert_onnx as _bert_onnx
 from clag_fast.embed.cpu import int8_weight_codes
-from clag_fast.embed.modelfiles import ModelFilesError, manifest, source_file
+from clag_fast.embed.sources import manifest, source_file
+from clag_fast.errors import ModelFilesError
 
 log = logging.getLogger(__name__)
 
@@ -378,13 +382,13 @@ def int8_graph_bytes(fp32: onnx.ModelProto, weights: str | None = None) -> bytes
     return model.SerializeToString()
 
 
-def build_model_bytes(model: str, precision: str) -> bytes:
-    """Serialised ONNX model for (model, precision)."""
+def build_model_bytes(model: str, precision: str, fp32_model: Path | None = None) -> bytes:
+    """Serialised ONNX model for (model, precision). int8 quantises the fp32 model at
+    ``fp32_model`` (the cached, checksummed build), fusing none afresh."""
     if precision == "fp32":
         return fused_graph(model).SerializeToString()
     if precision == "int8":
-        # Quantise the cached, checksummed fp32 build rather than fusing a second time.
-        from clag_fast.embed.modelfiles import model_path
-
-        return int8_graph_bytes(onnx.load(str(model_path(model, "fp32"))))
+        if fp32_model is None:
+            raise ValueError("the int8 build quantises an fp32 model: pass fp32_model")
+        return int8_graph_bytes(onnx.load(str(fp32_model)))
     raise ValueError(f"unknown precision {precision!r}")
