@@ -23,10 +23,12 @@ import threading
 from pathlib import Path
 
 from clag_fast.embed.cpu import int8_weight_codes
-# The source files' names, used from here by the embedder and models/build.py.
-from clag_fast.embed.sources import (DEFAULT_MODEL, manifest, sha256_file, source_dir,  # noqa: F401
-                                     source_file, tokenizer_path)
+from clag_fast.embed.sources import DEFAULT_MODEL, manifest, sha256_file, source_dir, source_file, tokenizer_path
 from clag_fast.errors import ModelFilesError
+
+# The source files' names too: the embedder and models/build.py use them from here.
+__all__ = ["BUILDER_VERSION", "PRECISIONS", "DEFAULT_MODEL", "ModelFilesError", "cache_dir", "cached_model_path",
+           "model_path", "manifest", "sha256_file", "source_dir", "source_file", "tokenizer_path"]
 
 #: Bump when the graph builder or the quantisation recipe changes: invalidates cached builds.
 BUILDER_VERSION = "6"  # 2: no SkipLayerNormalization fusion; 3: per-token int8 matmuls;
