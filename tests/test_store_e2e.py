@@ -97,7 +97,7 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
         decisions, profiles = st["llm"]["decisions"], st["llm"]["profiles"]
         assert st["llm"]["unavailable"] is None
         accepted = decisions.get("topics", 0) + decisions.get("profile", 0) + decisions.get("route_slm", 0)
-        assert accepted > 0, (st["llm"], s._slm._organizer.stats())
+        assert accepted > 0, (st["llm"], s._slm.connection.decisions.stats())
         # ...and applied where the store shows them: topic centres, SLM-written summaries,
         # SLM routes (each counted apart from its fallback).
         topic_clusters = [c for c in clusters if c.source == "slm_topic"]
