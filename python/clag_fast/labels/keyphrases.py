@@ -507,18 +507,7 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     n = len(members)
     if n == 0:
         return ClusterPhrases()
-    df: Counter[str] = Counter()
-    # Written forms per key, counted in plain dicts (a Counter per phrase cost more than the
-    # ranking itself).
-    forms: dict[str, dict[str, int]] = {}
-    for m in members:
-        df.update(m.keys())
-        for key, form in m.items():
-            f = forms.get(key)
-            if f is None:
-                forms[key] = {form: 1}
-            else:
-                f[form] = f.get(form, 0) + 1
+    df, forms = _counts(members)
     need = min(n, MIN_MEMBERS)
     N = max(n_background, n)
     scored: list[tuple[float, str]] = []
@@ -532,10 +521,45 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
         if score > 0:
             scored.append((score, key))
     scored.sort(key=lambda x: (-x[0], x[1]))
+    chosen, used = _one_per_idea(scored, forms, df, n, limit)
+    if not chosen:  # the members share no content word: say so rather than guess
+        short = np.median([len(m) for m in members]) <= 3
+        return ClusterPhrases(chosen, NEUTRAL_LABEL if short else NEUTRAL_MIXED)
+    more = _MoreLooks(members, texts, df, forms, single, used, n, N, background_df)
+    return ClusterPhrases(chosen, None, members=n, find_typical=more.typical, find_every=more.every,
+                          find_openings=more.openings if texts is not None else None)
+
+
+def _counts(members: Sequence[dict[str, str]]) -> tuple[Counter[str], dict[str, dict[str, int]]]:
+    """In how many members each phrase key occurs, and how often each written form of it."""
+    df: Counter[str] = Counter()
+    # Written forms per key, counted in plain dicts (a Counter per phrase cost more than the
+    # ranking itself).
+    forms: dict[str, dict[str, int]] = {}
+    for m in members:
+        df.update(m.keys())
+        for key, form in m.items():
+            f = forms.get(key)
+            if f is None:
+                forms[key] = {form: 1}
+            else:
+                f[form] = f.get(form, 0) + 1
+    return df, forms
+
+
+def _idea_words(key: str) -> set[str]:
+    """The words that make a phrase's idea (the phrase itself in a script without spaces)."""
+    return {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+
+
+def _one_per_idea(scored: list[tuple[float, str]], forms: dict[str, dict[str, int]], df: Counter[str], n: int,
+                  limit: int) -> tuple[list[Keyphrase], set[str]]:
+    """The best ``limit`` phrases of ``scored`` (best first), one per idea, and the words
+    they used."""
     chosen: list[Keyphrase] = []
     used: set[str] = set()
     for score, key in scored:
-        words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+        words = _idea_words(key)
         # One phrase per idea: "Kyoto" after "Kyoto hotels" (or before it) would repeat it.
         if any(w in used for w in words) or any(key in u or u in key for u in used if _spaceless(key[0])):
             continue
@@ -543,54 +567,68 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
         used |= words
         if len(chosen) >= limit:
             break
-    neutral = None
-    if not chosen:  # the members share no content word: say so rather than guess
-        short = np.median([len(m) for m in members]) <= 3
-        neutral = NEUTRAL_LABEL if short else NEUTRAL_MIXED
-        return ClusterPhrases(chosen, neutral)
-    # Phrases of the most typical members (callers pass members nearest the centre first) that
-    # no other member holds: the fallback when the shared phrases are too common to point at
-    # this cluster ("help", "keep" in a chat), chosen only by ``by_distinctness``.
+    return chosen, used
 
-    def find_typical(n_members: int, each: int) -> list[Keyphrase]:
+
+@dataclass
+class _MoreLooks:
+    """What one ranking counted, kept for the further looks ``by_distinctness`` may take at a
+    cluster whose shared phrases are too common to point at it ("help", "keep" in a chat)."""
+
+    members: Sequence[dict[str, str]]  # nearest the centre first
+    texts: Sequence[str] | None
+    df: Counter[str]
+    forms: dict[str, dict[str, int]]
+    single: dict[str, float]  # scores of the phrases one member holds
+    used: set[str]  # the words of the chosen phrases
+    n: int
+    n_background: int
+    background_df: Counter | None
+
+    def _score(self, key: str, c: int) -> float:
+        return self.single[key] if key in self.single else _phrase_score(
+            key, c, self.n, self.forms, self.background_df, self.n_background)
+
+    def typical(self, n_members: int, each: int) -> list[Keyphrase]:
+        """Up to ``each`` phrases of each of the ``n_members`` most typical members that no
+        other member holds, one per idea."""
         typical: list[Keyphrase] = []
-        taken_words = set(used)
-        for m in members[:n_members]:
-            scores = {k: single[k] if k in single else _phrase_score(k, 1, n, forms, background_df, N)
-                      for k in m if df[k] == 1}
+        taken_words = set(self.used)
+        for m in self.members[:n_members]:
+            scores = {k: self._score(k, 1) for k in m if self.df[k] == 1}
             taken = 0
             for key in sorted(scores, key=lambda k: (-scores[k], k)):
-                words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+                words = _idea_words(key)
                 if scores[key] <= 0 or any(w in taken_words for w in words):
                     continue
-                typical.append(Keyphrase(_surface(forms[key]), round(scores[key], 4), 1, round(1 / n, 3)))
+                typical.append(Keyphrase(_surface(self.forms[key]), round(scores[key], 4), 1, round(1 / self.n, 3)))
                 taken_words |= words
                 taken += 1
                 if taken == each:
                     break
         return typical
 
-    def find_every(limit: int) -> list[Keyphrase]:
-        scores = {k: single[k] if k in single else _phrase_score(k, c, n, forms, background_df, N)
-                  for k, c in df.items()}
+    def every(self, limit: int) -> list[Keyphrase]:
+        """The best ``limit`` of every phrase the members hold."""
+        scores = {k: self._score(k, c) for k, c in self.df.items()}
         keys = sorted((k for k in scores if scores[k] > 0), key=lambda k: (-scores[k], k))[:limit]
-        return [Keyphrase(_surface(forms[k]), round(scores[k], 4), df[k], round(df[k] / n, 3)) for k in keys]
+        return [Keyphrase(_surface(self.forms[k]), round(scores[k], 4), self.df[k], round(self.df[k] / self.n, 3))
+                for k in keys]
 
-    def find_openings(limit: int) -> list[Keyphrase]:
+    def openings(self, limit: int) -> list[Keyphrase]:
+        """The members' most said clause openings."""
         said: Counter[str] = Counter()
         form: dict[str, str] = {}
         first: dict[str, int] = {}
-        for r, t in enumerate(texts or ()):
+        for r, t in enumerate(self.texts or ()):
             for key, phrase in openings(t).items():
                 said[key] += 1
                 form.setdefault(key, phrase)
                 first.setdefault(key, r)
         # Members come nearest the centre first: a tie goes to the more typical member's.
         keys = sorted(said, key=lambda k: (-said[k], first[k], k))[:limit]
+        n = self.n
         return [Keyphrase(form[k], round(said[k] / n, 4), said[k], round(said[k] / n, 3), opening=True) for k in keys]
-
-    return ClusterPhrases(chosen, neutral, members=n, find_typical=find_typical, find_every=find_every,
-                          find_openings=find_openings if texts is not None else None)
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
