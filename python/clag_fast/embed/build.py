@@ -121,6 +121,17 @@ def fused_graph(model: str) -> onnx.ModelProto:
 _BATCH_SEQ = "ptq_batch_seq"
 
 
+def _int8_columns(w: np.ndarray, weights: str) -> tuple[np.ndarray, np.ndarray]:
+    """``w``'s codes with one symmetric int8 scale per output column, and the scales; for
+    ``weights="u8"`` the same levels stored as uint8 around 128."""
+    w_scale = np.abs(w).max(axis=0) / 127.0
+    w_scale[w_scale == 0] = 1.0
+    w_q = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
+    if weights == "u8":
+        w_q = (w_q.astype(np.int16) + 128).astype(np.uint8)
+    return w_q, w_scale
+
+
 def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, *,
                     flat: bool = False, weights: str = "s8") -> onnx.ModelProto:
     """Rewrite ``x @ W`` (W a constant named ``*suffix``) into an int8 matmul with per-token scales.
@@ -170,14 +181,10 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, 
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         k, n = w.shape
-        w_scale = np.abs(w).max(axis=0) / 127.0
-        w_scale[w_scale == 0] = 1.0
-        w_q = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
+        w_q, w_scale = _int8_columns(w, weights)
         p = node.name + "_ptq"
-        w_zp = []  # no zero point input: int8 weights are symmetric
-        if weights == "u8":
-            w_q = (w_q.astype(np.int16) + 128).astype(np.uint8)
-            w_zp = [const(p + "_wzp", np.full(n, 128, np.uint8))]
+        # No zero point input for int8 weights (symmetric); uint8 ones sit around 128.
+        w_zp = [const(p + "_wzp", np.full(n, 128, np.uint8))] if weights == "u8" else []
         x = node.input[0]
         y = node.output[0] if flat else p + "_y"
         if not flat:
