@@ -5,6 +5,7 @@ store applies (``store.slm_scheduler``).
 
   client     LLMClient: OpenAI-compatible chat with JSON-schema answers
   server     ManagedServer: llama_cpp.server with the bundled SmolLM2 on a loopback port
+  connection SLMConnection: the SLM a store asks, connected on first need
   prompts    every prompt and answer schema
   organizer  Organizer: prompts in, decisions out, vector fallbacks
   triggers   Triggers: periodic / drift / confusion / explicit
