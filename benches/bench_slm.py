@@ -74,7 +74,7 @@ def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
         store.flush()
         wall = time.perf_counter() - t0
         st = store.stats()
-        org = store._slm._organizer.stats() if hasattr(store, "_slm") else {}
+        org = store._slm.connection.decisions.stats() if hasattr(store, "_slm") else {}
         store.close()
     n = len(texts)
     llm_s = st["llm"]

@@ -65,7 +65,7 @@ class RetrievalSet:
 
 
 def locomo_sets(path: str | Path) -> list[RetrievalSet]:
-    from clag_fast.eval.data import load_dataset
+    from clag_fast.locomo import load_dataset
 
     out = []
     for s in load_dataset(path):

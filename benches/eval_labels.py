@@ -3,7 +3,7 @@ parse failures (apart from failed calls) and profile calls per memory.
 
 The conversation's turns are added 32 at a time (``--batch``; the store's defaults: background SLM work),
 then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are measured with
-``MemoryStore.label_quality()`` (``clag_fast.eval.labels``).
+``MemoryStore.label_quality()`` (``clag_fast.labels.measures``).
 
     python benches/eval_labels.py python/clag_fast/data/demo_trip.json --llm managed \
         --context "an agent planning a two-week trip to Japan for a user and their partner"
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from clag_fast.config import StoreConfig
 from clag_fast.errors import LLMHTTPError, LLMTimeout, LLMUnreachable
-from clag_fast.eval.data import load_dataset
+from clag_fast.locomo import load_dataset
 from clag_fast.store import MemoryStore
 
 
@@ -52,10 +52,10 @@ class SLMFailures(logging.Handler):
 
 
 def print_misses(store: MemoryStore) -> None:
-    """The labels nearer another cluster's centre than their own (``eval.labels.self_misses``),
+    """The labels nearer another cluster's centre than their own (``labels.measures.self_misses``),
     embedded by the default embedder."""
     from clag_fast.embed import Embedder
-    from clag_fast.eval.labels import self_misses
+    from clag_fast.labels.measures import self_misses
 
     ids, centres = store.cluster_centres()
     info = {c.id: c for c in store.clusters()}
