@@ -356,7 +356,7 @@ def test_reopen_keeps_everything(tmp_path):
 
 
 def test_reopen_without_config_keeps_dim(tmp_path):
-    with open_store(tmp_path / "s"):
+    with open_store(tmp_path / "s", config=FAST.replace(dim=DIM)):
         pass
     with MemoryStore.open(tmp_path / "s", embedder=False, llm=False) as s:
         assert s.config.dim == DIM

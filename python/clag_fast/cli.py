@@ -213,7 +213,7 @@ def _service_store_opts(sp: argparse.ArgumentParser) -> None:
                     help="SLM organiser: 'off' (default: vector-only), 'managed' (SmolLM2 when installed) or a URL")
     sp.add_argument("--no-embedder", action="store_true",
                     help="bring-your-own-vector store: text adds and text queries are refused")
-    sp.add_argument("--dim", type=int, default=None, help="vector width of a new store (default 384)")
+    sp.add_argument("--dim", type=int, default=None, help="vector width of a new store (default: the embedder's, 384; without one, the first vectors')")
     sp.add_argument("--fsync", action="store_true", help="sync to disk on every write batch (power-loss safety)")
 
 

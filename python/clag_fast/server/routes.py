@@ -136,7 +136,7 @@ def _check_dim(vector: list[float] | None, svc: StoreService, what: str) -> None
     dim = svc.store.config.dim
     if vector is None:
         return
-    if len(vector) != dim:
+    if dim is not None and len(vector) != dim:  # None: the store's first vectors fix its width
         raise problem(400, "wrong_dimension", f"{what} has {len(vector)} dimensions; the store holds {dim}-dimensional vectors")
     with np.errstate(over="ignore"):
         finite = np.isfinite(np.asarray(vector, np.float32)).all()
