@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import httpx
 import numpy as np
 
+from clag_fast.arguments import batch_namespaces
 from clag_fast.errors import ServiceBusy, ServiceError, ServiceForbidden, ServiceUnauthorized
 from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
 
@@ -46,7 +47,9 @@ class _Requests:
     """Argument checks that need no server (so the exceptions match ``MemoryStore``'s) and the
     request each method sends."""
 
-    def _req_add_many(self, texts, embeddings, kinds, namespaces, metadata, keys) -> _Req | None:
+    def _req_add_many(self, texts, embeddings, kinds, namespaces, metadata, keys, namespace=None) -> _Req | None:
+        """``namespace``: the batch's one namespace, sent once for the batch (``namespaces``
+        is then None)."""
         if isinstance(texts, str):
             raise TypeError("add_many takes a list of texts, not one string (use add)")
         texts = list(texts)
@@ -79,7 +82,9 @@ class _Requests:
             return None
         items = []
         for i in range(n):
-            item: dict[str, Any] = {"text": texts[i], "namespace": ns_l[i], "kind": kinds_l[i]}
+            item: dict[str, Any] = {"text": texts[i], "kind": kinds_l[i]}
+            if namespace is None:
+                item["namespace"] = ns_l[i]
             if meta[i] is not None:
                 item["metadata"] = meta[i]
             if keys_l[i] is not None:
@@ -87,7 +92,8 @@ class _Requests:
             if vecs is not None:
                 item["vector"] = vecs[i]
             items.append(item)
-        return _Req("POST", "/v1/memories", {"items": items}, lambda d: list(d["ids"]))
+        body: dict[str, Any] = {"items": items} if namespace is None else {"namespace": namespace, "items": items}
+        return _Req("POST", "/v1/memories", body, lambda d: list(d["ids"]))
 
     def _req_search(self, query, k, options) -> _Req:
         body = _search_body(k, options)
@@ -209,12 +215,15 @@ class Client(_Requests):
     def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                  kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                  metadata: Sequence[dict[str, Any] | None] | None = None, *,
-                 keys: Sequence[str | None] | None = None, defer_organize: bool = False) -> list[int]:
+                 keys: Sequence[str | None] | None = None, defer_organize: bool = False,
+                 namespace: str | None = None) -> list[int]:
         """Store memories and return their ids; answered once they are durable.
+        ``namespace`` (the whole batch) or ``namespaces`` (one per item), as ``MemoryStore``.
         ``defer_organize`` (``MemoryStore``'s bulk-load switch) is not offered by the service,
         which organises on its own schedule: True is a ValueError, and nothing is sent."""
         _no_defer(defer_organize)
-        return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
+        batch_namespaces(namespace, namespaces)
+        return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace), [])
 
     def search(self, query: str | np.ndarray, k: int = 5, *,
                namespace: str | None = None, kind: str | None = None, since: float | None = None,
@@ -337,10 +346,12 @@ class AsyncClient(_Requests):
     async def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                        kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                        metadata: Sequence[dict[str, Any] | None] | None = None, *,
-                       keys: Sequence[str | None] | None = None, defer_organize: bool = False) -> list[int]:
+                       keys: Sequence[str | None] | None = None, defer_organize: bool = False,
+                       namespace: str | None = None) -> list[int]:
         """See ``Client.add_many``."""
         _no_defer(defer_organize)
-        return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
+        batch_namespaces(namespace, namespaces)
+        return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace), [])
 
     async def search(self, query: str | np.ndarray, k: int = 5, *,
                      namespace: str | None = None, kind: str | None = None, since: float | None = None,

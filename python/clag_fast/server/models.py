@@ -32,9 +32,11 @@ class NewMemory(_Body):
 
 
 class NewMemories(_Body):
-    """A batch of memories, added atomically (all or none)."""
+    """A batch of memories, added atomically (all or none). ``namespace``: one namespace for
+    every item (which then names none of its own)."""
 
     items: list[NewMemory] = Field(min_length=1)
+    namespace: Namespace | None = None
 
 
 class AddResult(BaseModel):

@@ -199,6 +199,10 @@ async def handle_add(body: NewMemory | NewMemories, svc: StoreService, who: Prin
     """POST /v1/memories once its body is validated (also ``hotpaths``' entry)."""
     items = body.items if isinstance(body, NewMemories) else [body]
     _check_count(len(items), lim, "memories")
+    if isinstance(body, NewMemories) and body.namespace is not None:
+        if any("namespace" in it.model_fields_set for it in items):
+            raise problem(400, "invalid_request", "give namespace on the batch or on its items, not both")
+        items = [it.model_copy(update={"namespace": body.namespace}) for it in items]
     with_vec = [it.vector is not None for it in items]
     if any(with_vec) and not all(with_vec):
         raise problem(400, "invalid_request", "give a vector for every item of a batch or for none")

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from clag_fast.arguments import batch_namespaces
 from clag_fast.config import StoreConfig
 from clag_fast.errors import DimensionMismatchError, StoreFormatError
 from clag_fast.index import VectorIndex
@@ -295,8 +296,12 @@ class MemoryStore:
         *,
         keys: Sequence[str | None] | None = None,
         defer_organize: bool = False,
+        namespace: str | None = None,
     ) -> list[int]:
         """Store memories (embedding them unless ``embeddings`` is given) and return their ids.
+
+        ``namespace``: one namespace for the whole batch (as ``add`` spells it);
+        ``namespaces``: one per item (or one string for all). Giving both is a ValueError.
 
         ``keys``: an optional user-chosen key per memory (None = no key), unique within its
         namespace. A key already present in the namespace is an upsert: that memory's text,
@@ -329,7 +334,7 @@ class MemoryStore:
         texts = _check_texts(texts)
         n = len(texts)
         kinds_l = _per_item(kinds, n, "user_input", "kinds")
-        namespaces_l = _per_item(namespaces, n, "default", "namespaces")
+        namespaces_l = _per_item(batch_namespaces(namespace, namespaces), n, "default", "namespaces")
         meta_json = _metadata_json(metadata, n)
         keys_l = _check_keys(keys, n)
         vectors = self._vectors(texts, embeddings, remember=False, any_width=self._dim_pending)
