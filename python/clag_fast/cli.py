@@ -1,4 +1,4 @@
-"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, serve, mcp, eval."""
+"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, export, import, serve, mcp, eval."""
 
 from __future__ import annotations
 
@@ -92,6 +92,28 @@ def _parser() -> argparse.ArgumentParser:
     _service_store_opts(sv)
     _ray_opts(sv)
     sv.set_defaults(func=cmd_serve)
+
+    ex = sub.add_parser("export", help="write the store's memories and clusters to a .jsonl or .parquet file")
+    ex.add_argument("out", help="the file to write (.jsonl or .parquet)")
+    ex.add_argument("--store", required=True, help="store directory")
+    ex.add_argument("--namespace", default=None, help="only the memories of this namespace")
+    ex.add_argument("--cluster", type=int, default=None, help="only the members of this cluster (a topic)")
+    ex.set_defaults(func=cmd_export)
+
+    im = sub.add_parser("import", help="add the records of an export (or of another store's data) to a store; "
+                                       "re-running it skips what is stored")
+    im.add_argument("source", help="a .jsonl or .parquet export; with --from: the other store's data")
+    im.add_argument("--store", required=True, help="store directory (created when missing)")
+    im.add_argument("--from", dest="origin", choices=["export", "chroma", "mem0", "langgraph"], default="export",
+                    help="export (default); chroma: SOURCE is a Chroma persistent directory (with --collection); "
+                         "mem0: a JSON file of Memory.get_all(); langgraph: a JSON file of items (Item.dict())")
+    im.add_argument("--collection", default=None, help="with --from chroma: the collection to read")
+    im.add_argument("--namespace", default=None, help="put every record in this namespace")
+    im.add_argument("--clusters", choices=["keep", "route"], default="keep",
+                    help="keep the export's clusters (default) or route each record by its vector")
+    im.add_argument("--no-embedder", action="store_true",
+                    help="records must bring vectors (no model is loaded to embed texts)")
+    im.set_defaults(func=cmd_import)
 
     m = sub.add_parser("mcp", help="serve one namespace of the store as MCP tools (stdio, or --http)")
     m.add_argument("--store", required=True, help="store directory (created when missing)")
@@ -206,6 +228,66 @@ def cmd_stats(args: argparse.Namespace) -> int:
     with _open(Path(args.store), "off") as store:
         print(json.dumps(store.stats(), indent=2, default=str))
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from clag_fast.store import MemoryStore
+
+    path = Path(args.store)
+    if not (path / "memories.db").exists():
+        raise FileNotFoundError(f"no store at {path}")
+    with MemoryStore.open(path, embedder=False, llm=False) as store, _bar("export") as bar:
+        report = store.export(args.out, namespace=args.namespace, cluster=args.cluster, progress=bar)
+    print(f"exported {report['memories']} memories and {report['clusters']} clusters to {args.out} "
+          f"in {report['seconds']:.1f} s")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from clag_fast.config import StoreConfig
+    from clag_fast.store import MemoryStore, transfer
+
+    source: Any = args.source
+    if args.origin == "chroma":
+        if not args.collection:
+            raise ValueError("--from chroma needs --collection NAME")
+        import chromadb
+
+        source = transfer.from_chroma(chromadb.PersistentClient(path=args.source).get_collection(args.collection),
+                                      namespace=args.namespace or "default")
+    elif args.origin == "mem0":
+        source = transfer.from_mem0(Path(args.source), namespace=args.namespace or "mem0")
+    elif args.origin == "langgraph":
+        source = transfer.from_langgraph(Path(args.source))
+    embedder: Any = False if args.no_embedder else None
+    with MemoryStore.open(Path(args.store), config=StoreConfig(slm="off"), embedder=embedder, llm=False) as store, \
+            _bar("import") as bar:
+        report = store.import_(source, namespace=args.namespace, clusters=args.clusters, progress=bar)
+        total = len(store)
+    print(f"read {report['read']} records: imported {report['imported']}, {report['skipped']} already stored, "
+          f"{report['clusters']} clusters, in {report['seconds']:.1f} s ({total} memories in {args.store})")
+    return 0
+
+
+class _bar:
+    """A tqdm progress bar on stderr as a ``progress(done, total)`` callback."""
+
+    def __init__(self, what: str) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(unit="mem", desc=what, file=sys.stderr, disable=None, unit_scale=True)
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if total is not None and self._bar.total != total:
+            self._bar.total = total
+            self._bar.refresh()
+        self._bar.update(done - self._bar.n)
+
+    def __enter__(self) -> "_bar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
 
 
 def _service_store_opts(sp: argparse.ArgumentParser) -> None:

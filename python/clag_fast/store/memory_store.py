@@ -611,6 +611,59 @@ class MemoryStore:
         except OSError as e:
             log.warning("%s: the lexical index was not saved (%s)", self.path, e)
 
+    # -- export and import -------------------------------------------------------------
+    def export(self, out: str | Path | Any, *, format: str | None = None, namespace: str | None = None,
+               cluster: int | None = None, progress: Callable[[int, int | None], None] | None = None) -> dict[str, Any]:
+        """Write the store's memories (texts, keys, namespaces, kinds, metadata, times,
+        access counts, strength, archived state, vectors as stored, soft cluster assignments)
+        and its clusters (profiles, anchors) to ``out``: a path ending in .jsonl or .parquet
+        (or ``format=``), or a text file object (JSONL). ``namespace`` / ``cluster``: only the
+        memories of that namespace / whose primary cluster that is. Writes wait while it reads
+        (one consistent state). Format and fields: ``clag_fast.store.transfer``; returns counts."""
+        from clag_fast.store import transfer
+
+        self._check_open()
+        fmt = transfer.format_of(Path(out), format) if isinstance(out, (str, Path)) else (format or "jsonl")
+        if not self.read_only:
+            with self._state.lock.write():
+                self._state.flush_access()  # the access counts searches made since the last flush
+                source_id = transfer.store_id(self._catalog, False)
+        else:
+            source_id = transfer.store_id(self._catalog, True)
+        with self._state.lock.read():
+            return transfer.export(self._state, self._catalog.readers(), out, fmt=fmt, source_id=source_id,
+                                   namespace=namespace, cluster=cluster, progress=progress)
+
+    def import_(self, source: Any, *, format: str | None = None, namespace: str | None = None,
+                clusters: str = "keep", progress: Callable[[int, int | None], None] | None = None,
+                batch_size: int | None = None) -> dict[str, Any]:
+        """Import records: an export (path or JSONL file object), or an iterable of record
+        dicts (``clag_fast.store.transfer.from_chroma`` / ``from_mem0`` / ``from_langgraph``).
+        Resumable and idempotent: a record already stored (by id for an export imported into
+        an empty store, which keeps ids; by namespace and key otherwise, keyless records under
+        a derived key) is skipped, so a re-run after a kill or a fixed line stores each record
+        once. A malformed record raises ``MalformedRecordError`` naming its position; the
+        records before it are stored, nothing from it on. ``namespace``: put every record
+        there. ``clusters``: "keep" (exported clusters become the store's, with their profiles
+        and members) or "route" (route by vectors as ``add_many`` does). Records without a
+        vector are embedded. Returns counts (read, imported, skipped, clusters)."""
+        from clag_fast.store import transfer
+
+        self._check_open(write=True)
+        src, close = transfer.open_source(source, format, batch_size or transfer.BATCH)
+        embed = None if self._embedder_arg is False else (
+            lambda texts: self._vectors(texts, None, remember=False, any_width=self._dim_pending))
+        run = transfer.Import(self._state, self._searcher.lexical, width=None if self._dim_pending else self._dim,
+                              fix_width=self._fix_width, embed=embed, after_batch=lambda: self._slm.after_add(defer=True),
+                              clusters=clusters, namespace=namespace, progress=progress)
+        try:
+            report = run.run(src)
+        finally:
+            close()
+            self._slm.run_owed()
+            self.flush()
+        return report
+
     # -- reading -----------------------------------------------------------------------
     def search(
         self,

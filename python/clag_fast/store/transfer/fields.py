@@ -1,0 +1,466 @@
+"""The export record format, defined once: the fields of a memory record and of a cluster
+record, how a value is written and read back, and the checks an imported record passes.
+
+A memory record (a JSONL line, a Parquet row, a dict from an importer) holds one value per
+``FIELDS`` entry, plus ``vector`` (the stored unit vector: float32 little endian, base64 in
+JSONL, a fixed-size list column in Parquet; a list of numbers is accepted too) and
+``clusters`` (its soft assignment: [[cluster id, affinity], ...], best first). A field is a
+column of the memories table: adding one to the store (a new column in ``store.catalog``)
+and to ``FIELDS`` carries it through export and import in both formats.
+
+Every field but ``text`` may be left out of a record made by hand or by an importer; its
+default is then used (``created_at``: the time of the import). A record naming a field not
+listed here is refused: a misspelt field is an error, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from clag_fast.store.catalog import ARCHIVED, LIVE
+
+#: The first line of a JSONL export (and the Parquet file's ``clag_fast`` metadata) says it is
+#: one, with its version, ``store_id`` (the exporting store: what an import recognises again),
+#: ``dim``, counts and the cluster records.
+FORMAT = "clag_fast-export"
+VERSION = 1
+
+#: Longest key a record may carry (as ``MemoryStore.add(key=...)``).
+MAX_KEY_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Field:
+    """One memory field: its record name, its memories-table column, its type ("int",
+    "float", "str", "json": a JSON object kept as text, "archived": the state column as a
+    bool), whether null is allowed, and its default when a record leaves it out (``REQUIRED``:
+    never; ``NOW``: the import's time)."""
+
+    name: str
+    column: str
+    type: str
+    nullable: bool = False
+    default: Any = None
+
+
+REQUIRED = object()
+NOW = object()
+
+#: The memory fields, in record order. Conversation fields (thread, turn, speaker) are one
+#: line each here once their columns exist; a field holding another memory's id maps through
+#: the import's id map (``Import.id_of``).
+FIELDS: tuple[Field, ...] = (
+    Field("id", "id", "int", nullable=True),
+    Field("key", "key", "str", nullable=True),
+    Field("namespace", "namespace", "str", default="default"),
+    Field("kind", "kind", "str", default="user_input"),
+    Field("text", "text", "str", default=REQUIRED),
+    Field("metadata", "metadata", "json", nullable=True),
+    Field("created_at", "created_at", "float", default=NOW),
+    Field("last_accessed", "last_accessed", "float", nullable=True),
+    Field("access_count", "access_count", "int", default=0),
+    Field("strength", "strength", "float", default=1.0),
+    Field("archived", "state", "archived", default=False),
+)
+#: Record members that are not memories-table columns.
+VECTOR, CLUSTERS = "vector", "clusters"
+NAMES = frozenset([f.name for f in FIELDS] + [VECTOR, CLUSTERS])
+BY_NAME = {f.name: f for f in FIELDS}
+
+#: Cluster record fields (columns of the clusters table), plus ``anchor`` for clusters whose
+#: centre is anchored (SLM topics, template labels): the centre they had, base64 as vectors.
+CLUSTER_FIELDS: tuple[str, ...] = ("id", "summary", "tags", "source", "created_at", "updated_at",
+                                   "profiled_size", "last_hit_at")
+ANCHORED = ("slm_topic", "template")
+ANCHOR = "anchor"
+
+
+# -- vectors --------------------------------------------------------------------------------
+def encode_vectors(vectors: np.ndarray) -> list[str]:
+    """Each row as base64 of its float32 little-endian bytes. When a row's size is a multiple
+    of 3 bytes (dim divisible by 3: 384, 768, 1536) the whole block is encoded in one call and
+    cut into rows (no padding falls between them)."""
+    v = np.ascontiguousarray(vectors, dtype="<f4")
+    n, dim = v.shape
+    row = dim * 4
+    if n and row % 3 == 0:
+        text = base64.b64encode(v.tobytes()).decode("ascii")
+        step = row // 3 * 4
+        return [text[i:i + step] for i in range(0, len(text), step)]
+    return [base64.b64encode(r.tobytes()).decode("ascii") for r in v]
+
+
+def decode_vector(value: Any, dim: int | None) -> np.ndarray:
+    """One record's vector (base64 text or a sequence of numbers) as float32; ValueError
+    naming the problem."""
+    if isinstance(value, str):
+        try:
+            raw = binascii.a2b_base64(value, strict_mode=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"vector is not base64 ({e})") from None
+        if len(raw) % 4:
+            raise ValueError(f"vector holds {len(raw)} bytes, not a whole number of float32 values")
+        v = np.frombuffer(raw, "<f4").astype(np.float32)
+    else:
+        try:
+            v = np.asarray(value, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise ValueError("vector must be base64 text or a list of numbers") from None
+        if v.ndim != 1:
+            raise ValueError(f"vector must be one list of numbers, got shape {v.shape}")
+    if dim is not None and len(v) != dim:
+        raise ValueError(f"vector has {len(v)} values, the import holds {dim}-dimensional vectors")
+    return v
+
+
+def decode_vectors(values: Sequence[Any], dim: int) -> np.ndarray:
+    """Every record's vector at once: the batch's base64 texts decoded in one call when each
+    has exactly one row's length (dim divisible by 3); else, or when that fails, one by one
+    (``decode_vector`` then names the bad one)."""
+    n = len(values)
+    step = dim * 4 // 3 * 4 if (dim * 4) % 3 == 0 else 0
+    if n and step and all(type(x) is str and len(x) == step for x in values):
+        try:
+            raw = binascii.a2b_base64("".join(values), strict_mode=True)
+            return np.frombuffer(raw, "<f4").reshape(n, dim).astype(np.float32, copy=False)
+        except (binascii.Error, ValueError):
+            pass
+    out = np.empty((n, dim), np.float32)
+    for i, x in enumerate(values):
+        out[i] = decode_vector(x, dim)
+    return out
+
+
+# -- records --------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Records as read, column by column (``values[field name]``: one entry per record, None
+    where it was left out), before checking. ``vectors``: per record its vector as read (None:
+    none) or an (n, dim) array; ``clusters``: per record its pairs (None: none) or (ids, affinities)
+    arrays padded with -1. ``error``: the record after these could not be read (its position
+    and why): the reader stopped there."""
+
+    values: dict[str, list[Any]]
+    vectors: list[Any] | np.ndarray
+    clusters: list[Any] | tuple[np.ndarray, np.ndarray] | None
+    position: Callable[[int], str]
+    error: tuple[str, str] | None = None
+    given: set[str] = field(default_factory=set)  # fields some record named
+
+    def __len__(self) -> int:
+        return len(self.values["text"])
+
+
+def batch_from_dicts(records: Sequence[dict[str, Any]], position: Callable[[int], str],
+                     error: tuple[str, str] | None = None) -> Batch:
+    """A ``Batch`` from dict records (JSONL lines, importers). A record that is not an object
+    or names an unknown field ends the batch there (as an ``error``)."""
+    for i, rec in enumerate(records):
+        bad = None
+        if not isinstance(rec, dict):
+            bad = f"a record must be a JSON object, got {type(rec).__name__}"
+        elif not rec.keys() <= NAMES:
+            unknown = sorted(set(rec) - NAMES)
+            bad = f"unknown field(s) {unknown} (known: {', '.join(sorted(NAMES))})"
+        if bad is not None:
+            records, error = records[:i], (position(i), bad)
+            break
+    values = {f.name: [r.get(f.name) for r in records] for f in FIELDS}
+    given = {name for r in records for name in r} if records else set()
+    return Batch(values, [r.get(VECTOR) for r in records], [r.get(CLUSTERS) for r in records], position, error, given)
+
+
+@dataclass
+class Checked:
+    """A batch's records that passed every check, typed for the store (see ``check``)."""
+
+    n: int
+    ids: np.ndarray | None  # int64; -1 where a record has none (None: no record has one)
+    keys: list[str | None]
+    namespaces: list[str]
+    kinds: list[str]
+    texts: list[str]
+    metadata: list[str | None]  # JSON text
+    created_at: np.ndarray
+    last_accessed: np.ndarray  # NaN: never
+    access_count: np.ndarray
+    strength: np.ndarray
+    archived: np.ndarray  # bool
+    vectors: np.ndarray  # (n, dim) float32; rows without one are zero
+    has_vector: np.ndarray  # bool
+    cluster_ids: np.ndarray | None  # (n, k) int64, -1 padding (None: no record has clusters)
+    affinities: np.ndarray | None
+
+    def column(self, f: Field) -> list[Any]:
+        """The values of ``f`` as the memories table stores them."""
+        if f.type == "archived":
+            return np.where(self.archived, ARCHIVED, LIVE).tolist()
+        value = {"id": self.ids, "key": self.keys, "namespace": self.namespaces, "kind": self.kinds,
+                 "text": self.texts, "metadata": self.metadata, "created_at": self.created_at,
+                 "last_accessed": self.last_accessed, "access_count": self.access_count,
+                 "strength": self.strength}[f.name]
+        if f.name == "last_accessed":
+            return [None if math.isnan(x) else x for x in value.tolist()]
+        return value.tolist() if isinstance(value, np.ndarray) else value
+
+    def take(self, at: np.ndarray) -> "Checked":
+        """These records at positions ``at`` (in that order)."""
+        lst = at.tolist()
+        return Checked(
+            len(lst), None if self.ids is None else self.ids[at], [self.keys[i] for i in lst],
+            [self.namespaces[i] for i in lst], [self.kinds[i] for i in lst], [self.texts[i] for i in lst],
+            [self.metadata[i] for i in lst], self.created_at[at], self.last_accessed[at], self.access_count[at],
+            self.strength[at], self.archived[at], self.vectors[at], self.has_vector[at],
+            None if self.cluster_ids is None else self.cluster_ids[at],
+            None if self.affinities is None else self.affinities[at])
+
+
+class _Bad(Exception):
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def _first(values: Sequence[Any], ok: Callable[[Any], bool]) -> int:
+    for i, v in enumerate(values):
+        if not ok(v):
+            return i
+    return -1
+
+
+def _strings(values: list[Any], name: str, default: Any, nullable: bool) -> list[Any]:
+    if default is not None and default is not REQUIRED and None in values:
+        values = [default if v is None else v for v in values]
+    if all(type(v) is str for v in values) and all(map(str.strip, values)):
+        return values
+    for i, v in enumerate(values):
+        if v is None:
+            if default is REQUIRED:
+                raise _Bad(i, f"{name} is missing")
+            if not nullable:
+                raise _Bad(i, f"{name} must not be null")
+            continue
+        if not isinstance(v, str):
+            raise _Bad(i, f"{name} must be a string, got {type(v).__name__}")
+        if not v.strip():
+            raise _Bad(i, f"{name} is empty")
+    return values
+
+
+def _numbers(values: list[Any], name: str, dtype: Any, default: Any, nullable: bool) -> np.ndarray:
+    """A numeric column: finite numbers (not bools); missing ones take ``default`` (NaN for a
+    nullable field)."""
+    fill = np.nan if nullable and default is None else default
+    filled = [fill if v is None else v for v in values] if None in values else values
+    try:
+        if any(type(v) is bool for v in filled):
+            raise TypeError
+        arr = np.asarray(filled, dtype=np.float64)
+        if arr.ndim != 1:
+            raise TypeError
+    except (TypeError, ValueError):
+        i = _first(filled, lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool))
+                   or (nullable and isinstance(v, float) and math.isnan(v)))
+        raise _Bad(max(i, 0), f"{name} must be a number, got {filled[max(i, 0)]!r}") from None
+    given = ~np.isnan(arr) if nullable else np.ones(len(arr), bool)
+    bad = given & ~np.isfinite(arr)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _Bad(i, f"{name} must be finite, got {filled[i]!r}")
+    if dtype == np.int64:
+        frac = given & (arr != np.round(arr))
+        if frac.any() or (arr[given] < 0).any():
+            i = int(np.argmax(frac | (given & (arr < 0))))
+            raise _Bad(i, f"{name} must be a non-negative integer, got {filled[i]!r}")
+        return arr.astype(np.int64)
+    return arr
+
+
+def _metadata(values: list[Any]) -> list[str | None]:
+    out: list[str | None] = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+        elif isinstance(v, dict):
+            try:
+                out.append(json.dumps(v, ensure_ascii=False, allow_nan=False))
+            except (TypeError, ValueError) as e:
+                raise _Bad(i, f"metadata is not JSON-serialisable: {e}") from None
+        elif isinstance(v, str):  # JSON text (Parquet): kept as written once it reads as an object
+            try:
+                parsed = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise _Bad(i, f"metadata is not valid JSON ({e})") from None
+            if not isinstance(parsed, dict):
+                raise _Bad(i, "metadata must be a JSON object")
+            out.append(v)
+        else:
+            raise _Bad(i, f"metadata must be an object or null, got {type(v).__name__}")
+    return out
+
+
+def _keys(values: list[Any]) -> list[str | None]:
+    for i, k in enumerate(values):
+        if k is None:
+            continue
+        if not isinstance(k, str) or not k:
+            raise _Bad(i, f"key must be a non-empty string or null, got {k!r}")
+        if len(k) > MAX_KEY_CHARS:
+            raise _Bad(i, f"key has {len(k)} characters, more than {MAX_KEY_CHARS}")
+        if "\x00" in k:
+            raise _Bad(i, "key contains a NUL character")
+    return values
+
+
+def _texts(values: list[Any]) -> list[str]:
+    out = _strings(values, "text", REQUIRED, False)
+    if not all(map(str.isascii, out)):
+        for i, t in enumerate(out):
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise _Bad(i, f"text is not valid unicode ({e.reason})") from None
+    return out
+
+
+def _vectors(values: list[Any] | np.ndarray, dim: int | None) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(vectors (n, dim) float32 with zero rows where none was given, which rows have one,
+    the width); every given vector finite, non-zero and of one width."""
+    if isinstance(values, np.ndarray):
+        v = values
+        if dim is not None and v.shape[1] != dim:
+            raise _Bad(0, f"vector has {v.shape[1]} values, the import holds {dim}-dimensional vectors")
+        has = np.ones(len(v), bool)
+        dim = v.shape[1]
+    else:
+        has = np.fromiter((x is not None for x in values), bool, len(values))
+        if dim is None and has.any():
+            first = int(np.argmax(has))
+            try:
+                dim = len(decode_vector(values[first], None))
+            except ValueError as e:
+                raise _Bad(first, str(e)) from None
+            if dim == 0:
+                raise _Bad(first, "vector is empty")
+        if dim is None:
+            return np.zeros((len(values), 0), np.float32), has, None
+        v = np.zeros((len(values), dim), np.float32)
+        at = np.flatnonzero(has)
+        if len(at) == len(values):
+            try:
+                v = decode_vectors(values, dim)
+            except ValueError:
+                for i, x in enumerate(values):  # find and name the bad one
+                    try:
+                        decode_vector(x, dim)
+                    except ValueError as e:
+                        raise _Bad(i, str(e)) from None
+        else:
+            for i in at.tolist():
+                try:
+                    v[i] = decode_vector(values[i], dim)
+                except ValueError as e:
+                    raise _Bad(i, str(e)) from None
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = np.einsum("ij,ij->i", v, v, dtype=np.float64)
+    bad = has & ~np.isfinite(sq)
+    if bad.any():
+        raise _Bad(int(np.argmax(bad)), "vector holds NaN or infinity")
+    zero = has & (sq <= 0)
+    if zero.any():
+        raise _Bad(int(np.argmax(zero)), "vector is all zeros")
+    return np.ascontiguousarray(v, dtype=np.float32), has, dim
+
+
+def _clusters(values: list[Any] | tuple[np.ndarray, np.ndarray] | None, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if values is None:
+        return None, None
+    if isinstance(values, tuple):  # arrays (Parquet): ids >= 0, -1 padding, finite affinities
+        ids, aff = values
+        bad = (ids < -1) | ((ids >= 0) & ~np.isfinite(aff))
+        if bad.any():
+            i = int(np.argmax(bad.any(axis=1)))
+            raise _Bad(i, f"clusters must hold cluster ids >= 0 with finite affinities, got {ids[i].tolist()}")
+        return values
+    if all(v is None for v in values):
+        return None, None
+    k = max(len(v) for v in values if isinstance(v, (list, tuple)))
+    ids = np.full((n, max(k, 1)), -1, np.int64)
+    aff = np.zeros((n, max(k, 1)), np.float32)
+    for i, pairs in enumerate(values):
+        if pairs is None:
+            continue
+        if not isinstance(pairs, (list, tuple)):
+            raise _Bad(i, f"clusters must be a list of [cluster id, affinity] pairs, got {type(pairs).__name__}")
+        for j, p in enumerate(pairs):
+            if (not isinstance(p, (list, tuple)) or len(p) != 2 or type(p[0]) is not int or p[0] < 0
+                    or not isinstance(p[1], (int, float)) or isinstance(p[1], bool) or not math.isfinite(p[1])):
+                raise _Bad(i, f"clusters[{j}] must be [cluster id >= 0, finite affinity], got {p!r}")
+            ids[i, j], aff[i, j] = p
+    return ids, aff
+
+
+def check(batch: Batch, dim: int | None, now: float | None = None) -> tuple[Checked, int | None, tuple[int, str] | None]:
+    """The batch's records checked and typed, with the width of their vectors (``dim``, or
+    the first vector's). Checks run column by column; when a record fails one, the records
+    before the first failing one are returned with (its index, the reason), and the caller
+    imports those and stops."""
+    n = len(batch)
+    cut: tuple[int, str] | None = None
+    while True:
+        try:
+            checked, width = _check(batch, n, dim, now)
+            return checked, width, cut
+        except _Bad as e:
+            if cut is None or e.index < cut[0]:
+                cut = (e.index, str(e))
+            n = e.index
+            batch = _head(batch, n)
+
+
+def _head(batch: Batch, n: int) -> Batch:
+    clusters = batch.clusters
+    if isinstance(clusters, tuple):
+        clusters = (clusters[0][:n], clusters[1][:n])
+    elif clusters is not None:
+        clusters = clusters[:n]
+    return Batch({k: v[:n] for k, v in batch.values.items()}, batch.vectors[:n], clusters, batch.position,
+                 None, batch.given)
+
+
+def _ids(values: list[Any]) -> np.ndarray | None:
+    """The records' ids (-1 where one has none), or None when none has one."""
+    if all(v is None for v in values):
+        return None
+    for i, v in enumerate(values):
+        if v is not None and (type(v) is not int or v < 0):
+            raise _Bad(i, f"id must be an integer >= 0, got {v!r}")
+    return np.asarray([-1 if v is None else v for v in values], np.int64)
+
+
+def _check(batch: Batch, n: int, dim: int | None, now: float | None) -> tuple[Checked, int | None]:
+    vals = batch.values
+    ids = _ids(vals["id"])
+    created = _numbers(vals["created_at"], "created_at", np.float64, time.time() if now is None else now, False)
+    vectors, has, width = _vectors(batch.vectors, dim)
+    cids, aff = _clusters(batch.clusters, n)
+    archived = vals["archived"]
+    i = _first(archived, lambda v: v is None or type(v) is bool)
+    if i >= 0:
+        raise _Bad(i, f"archived must be true or false, got {archived[i]!r}")
+    checked = Checked(
+        n, ids, _keys(vals["key"]), _strings(vals["namespace"], "namespace", "default", False),
+        _strings(vals["kind"], "kind", "user_input", False), _texts(vals["text"]), _metadata(vals["metadata"]),
+        created, _numbers(vals["last_accessed"], "last_accessed", np.float64, None, True),
+        _numbers(vals["access_count"], "access_count", np.int64, 0, False),
+        _numbers(vals["strength"], "strength", np.float64, 1.0, False),
+        np.fromiter((v is True for v in archived), bool, n), vectors, has, cids, aff)
+    return checked, width

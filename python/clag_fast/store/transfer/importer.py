@@ -1,0 +1,385 @@
+"""Import: records from an export (or an importer's source) written into a store, resumably.
+
+Identity, so a re-run (after a kill, a fixed line, anything) never stores a record twice. An
+export names the store it came from (its header's ``store_id``, the same in every export of
+that store):
+
+* An export imported into a store that held no memory when the first import from its store
+  began keeps its memory ids (the round trip is exact: ids, keys, times, vectors, clusters). A
+  record whose id is stored already is skipped; one whose id holds another memory (another
+  namespace or key: the store was written between two runs) stops the import, naming it.
+* Otherwise memories get new ids and a record is known by (namespace, key). A record without
+  a key gets a derived one, stable across runs: ``import:<store id>:<its id>`` for an
+  export's record, ``import:<digest of namespace, kind, text and metadata>`` for others (so
+  identical keyless records are stored once). A key already in its namespace is skipped.
+
+What the first run decided (ids kept or not, which store cluster each exported cluster became)
+is kept in the store's meta table under ``import:<store id>``, so later runs decide the same.
+
+Clusters (``clusters="keep"``, the default): each exported cluster becomes a cluster of the
+store with its profile (summary, tags, source, times), created in ascending exported id before
+any memory, under its exported id where the index can still give it (a fresh store: the round
+trip keeps cluster ids; ids are never reused, so in a store that had clusters the imported
+ones get new ids). Imported clusters sit beside the store's own (near duplicates merge at the
+next ``organize()``). Members keep their exported soft assignment (pairs of clusters the
+export did not carry are dropped); an anchored cluster (SLM topic, template label) is anchored
+at its exported centre. ``clusters="route"``, and live records without clusters, are routed by
+their vector as ``add_many`` routes.
+
+Write order per batch (as ``MemoryStore.add_many``): vectors appended (durable), then their
+cluster memberships and assignment records, the index state saved, and only then one SQLite
+transaction with the memories: a kill at any point leaves every committed record whole, with
+its exported clusters, and the next open reconciles the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from clag_fast.errors import DimensionMismatchError, MalformedRecordError
+from clag_fast.store import placement, routing
+from clag_fast.store.lexical import LexicalIndex
+from clag_fast.store.state import StoreState
+from clag_fast.store.transfer.fields import ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, Batch, Checked, check, decode_vector
+
+log = logging.getLogger(__name__)
+
+#: Meta key prefix of an import's decisions (``import:<store id>``).
+META_PREFIX = "import:"
+
+
+@dataclass
+class Source:
+    """What a reader hands the importer: the export's header (None for records that are not
+    an export), its cluster records, the batches of memory records, and how many records to
+    expect (None: unknown)."""
+
+    header: dict[str, Any] | None
+    clusters: list[dict[str, Any]]
+    batches: Iterator[Batch]
+    total: int | None = None
+
+
+class Import:
+    """One run of an import into an open store (see the module docstring). ``embed``: texts
+    -> vectors for records without one (None: such a record stops the import); ``fix_width``:
+    called under the write lock with the vectors' width before the first write (a store whose
+    width is pending takes it, others check it); ``width``: the store's width (None: pending);
+    ``after_batch``: called after each committed batch (organisation bookkeeping)."""
+
+    def __init__(self, state: StoreState, lexical: LexicalIndex, *, width: int | None,
+                 fix_width: Callable[[int], None], embed: Callable[[list[str]], np.ndarray] | None,
+                 after_batch: Callable[[], None] | None = None, clusters: str = "keep",
+                 namespace: str | None = None, progress: Callable[[int, int | None], None] | None = None) -> None:
+        if clusters not in ("keep", "route"):
+            raise ValueError(f"clusters must be 'keep' or 'route', got {clusters!r}")
+        if namespace is not None and (not isinstance(namespace, str) or not namespace):
+            raise ValueError(f"namespace must be a non-empty string, got {namespace!r}")
+        self.state, self.lexical = state, lexical
+        self.width, self.fix_width, self.embed = width, fix_width, embed
+        self.after_batch, self.clusters, self.namespace, self.progress = after_batch, clusters, namespace, progress
+        self.report = {"read": 0, "imported": 0, "skipped": 0, "clusters": 0, "seconds": 0.0}
+        self.source_id: str | None = None
+        self.keep_ids = False
+        self.cluster_map: dict[int, int] = {}
+        self.cluster_records: dict[int, dict[str, Any]] = {}
+        # Cluster ids skipped to give imported clusters their exported ids, at most this many
+        # per run (an id far beyond any real store's is not chased).
+        self._burn_left = 10_000_000
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self, source: Source) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self._begin(source)
+        for batch in source.batches:
+            checked, width, cut = check(batch, self.width)
+            missing = np.flatnonzero(~checked.has_vector)
+            if self.embed is None and len(missing):
+                m = int(missing[0])
+                checked = checked.take(np.arange(m))
+                cut = (m, "the record has no vector and the store has no embedder (open it with one, or give "
+                          "every record a vector)")
+            if width is not None and checked.n:
+                self._settle_width(width)
+            self._write(checked, batch)
+            self.report["read"] += checked.n
+            if self.progress is not None:
+                self.progress(self.report["read"], source.total)
+            stop = None
+            if cut is not None:
+                stop = (batch.position(cut[0]), cut[1])
+            elif batch.error is not None:
+                stop = batch.error
+            if stop is not None:
+                self.report["seconds"] = time.perf_counter() - t0
+                raise MalformedRecordError(
+                    f"{stop[0]}: {stop[1]}. The {self.report['read']} records before it are stored (this run "
+                    f"imported {self.report['imported']}, skipped {self.report['skipped']} already there); nothing "
+                    "from it on was written. Fix it and run the import again: stored records are skipped",
+                    stop[0], self.report["imported"])
+        self.report["seconds"] = round(time.perf_counter() - t0, 3)
+        return self.report
+
+    def _begin(self, source: Source) -> None:
+        header = source.header
+        state = self.state
+        if header is not None:
+            self.source_id = str(header["store_id"])
+            dim = header.get("dim")
+            if dim is not None and self.width is not None and int(dim) != self.width:
+                raise DimensionMismatchError(f"the export holds {int(dim)}-dimensional vectors, the store "
+                                             f"{state.path} {self.width}-dimensional ones; nothing was imported")
+        with state.lock.write():
+            decided = self._decisions()
+            if decided is None:
+                decided = {"ids": "kept" if header is not None and state.catalog.memory_count() == 0 else "new",
+                           "clusters": {}}
+                self._save_decisions(decided)
+            self.keep_ids = decided["ids"] == "kept"
+            self.cluster_map = {int(k): int(v) for k, v in decided["clusters"].items()}
+        if self.clusters == "keep" and source.clusters:
+            self.cluster_records = {int(c["id"]): c for c in source.clusters}
+            with state.lock.write():
+                self._ensure_clusters(sorted(self.cluster_records))
+
+    def _decisions(self) -> dict[str, Any] | None:
+        if self.source_id is None:
+            return None
+        raw = self.state.catalog.meta(META_PREFIX + self.source_id)
+        return None if raw is None else json.loads(raw)
+
+    def _save_decisions(self, decided: dict[str, Any]) -> None:
+        if self.source_id is not None:
+            self.state.catalog.set_meta(META_PREFIX + self.source_id, json.dumps(decided))
+
+    def _settle_width(self, width: int) -> None:
+        if self.width is None or width != self.width:
+            with self.state.lock.write():
+                self.fix_width(width)
+            self.width = width
+
+    # -- one batch ------------------------------------------------------------------------
+    def _write(self, checked: Checked, batch: Batch) -> None:
+        if checked.n == 0:
+            return
+        if self.namespace is not None:
+            checked.namespaces = [self.namespace] * checked.n
+        state = self.state
+        with state.lock.write():
+            fresh, keys = self._fresh(checked, batch)
+            self.report["skipped"] += checked.n - len(fresh)
+        if len(fresh) == 0:
+            return
+        new = checked.take(fresh)
+        new.keys = [keys[i] for i in fresh.tolist()]
+        todo = np.flatnonzero(~new.has_vector)
+        if len(todo):
+            vecs = np.asarray(self.embed([new.texts[i] for i in todo.tolist()]), np.float32)
+            if new.vectors.shape[1] == 0:
+                new.vectors = np.zeros((new.n, vecs.shape[1]), np.float32)
+            new.vectors[todo] = vecs
+            self._settle_width(vecs.shape[1])
+        with state.lock.write():
+            self._store(new)
+        self.report["imported"] += new.n
+        if self.after_batch is not None:
+            self.after_batch()
+
+    def _fresh(self, c: Checked, batch: Batch) -> tuple[np.ndarray, list[str | None]]:
+        """(positions of the records not stored yet, first occurrence of each, the key each
+        is stored under). Under the write lock."""
+        catalog = self.state.catalog
+        if self.keep_ids and c.ids is not None and (c.ids >= 0).all():
+            ids = c.ids
+            _, first = np.unique(ids, return_index=True)
+            first = np.sort(first)
+            stored = catalog.ids_in_range(int(ids.min()), int(ids.max()))
+            there = np.isin(ids[first], stored)
+            if there.any():
+                self._check_same(c, first[there], batch)
+            return first[~there], list(c.keys)
+        keys = [k if k is not None else self._derived_key(c, i) for i, k in enumerate(c.keys)]
+        seen: dict[tuple[str, str], int] = {}
+        for i, (ns, k) in enumerate(zip(c.namespaces, keys)):
+            seen.setdefault((ns, k), i)
+        by_ns: dict[str, list[str]] = {}
+        for ns, k in seen:
+            by_ns.setdefault(ns, []).append(k)
+        stored = {(ns, k) for ns, ks in by_ns.items() for k in catalog.ids_of_keys(ns, ks)}
+        fresh = sorted(i for nk, i in seen.items() if nk not in stored)
+        return np.asarray(fresh, np.int64), keys
+
+    def _derived_key(self, c: Checked, i: int) -> str:
+        if self.source_id is not None and c.ids is not None and c.ids[i] >= 0:
+            return f"import:{self.source_id}:{int(c.ids[i])}"
+        digest = hashlib.blake2b(json.dumps([c.namespaces[i], c.kinds[i], c.texts[i], c.metadata[i]],
+                                            ensure_ascii=False).encode("utf-8"), digest_size=16).hexdigest()
+        return f"import:{digest}"
+
+    def _check_same(self, c: Checked, at: np.ndarray, batch: Batch) -> None:
+        """Records whose id is stored must be that memory (an earlier run's write)."""
+        found = self.state.catalog.identities(c.ids[at].tolist())
+        for i in at.tolist():
+            mine = (c.namespaces[i], c.keys[i])
+            there = found.get(int(c.ids[i]))
+            if there is not None and there[:2] != mine:
+                raise MalformedRecordError(
+                    f"{batch.position(i)}: memory id {int(c.ids[i])} is stored already as another memory (namespace "
+                    f"{there[0]!r}, key {there[1]!r}: the store was written to between two runs of this import); "
+                    "import into an empty store, or into this one after removing that memory",
+                    batch.position(i), self.report["imported"])
+
+    def _store(self, c: Checked) -> None:
+        """Write checked, new records (under the write lock), in the module's write order."""
+        state = self.state
+        idx, cfg, catalog = state.index, state.config, state.catalog
+        now = time.time()
+        if self.clusters == "keep" and c.cluster_ids is not None:
+            # Clusters an organisation dropped since they were created (empty until now).
+            self._ensure_clusters(np.unique(c.cluster_ids[c.cluster_ids >= 0]).tolist())
+        rows = idx.append(c.vectors)  # durable before any row that references it commits
+        live = ~c.archived
+        ids_k, aff_k = self._local_pairs(c, cfg.soft_k)
+        placed = ids_k[:, 0] >= 0
+        keep = live & placed
+        if keep.any():
+            idx.assign(rows[keep], routing.memberships(ids_k[keep], aff_k[keep], cfg.soft_k, cfg.spill_margin))
+        state.assignments.write(rows, ids_k, aff_k)  # archived records keep their pairs, as get() shows them
+        route = live & ~placed
+        routed = None
+        if route.any() and len(idx.cluster_ids()):
+            routed = placement.route_new_rows(state, rows[route], c.vectors[route])
+        flushed = bool(keep.any() or routed is not None)
+        if flushed:
+            # The memberships saved before the rows that rely on them commit: a kill after the
+            # commit leaves them as exported, not re-routed by the next open.
+            state.flush_index(durable=False)
+        if self.keep_ids:
+            mids = c.ids
+        else:
+            first = catalog.next_memory_id()
+            mids = np.arange(first, first + c.n, dtype=np.int64)
+        columns = [f.column for f in FIELDS] + ["vector_row"]
+        values = [mids.tolist() if f.name == "id" else c.column(f) for f in FIELDS] + [rows.tolist()]
+        with catalog.transaction():
+            catalog.import_rows(columns, zip(*values))
+            if routed is not None:
+                texts = [t for t, r in zip(c.texts, route.tolist()) if r]
+                placement.record_placement(state, rows[route], texts, routed, now)
+        r = state.rows
+        before = r.version
+        r.set_rows(rows, mids, c.namespaces, c.kinds, c.created_at, last_accessed=c.last_accessed,
+                   access_count=c.access_count.astype(np.float64), strength=c.strength, live=live)
+        state.fields.set(rows, c.metadata)
+        if live.all():
+            self.lexical.add(rows, c.texts, c.namespaces)
+        elif live.any():
+            at = np.flatnonzero(live)
+            self.lexical.add(rows[at], [c.texts[i] for i in at.tolist()], [c.namespaces[i] for i in at.tolist()])
+        self.lexical.mark_synced(before, r.version)
+        state.cache.clear()
+        if not flushed:
+            state.rows_since_checkpoint += c.n
+
+    # -- clusters -------------------------------------------------------------------------
+    def _ensure_clusters(self, exported: list[int]) -> None:
+        """Under the write lock: a store cluster for each of the ``exported`` cluster ids that
+        the export carries and that has none (never created, or dropped or lost since: an
+        organisation drops empty clusters, a kill loses an unsaved index state), created in
+        ascending exported id, each under its exported id while the index can still give it
+        (a fresh index: ids are never reused; the ids before it are skipped). The index state
+        is saved, then the clusters' rows and the export -> store map committed."""
+        idx, cfg = self.state.index, self.state.config
+        have = set(idx.cluster_ids().tolist())
+        created = []
+        for old in exported:
+            record = self.cluster_records.get(old)
+            if record is None or self.cluster_map.get(old) in have:
+                continue  # not carried by the export (a subset exported), or there already
+            cid = idx.new_cluster()
+            while cid < old and self._burn_left > 0:
+                idx.drop_cluster(cid)
+                self._burn_left -= 1
+                cid = idx.new_cluster()
+            anchor = record.get(ANCHOR)
+            if anchor is not None and record.get("source") in ANCHORED and self.width is not None:
+                weight = max(cfg.topic_weight, 1.0) if record.get("source") == "template" else cfg.topic_weight
+                idx.set_centre(cid, decode_vector(anchor, self.width), weight)
+            self.cluster_map[old] = cid
+            created.append((old, cid))
+        if created:
+            self.state.flush_index(durable=False)
+            with self.state.catalog.transaction():
+                self._record_clusters(created)
+
+    def _record_clusters(self, created: list[tuple[int, int]]) -> None:
+        """Inside the batch's transaction: the clusters' rows and the export -> store map."""
+        state = self.state
+        now = time.time()
+        rows = []
+        for old, cid in created:
+            rec = self.cluster_records[old]
+            tags = rec.get("tags") or []
+            rows.append((cid, str(rec.get("summary") or ""), json.dumps(list(tags)), str(rec.get("source") or "import"),
+                         float(rec.get("created_at") or now), float(rec.get("updated_at") or now),
+                         int(rec.get("profiled_size") or 0), rec.get("last_hit_at")))
+            state.profiles[cid] = (rows[-1][1], list(tags))
+        state.catalog.import_clusters(CLUSTER_FIELDS, rows)
+        self._save_decisions({"ids": "kept" if self.keep_ids else "new",
+                              "clusters": {str(k): v for k, v in self.cluster_map.items()}})
+        self.report["clusters"] += len(created)
+
+    def _local_pairs(self, c: Checked, soft_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each record's exported pairs in store cluster ids, best first, ``soft_k`` wide
+        (-1 padding); pairs of clusters the store did not take are dropped."""
+        n = c.n
+        ids = np.full((n, soft_k), -1, np.int64)
+        aff = np.zeros((n, soft_k), np.float32)
+        if self.clusters != "keep" or c.cluster_ids is None:
+            return ids, aff
+        lookup = self.cluster_map
+        have = set(self.state.index.cluster_ids().tolist())
+        src_ids, src_aff = c.cluster_ids, c.affinities
+        for j in range(src_ids.shape[1]):
+            col = np.asarray([lookup.get(x, -1) if x >= 0 else -1 for x in src_ids[:, j].tolist()], np.int64)
+            col[~np.isin(col, np.fromiter(have, np.int64, len(have)))] = -1
+            src_ids_j = col
+            # Left-pack: each record's next free column takes this pair.
+            free = (ids >= 0).sum(axis=1)
+            ok = (src_ids_j >= 0) & (free < soft_k)
+            rows = np.flatnonzero(ok)
+            ids[rows, free[rows]] = src_ids_j[rows]
+            aff[rows, free[rows]] = src_aff[rows, j]
+        return ids, aff
+
+
+def records_source(records: Iterable[dict[str, Any]], batch_size: int, what: str = "item",
+                   total: int | None = None) -> Source:
+    """A ``Source`` over dict records (an importer's), ``batch_size`` at a time; positions
+    read "item N" (from 1)."""
+    from clag_fast.store.transfer.fields import batch_from_dicts
+
+    def batches() -> Iterator[Batch]:
+        buf: list[dict[str, Any]] = []
+        start = 0
+        for rec in records:
+            buf.append(rec)
+            if len(buf) >= batch_size:
+                yield batch_from_dicts(buf, _positions(what, start))
+                start += len(buf)
+                buf = []
+        if buf:
+            yield batch_from_dicts(buf, _positions(what, start))
+
+    return Source(None, [], batches(), total)
+
+
+def _positions(what: str, start: int) -> Callable[[int], str]:
+    return lambda i: f"{what} {start + i + 1}"
