@@ -28,10 +28,10 @@ from clag_fast.arguments import batch_namespaces
 from clag_fast.config import StoreConfig
 from clag_fast.errors import DimensionMismatchError, StoreFormatError
 from clag_fast.index import VectorIndex
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
+from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage
 from clag_fast.slm.scheduler import SLMScheduler
 from clag_fast.store import catalog as catalog_mod
-from clag_fast.store import dimension, filters, forgetting, organize, placement, recovery
+from clag_fast.store import dimension, filters, forgetting, organize, placement, recovery, topics
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.fields import FieldTable
 from clag_fast.store.rowtable import RowTable
@@ -920,6 +920,47 @@ class MemoryStore:
             data = self._catalog.cluster_rows()
         out = [ClusterInfo(c, s, t, sizes[c], src, ca, ua) for c, s, t, src, ca, ua in data if c in sizes]
         return sorted(out, key=lambda c: (-c.size, c.id))
+
+    # -- topics ------------------------------------------------------------------------
+    def cluster(self, cluster_id: int, *, namespace: str | None = None, limit: int = 100,
+                cursor: str | None = None) -> ClusterPage:
+        """Cluster ``cluster_id``: its profile and size, and a page of its members (of
+        ``namespace`` only, when given), ``limit`` at a time (``next_cursor`` fetches the
+        next). KeyError when there is no such cluster."""
+        self._check_open()
+        with self._state.lock.read():
+            cid = topics.check_cluster(self._state, cluster_id)
+        info = next((c for c in self.clusters() if c.id == cid), None)
+        if info is None:
+            raise KeyError(f"no cluster with id {cluster_id}")
+        page = self.memories(namespace=namespace, cluster=cid, limit=limit, cursor=cursor)
+        return ClusterPage(info, page.items, page.next_cursor)
+
+    def forget_cluster(self, cluster_id: int, *, action: str = "archive", namespace: str | None = None) -> int:
+        """Forget a topic: archive (kept, never searched; ``get`` still returns them) or
+        delete (``action="delete"``) every member of ``cluster_id`` (of ``namespace`` only, when
+        given). The cluster goes with its last member. Returns the memories forgotten."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            n = topics.forget(self._state, cluster_id, action, namespace)
+            self._lexical_gc()
+            return n
+
+    def move_cluster(self, cluster_id: int, to: int, *, memory_ids: Sequence[int] | None = None,
+                     namespace: str | None = None) -> int:
+        """Move the members of ``cluster_id`` (all, those of ``namespace``, or the listed
+        ``memory_ids``) to cluster ``to``; a cluster left empty is dropped. Returns how many
+        moved. A later organisation may still re-route them by their vectors."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            return topics.move(self._state, cluster_id, to, None if memory_ids is None else list(memory_ids), namespace)
+
+    def merge_clusters(self, keep: int, absorb: int) -> int:
+        """Merge cluster ``absorb`` into ``keep`` (which keeps its profile); returns how many
+        members joined ``keep``."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            return topics.merge(self._state, keep, absorb)
 
     def cluster_centres(self) -> tuple[np.ndarray, np.ndarray]:
         """(cluster ids, their unit centres as an (n, dim) float32 array), in the same order."""

@@ -135,7 +135,7 @@ class Import:
             dim = header.get("dim")
             if dim is not None and self.width is not None and int(dim) != self.width:
                 raise DimensionMismatchError(f"the export holds {int(dim)}-dimensional vectors, the store "
-                                             f"{state.path} {self.width}-dimensional ones; nothing was imported")
+                                             f"{state.path} holds {self.width}-dimensional ones; nothing was imported")
         with state.lock.write():
             decided = self._decisions()
             if decided is None:
@@ -251,6 +251,8 @@ class Import:
         keep = live & placed
         if keep.any():
             idx.assign(rows[keep], routing.memberships(ids_k[keep], aff_k[keep], cfg.soft_k, cfg.spill_margin))
+        if not live.all():
+            idx.unassign(rows[~live])  # archived: out of every cluster, not pending for search either
         state.assignments.write(rows, ids_k, aff_k)  # archived records keep their pairs, as get() shows them
         route = live & ~placed
         routed = None
