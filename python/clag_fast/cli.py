@@ -1,4 +1,4 @@
-"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, export, import, serve, mcp, eval."""
+"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, export, import, topic, serve, mcp, eval."""
 
 from __future__ import annotations
 
@@ -114,6 +114,27 @@ def _parser() -> argparse.ArgumentParser:
     im.add_argument("--no-embedder", action="store_true",
                     help="records must bring vectors (no model is loaded to embed texts)")
     im.set_defaults(func=cmd_import)
+
+    tp = sub.add_parser("topic", help="act on one cluster (a topic): show, forget, move or merge it "
+                                      "(export one: clag-fast export --cluster ID)")
+    tsub = tp.add_subparsers(dest="action", required=True)
+    t_show = tsub.add_parser("show", help="the cluster's profile and members")
+    t_show.add_argument("cluster", type=int)
+    t_show.add_argument("--limit", type=int, default=20, help="members shown (default 20)")
+    t_forget = tsub.add_parser("forget", help="archive (or --delete) every member of the cluster")
+    t_forget.add_argument("cluster", type=int)
+    t_forget.add_argument("--delete", action="store_true", help="delete the members instead of archiving them")
+    t_move = tsub.add_parser("move", help="move the cluster's members to another cluster")
+    t_move.add_argument("cluster", type=int)
+    t_move.add_argument("--to", type=int, required=True, help="the cluster that receives them")
+    t_merge = tsub.add_parser("merge", help="merge cluster OTHER into cluster KEEP (which keeps its profile)")
+    t_merge.add_argument("cluster", type=int, metavar="KEEP")
+    t_merge.add_argument("other", type=int, metavar="OTHER")
+    for sp in (t_show, t_forget, t_move, t_merge):
+        sp.add_argument("--store", required=True, help="store directory")
+        if sp is not t_merge:
+            sp.add_argument("--namespace", default=None, help="only the members of this namespace")
+    tp.set_defaults(func=cmd_topic)
 
     m = sub.add_parser("mcp", help="serve one namespace of the store as MCP tools (stdio, or --http)")
     m.add_argument("--store", required=True, help="store directory (created when missing)")
@@ -266,6 +287,36 @@ def cmd_import(args: argparse.Namespace) -> int:
         total = len(store)
     print(f"read {report['read']} records: imported {report['imported']}, {report['skipped']} already stored, "
           f"{report['clusters']} clusters, in {report['seconds']:.1f} s ({total} memories in {args.store})")
+    return 0
+
+
+def cmd_topic(args: argparse.Namespace) -> int:
+    from clag_fast.config import StoreConfig
+    from clag_fast.store import MemoryStore
+
+    path = Path(args.store)
+    if not (path / "memories.db").exists():
+        raise FileNotFoundError(f"no store at {path}")
+    # No embedder: nothing here embeds, and embedder=False opens a store made with any.
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as store:
+        if args.action == "show":
+            page = store.cluster(args.cluster, namespace=args.namespace, limit=args.limit)
+            c = page.info
+            print(f"cluster {c.id} ({c.size} members, {c.source}): {c.summary or '(no profile yet)'} | {', '.join(c.tags)}")
+            for m in page.members:
+                print(f"  #{m.memory_id}  [{m.namespace}]  {_clip(m.text, 100)}")
+            if page.next_cursor:
+                print(f"  ... (more: --limit {args.limit * 2})")
+        elif args.action == "forget":
+            n = store.forget_cluster(args.cluster, action="delete" if args.delete else "archive",
+                                     namespace=args.namespace)
+            print(f"{'deleted' if args.delete else 'archived'} {n} memories of cluster {args.cluster}")
+        elif args.action == "move":
+            n = store.move_cluster(args.cluster, args.to, namespace=args.namespace)
+            print(f"moved {n} memories from cluster {args.cluster} to cluster {args.to}")
+        else:
+            n = store.merge_clusters(args.cluster, args.other)
+            print(f"merged cluster {args.other} into cluster {args.cluster} ({n} members joined)")
     return 0
 
 

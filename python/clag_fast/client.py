@@ -23,7 +23,7 @@ import numpy as np
 
 from clag_fast.arguments import batch_namespaces
 from clag_fast.errors import ServiceBusy, ServiceError, ServiceForbidden, ServiceUnauthorized
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
+from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage
 
 __all__ = ["AsyncClient", "Client", "connect", "connect_async"]
 
@@ -182,6 +182,35 @@ class _Requests:
         return _Req("GET", "/v1/memories", params=params,
                     parse=lambda d: MemoryPage([_memory(m) for m in d["items"]], d["next_cursor"]))
 
+    def _req_cluster(self, cluster_id, namespace, limit, cursor) -> _Req:
+        params: dict[str, Any] = {"limit": limit}
+        if namespace is not None:
+            params["namespace"] = namespace
+        if cursor is not None:
+            params["cursor"] = cursor
+        return _Req("GET", f"/v1/clusters/{_check_id(cluster_id)}", params=params, parse=_cluster_page)
+
+    def _req_forget_cluster(self, cluster_id, action, namespace) -> _Req:
+        if action not in ("archive", "delete"):
+            raise ValueError(f"action must be 'archive' or 'delete', got {action!r}")
+        params: dict[str, Any] = {"action": action}
+        if namespace is not None:
+            params["namespace"] = namespace
+        return _Req("DELETE", f"/v1/clusters/{_check_id(cluster_id)}", params=params,
+                    parse=lambda d: int(d["forgotten"]))
+
+    def _req_move_cluster(self, cluster_id, to, memory_ids, namespace) -> _Req:
+        body: dict[str, Any] = {"to": _check_id(to)}
+        if memory_ids is not None:
+            body["memory_ids"] = [_check_id(m) for m in memory_ids]
+        if namespace is not None:
+            body["namespace"] = namespace
+        return _Req("POST", f"/v1/clusters/{_check_id(cluster_id)}/move", body, lambda d: int(d["moved"]))
+
+    def _req_merge_clusters(self, keep, absorb) -> _Req:
+        return _Req("POST", f"/v1/clusters/{_check_id(keep)}/merge", {"other": _check_id(absorb)},
+                    lambda d: int(d["moved"]))
+
 
 # -- the clients ----------------------------------------------------------------------------------
 class Client(_Requests):
@@ -281,6 +310,25 @@ class Client(_Requests):
     def clusters(self) -> list[ClusterInfo]:
         """Every live cluster with its profile and size, largest first."""
         return self._do(_Req("GET", "/v1/clusters", parse=_clusters))
+
+    def cluster(self, cluster_id: int, *, namespace: str | None = None, limit: int = 100,
+                cursor: str | None = None) -> ClusterPage:
+        """A cluster and a page of its members (see ``MemoryStore.cluster``)."""
+        return self._do(self._req_cluster(cluster_id, namespace, limit, cursor))
+
+    def forget_cluster(self, cluster_id: int, *, action: str = "archive", namespace: str | None = None) -> int:
+        """Archive or delete a cluster's members (those of ``namespace``; all of them needs an
+        admin key); returns how many."""
+        return self._do(self._req_forget_cluster(cluster_id, action, namespace))
+
+    def move_cluster(self, cluster_id: int, to: int, *, memory_ids: Sequence[int] | None = None,
+                     namespace: str | None = None) -> int:
+        """Move a cluster's members to cluster ``to``; returns how many moved."""
+        return self._do(self._req_move_cluster(cluster_id, to, memory_ids, namespace))
+
+    def merge_clusters(self, keep: int, absorb: int) -> int:
+        """Merge cluster ``absorb`` into ``keep`` (admin keys); returns how many joined."""
+        return self._do(self._req_merge_clusters(keep, absorb))
 
     def organize(self, task_context: str | None = None) -> dict[str, Any]:
         """Re-organise now (admin keys); returns what was done."""
@@ -409,6 +457,24 @@ class AsyncClient(_Requests):
     async def clusters(self) -> list[ClusterInfo]:
         """See ``Client.clusters``."""
         return await self._do(_Req("GET", "/v1/clusters", parse=_clusters))
+
+    async def cluster(self, cluster_id: int, *, namespace: str | None = None, limit: int = 100,
+                      cursor: str | None = None) -> ClusterPage:
+        """See ``Client.cluster``."""
+        return await self._do(self._req_cluster(cluster_id, namespace, limit, cursor))
+
+    async def forget_cluster(self, cluster_id: int, *, action: str = "archive", namespace: str | None = None) -> int:
+        """See ``Client.forget_cluster``."""
+        return await self._do(self._req_forget_cluster(cluster_id, action, namespace))
+
+    async def move_cluster(self, cluster_id: int, to: int, *, memory_ids: Sequence[int] | None = None,
+                           namespace: str | None = None) -> int:
+        """See ``Client.move_cluster``."""
+        return await self._do(self._req_move_cluster(cluster_id, to, memory_ids, namespace))
+
+    async def merge_clusters(self, keep: int, absorb: int) -> int:
+        """See ``Client.merge_clusters``."""
+        return await self._do(self._req_merge_clusters(keep, absorb))
 
     async def organize(self, task_context: str | None = None) -> dict[str, Any]:
         """See ``Client.organize``."""
@@ -548,6 +614,10 @@ def _memory(d: dict[str, Any]) -> Memory:
 
 def _clusters(d: dict[str, Any]) -> list[ClusterInfo]:
     return [ClusterInfo(**c) for c in d["clusters"]]
+
+
+def _cluster_page(d: dict[str, Any]) -> ClusterPage:
+    return ClusterPage(ClusterInfo(**d["cluster"]), [_memory(m) for m in d["members"]], d["next_cursor"])
 
 
 def _no_defer(defer_organize: bool) -> None:

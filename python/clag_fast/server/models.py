@@ -157,6 +157,36 @@ class ClustersOut(BaseModel):
     clusters: list[ClusterOut]
 
 
+class ClusterPageOut(BaseModel):
+    """A cluster with one page of its members (pass ``next_cursor`` back for the next)."""
+
+    cluster: ClusterOut
+    members: list[MemoryOut]
+    next_cursor: str | None
+
+
+class ForgottenOut(BaseModel):
+    forgotten: int
+
+
+class MergeRequest(_Body):
+    """Merge cluster ``other`` into the cluster of the path (which keeps its profile)."""
+
+    other: int
+
+
+class MoveRequest(_Body):
+    """Move the path cluster's members (all, those of ``namespace``, or ``memory_ids``) to ``to``."""
+
+    to: int
+    memory_ids: list[int] | None = None
+    namespace: Namespace | None = None
+
+
+class MovedOut(BaseModel):
+    moved: int
+
+
 class OrganizeRequest(_Body):
     task_context: str | None = Field(default=None, max_length=4096)
 
