@@ -19,7 +19,8 @@ import numpy as np
 from clag_fast.store.catalog import ARCHIVED, Catalog
 from clag_fast.store.state import StoreState
 from clag_fast.store.transfer import jsonl, parquet
-from clag_fast.store.transfer.fields import ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, FORMAT, VERSION, encode_vectors
+from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, FORMAT, VERSION, encode_vectors,
+                                              encode_vectors_raw)
 
 BATCH = 65_536
 
@@ -52,7 +53,7 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
            namespace: str | None = None, cluster: int | None = None,
            progress: Callable[[int, int | None], None] | None = None, batch: int = BATCH) -> dict[str, Any]:
     """Write the store (or the memories of ``namespace``, or the primary members of
-    ``cluster``) to ``out``: a path, or a text file object for JSONL. ``source_id``: the
+    ``cluster``) to ``out``: a path, or a file object (binary or text) for JSONL. ``source_id``: the
     store's identity, the header's ``store_id``: every export of one store carries it, so importing a later export of the same store skips what an earlier one
     stored. Returns counts."""
     t0 = time.perf_counter()
@@ -85,12 +86,13 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
             writer: Any = parquet.Writer(out, dim)
             close = writer.close
         else:
-            f = open(out, "w", encoding="utf-8", newline="\n")
+            f = open(out, "wb")
             writer, close = jsonl.Writer(f), f.close
     else:
         if fmt != "jsonl":
             raise ValueError("a file object takes format 'jsonl'; Parquet needs a path")
         writer, close = jsonl.Writer(out), (lambda: None)
+    carried = np.asarray(sorted(c["id"] for c in clusters), np.int64)
     columns = [f.column for f in FIELDS] + ["vector_row"]
     state_at = next(i for i, f in enumerate(FIELDS) if f.type == "archived")
     vectors = state.index.vectors()
@@ -100,9 +102,9 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
         for part in reader.transfer_rows(columns, ids=None if ids is None else ids.tolist(), batch=batch):
             vrows = np.fromiter((r[-1] for r in part), np.int64, len(part))
             block = vectors[vrows]
-            cids, aff = state.assignments.read(vrows)
+            cids, aff = _carried_pairs(*state.assignments.read(vrows), carried)
             archived = [r[state_at] == ARCHIVED for r in part]
-            vec = encode_vectors(block) if fmt == "jsonl" else block
+            vec = encode_vectors_raw(block) if fmt == "jsonl" else block
             writer.memories(part, vec, cids, aff, archived)
             done += len(part)
             if progress is not None:
@@ -111,6 +113,19 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
         close()
     return {"memories": done, "clusters": len(clusters), "seconds": round(time.perf_counter() - t0, 3),
             "store_id": source_id}
+
+
+def _carried_pairs(ids: np.ndarray, aff: np.ndarray, carried: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs of clusters the export carries, best first, -1 padding at the end: the
+    records keep pairs of clusters dropped or archived since (``get`` hides them), which an
+    import could not place."""
+    gone = (ids >= 0) & ~np.isin(ids, carried)
+    if not gone.any():
+        return ids, aff
+    ids = ids.copy()
+    ids[gone] = -1
+    order = np.argsort(ids < 0, axis=1, kind="stable")
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(aff, order, axis=1)
 
 
 def _cluster_records(state: StoreState, reader: Catalog, ids: np.ndarray | None, cluster: int | None) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ import numpy as np
 
 from clag_fast.errors import DimensionMismatchError, MalformedRecordError
 from clag_fast.store import placement, routing
+from clag_fast.store.catalog import join
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.state import StoreState
 from clag_fast.store.transfer.fields import ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, Batch, Checked, check, decode_vector
@@ -177,8 +178,11 @@ class Import:
             self.report["skipped"] += checked.n - len(fresh)
         if len(fresh) == 0:
             return
-        new = checked.take(fresh)
-        new.keys = [keys[i] for i in fresh.tolist()]
+        if len(fresh) == checked.n:  # the usual case: nothing stored yet, no copy
+            new, new.keys = checked, keys
+        else:
+            new = checked.take(fresh)
+            new.keys = [keys[i] for i in fresh.tolist()]
         todo = np.flatnonzero(~new.has_vector)
         if len(todo):
             vecs = np.asarray(self.embed([new.texts[i] for i in todo.tolist()]), np.float32)
@@ -237,32 +241,20 @@ class Import:
                     batch.position(i), self.report["imported"])
 
     def _store(self, c: Checked) -> None:
-        """Write checked, new records (under the write lock), in the module's write order."""
+        """Write checked, new records (under the write lock), in the module's write order.
+
+        The memories' SQL rows are inserted on the catalog's helper thread while this thread
+        appends the vectors and places them (``Catalog.aside``, as ``add_many`` does): the
+        vector rows they name are known beforehand (the file only grows, under this lock),
+        and the transaction commits only after both sides are done."""
         state = self.state
         idx, cfg, catalog = state.index, state.config, state.catalog
         now = time.time()
         if self.clusters == "keep" and c.cluster_ids is not None:
             # Clusters an organisation dropped since they were created (empty until now).
             self._ensure_clusters(np.unique(c.cluster_ids[c.cluster_ids >= 0]).tolist())
-        rows = idx.append(c.vectors)  # durable before any row that references it commits
-        live = ~c.archived
-        ids_k, aff_k = self._local_pairs(c, cfg.soft_k)
-        placed = ids_k[:, 0] >= 0
-        keep = live & placed
-        if keep.any():
-            idx.assign(rows[keep], routing.memberships(ids_k[keep], aff_k[keep], cfg.soft_k, cfg.spill_margin))
-        if not live.all():
-            idx.unassign(rows[~live])  # archived: out of every cluster, not pending for search either
-        state.assignments.write(rows, ids_k, aff_k)  # archived records keep their pairs, as get() shows them
-        route = live & ~placed
-        routed = None
-        if route.any() and len(idx.cluster_ids()):
-            routed = placement.route_new_rows(state, rows[route], c.vectors[route])
-        flushed = bool(keep.any() or routed is not None)
-        if flushed:
-            # The memberships saved before the rows that rely on them commit: a kill after the
-            # commit leaves them as exported, not re-routed by the next open.
-            state.flush_index(durable=False)
+        first_row = len(idx)
+        rows = np.arange(first_row, first_row + c.n, dtype=np.int64)
         if self.keep_ids:
             mids = c.ids
         else:
@@ -270,11 +262,39 @@ class Import:
             mids = np.arange(first, first + c.n, dtype=np.int64)
         columns = [f.column for f in FIELDS] + ["vector_row"]
         values = [mids.tolist() if f.name == "id" else c.column(f) for f in FIELDS] + [rows.tolist()]
+        live = ~c.archived
+        ids_k, aff_k = self._local_pairs(c, cfg.soft_k)
+        placed = ids_k[:, 0] >= 0
+        keep = live & placed
+        route = live & ~placed
+        routed = None
         with catalog.transaction():
-            catalog.import_rows(columns, zip(*values))
+            written = catalog.aside(lambda: catalog.import_rows(columns, zip(*values)))
+            try:
+                if written is None:
+                    catalog.import_rows(columns, zip(*values))
+                got = idx.append(c.vectors)  # durable before the transaction that references it commits
+                if len(got) and int(got[0]) != first_row:
+                    raise RuntimeError(f"the vector file grew under the import (row {int(got[0])}, not {first_row})")
+                if keep.any():
+                    idx.assign(rows[keep], routing.memberships(ids_k[keep], aff_k[keep], cfg.soft_k, cfg.spill_margin))
+                if not live.all():
+                    idx.unassign(rows[~live])  # archived: out of every cluster, not pending for search either
+                state.assignments.write(rows, ids_k, aff_k)  # archived records keep their pairs, as get() shows them
+                if route.any() and len(idx.cluster_ids()):
+                    routed = placement.route_new_rows(state, rows[route], c.vectors[route])
+                # The memberships saved before the rows that rely on them commit: a kill after
+                # the commit leaves them as exported, not re-routed by the next open.
+                state.flush_index(durable=False)
+            finally:
+                if written is not None:
+                    join(written)  # the connection is this thread's again, whatever happened
+            if written is not None:
+                written.result()  # a failed insert raises here: the transaction rolls back
             if routed is not None:
                 texts = [t for t, r in zip(c.texts, route.tolist()) if r]
                 placement.record_placement(state, rows[route], texts, routed, now)
+        catalog.checkpoint()  # after the commit: the rows it references were synced above
         r = state.rows
         before = r.version
         r.set_rows(rows, mids, c.namespaces, c.kinds, c.created_at, last_accessed=c.last_accessed,
@@ -287,8 +307,6 @@ class Import:
             self.lexical.add(rows[at], [c.texts[i] for i in at.tolist()], [c.namespaces[i] for i in at.tolist()])
         self.lexical.mark_synced(before, r.version)
         state.cache.clear()
-        if not flushed:
-            state.rows_since_checkpoint += c.n
 
     # -- clusters -------------------------------------------------------------------------
     def _ensure_clusters(self, exported: list[int]) -> None:

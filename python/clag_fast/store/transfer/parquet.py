@@ -112,7 +112,7 @@ def _batches(pf: Any, path: Path, batch_size: int) -> Iterator[Batch]:
             vectors = _vectors(rb.column(VECTOR))
         clusters = _clusters(rb.column(CLUSTERS)) if CLUSTERS in names else None
         first = start
-        yield Batch(values, vectors, clusters, lambda i, first=first: f"{path} row {first + i + 1}", None, set(names))
+        yield Batch(values, vectors, clusters, lambda i, first=first: f"{path} row {first + i + 1}")
         start += n
 
 
