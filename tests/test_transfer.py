@@ -334,7 +334,7 @@ def test_parquet_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with open_store(tmp_path / "s") as s:
         s.add("x", embedding=np.ones(8, np.float32))
-        with pytest.raises(ImportError, match=r"pip install 'clag_fast\[parquet\]' \(or use .jsonl\)"):
+        with pytest.raises(ImportError, match=r"need pyarrow: pip install pyarrow \(or 'clag_fast\[transfer\]'\), or use .jsonl"):
             s.export(tmp_path / "s.parquet")
         with pytest.raises(ImportError, match="need pyarrow"):
             s.import_(tmp_path / "s.parquet")
@@ -436,3 +436,23 @@ def test_cli_export_then_import_round_trips(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "ok", "vector": [1, 2]}\n{"text": \n', encoding="utf-8")
     r = _cli("import", str(tmp_path / "bad.jsonl"), "--store", str(tmp_path / "c"), "--no-embedder")
     assert r.returncode == 2 and "bad.jsonl line 2: not valid JSON" in r.stderr
+
+
+def test_without_orjson_and_pybase64_the_files_are_the_same(tmp_path, monkeypatch):
+    """The optional accelerators change speed only: the plain json / binascii paths write the
+    same bytes and read the same records."""
+    from clag_fast.store.transfer import fields as fields_mod
+    from clag_fast.store.transfer import jsonl as jsonl_mod
+
+    build(tmp_path / "a", n=200)
+    with open_store(tmp_path / "a") as a:
+        a.export(tmp_path / "fast.jsonl")
+        monkeypatch.setattr(fields_mod, "_pybase64", None)
+        monkeypatch.setattr(jsonl_mod, "_fast_loads", None)
+        a.export(tmp_path / "plain.jsonl")
+        want = snapshot(a)
+    fast, plain = (tmp_path / "fast.jsonl").read_bytes(), (tmp_path / "plain.jsonl").read_bytes()
+    assert fast.split(b"\n", 1)[1] == plain.split(b"\n", 1)[1]
+    with open_store(tmp_path / "b") as b:
+        b.import_(tmp_path / "plain.jsonl")
+        assert snapshot(b) == want

@@ -1,4 +1,4 @@
-"""Parquet (pyarrow, optional: ``pip install 'clag_fast[parquet]'``): the export format for
+"""Parquet (pyarrow, optional: ``pip install 'clag_fast[transfer]'``): the export format for
 data tools. One column per ``fields.FIELDS`` entry (metadata as JSON text), ``vector`` as a
 fixed-size list of float32, ``clusters`` as a list of {id, affinity}; the header and the
 cluster records sit in the file's key-value metadata under ``clag_fast``. A Parquet file
@@ -24,8 +24,8 @@ def _pa() -> Any:
         import pyarrow
         import pyarrow.parquet  # noqa: F401
     except ImportError as e:
-        raise ImportError("Parquet export and import need pyarrow: pip install 'clag_fast[parquet]' "
-                          f"(or use .jsonl) ({e})") from None
+        raise ImportError("Parquet export and import need pyarrow: pip install pyarrow (or 'clag_fast[transfer]'), "
+                          f"or use .jsonl ({e})") from None
     return pyarrow
 
 
