@@ -62,12 +62,14 @@ def build(path: Path, n: int, batch: int) -> float:
     return t
 
 
-def timed(what: str, fn) -> tuple[float, float]:
-    """(seconds, steal cores) of ``fn()``."""
+def timed(fn) -> tuple[float, float, float, float]:
+    """(wall seconds, this process's CPU seconds, steal cores, busy cores of the whole
+    machine) of ``fn()``. The CPU seconds tell this process's work from the machine's load:
+    on a shared machine the wall time also holds the time other processes had the cores."""
     m = measure.cpu_times()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     fn()
-    return time.perf_counter() - t0, measure.cores(m)
+    return time.perf_counter() - t0, time.process_time() - c0, measure.cores(m), measure.cores(m, "busy")
 
 
 def export(store: Path, out: Path) -> None:
@@ -104,19 +106,19 @@ def main() -> None:
     try:
         src = root / "src"
         load_s = build(src, args.n, args.batch)
-        print(f"source: {args.n:,} memories loaded in {load_s:.1f} s", flush=True)
+        print(f"source: {args.n:,} memories loaded in {load_s:.1f} s (load {measure.load_avg()})", flush=True)
         for fmt in ("jsonl", "parquet"):
             out = root / f"src.{fmt}"
-            sec, steal = timed("export", lambda: export(src, out))
-            rows.append(("export", fmt, sec, steal, out.stat().st_size))
-            print(f"export {fmt}: {args.n / sec:,.0f} memories/s ({sec:.1f} s, {out.stat().st_size / 2**20:,.0f} MiB, "
-                  f"steal {steal:.2f} cores)", flush=True)
+            sec, cpu, steal, busy = timed(lambda: export(src, out))
+            rows.append(("export", fmt, sec, cpu, steal, busy))
+            print(f"export {fmt}: {args.n / sec:,.0f} memories/s ({sec:.1f} s, {cpu:.1f} CPU s, "
+                  f"{out.stat().st_size / 2**20:,.0f} MiB)", flush=True)
         want = body_digest(root / "src.jsonl")
         for fmt in ("jsonl", "parquet"):
             dst = root / f"dst_{fmt}"
-            sec, steal = timed("import", lambda: import_(dst, root / f"src.{fmt}"))
-            rows.append(("import", fmt, sec, steal, None))
-            print(f"import {fmt}: {args.n / sec:,.0f} memories/s ({sec:.1f} s, steal {steal:.2f} cores)", flush=True)
+            sec, cpu, steal, busy = timed(lambda: import_(dst, root / f"src.{fmt}"))
+            rows.append(("import", fmt, sec, cpu, steal, busy))
+            print(f"import {fmt}: {args.n / sec:,.0f} memories/s ({sec:.1f} s, {cpu:.1f} CPU s)", flush=True)
             back = root / f"back_{fmt}.jsonl"
             export(dst, back)
             same = body_digest(back) == want
@@ -128,9 +130,11 @@ def main() -> None:
             shutil.rmtree(dst)
         info = measure.machine()
         print(f"\n{args.n:,} memories, dim 384, {os.cpu_count()} cores ({info.get('cpu', '?')}), load {measure.load_avg()}")
-        print(f"{'way':<7} {'format':<8} {'memories/s':>11} {'seconds':>8} {'steal':>6}")
-        for way, fmt, sec, steal, _ in rows:
-            print(f"{way:<7} {fmt:<8} {args.n / sec:>11,.0f} {sec:>8.1f} {steal:>6.2f}")
+        print(f"{'way':<7} {'format':<8} {'memories/s':>11} {'seconds':>8} {'CPU s':>6} {'per CPU s':>10} "
+              f"{'machine busy':>13} {'steal':>6}")
+        for way, fmt, sec, cpu, steal, busy in rows:
+            print(f"{way:<7} {fmt:<8} {args.n / sec:>11,.0f} {sec:>8.1f} {cpu:>6.1f} {args.n / cpu:>10,.0f} "
+                  f"{busy:>8.2f} cores {steal:>6.2f}")
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -21,6 +21,7 @@ import json
 import math
 import time
 from itertools import chain
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -191,14 +192,21 @@ def batch_from_dicts(records: Sequence[dict[str, Any]], position: Callable[[int]
                      error: tuple[str, str] | None = None) -> Batch:
     """A ``Batch`` from dict records (JSONL lines, importers). A record that is not an object
     or names an unknown field ends the batch there (as an ``error``)."""
-    if records and type(records[0]) is dict:
-        # Records that all name the same known fields in the same order (every line of an
-        # export): one tuple per record and one transposition in C, instead of a lookup per
-        # field per record.
+    if records and type(records[0]) is dict and records[0]:
+        # Records that all name the same known fields (every line of an export): one
+        # itemgetter call per record and one transposition, both in C, instead of a lookup
+        # per field per record. Equal sizes and every name found mean the same field set.
         names = tuple(records[0])
-        if set(names) <= NAMES and all(type(r) is dict and tuple(r) == names for r in records):
-            columns = dict(zip(names, zip(*(tuple(r.values()) for r in records)))) if names else {}
+        same = False
+        if set(names) <= NAMES and set(map(type, records)) == {dict} and set(map(len, records)) == {len(names)}:
+            try:
+                rows = list(map(itemgetter(*names), records))
+                same = True
+            except KeyError:
+                pass
+        if same:
             n = len(records)
+            columns = dict(zip(names, zip(*rows))) if len(names) > 1 else {names[0]: rows}
             values = {f.name: list(columns[f.name]) if f.name in columns else [None] * n for f in FIELDS}
             vectors = list(columns[VECTOR]) if VECTOR in columns else [None] * n
             clusters = list(columns[CLUSTERS]) if CLUSTERS in columns else None
