@@ -442,13 +442,12 @@ def test_without_orjson_and_pybase64_the_files_are_the_same(tmp_path, monkeypatc
     """The optional accelerators change speed only: the plain json / binascii paths write the
     same bytes and read the same records."""
     from clag_fast.store.transfer import fields as fields_mod
-    from clag_fast.store.transfer import jsonl as jsonl_mod
 
     build(tmp_path / "a", n=200)
     with open_store(tmp_path / "a") as a:
         a.export(tmp_path / "fast.jsonl")
         monkeypatch.setattr(fields_mod, "_pybase64", None)
-        monkeypatch.setattr(jsonl_mod, "_fast_loads", None)
+        monkeypatch.setattr(fields_mod, "_fast_loads", None)
         a.export(tmp_path / "plain.jsonl")
         want = snapshot(a)
     fast, plain = (tmp_path / "fast.jsonl").read_bytes(), (tmp_path / "plain.jsonl").read_bytes()

@@ -20,7 +20,7 @@ from clag_fast.store.catalog import ARCHIVED, Catalog
 from clag_fast.store.state import StoreState
 from clag_fast.store.transfer import jsonl, parquet
 from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, FORMAT, VERSION, encode_vectors,
-                                              encode_vectors_raw)
+                                              encode_vectors_raw, no_gc)
 
 BATCH = 65_536
 
@@ -97,20 +97,21 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
     state_at = next(i for i, f in enumerate(FIELDS) if f.type == "archived")
     vectors = state.index.vectors()
     done = 0
-    try:
-        writer.header(header, clusters)
-        for part in reader.transfer_rows(columns, ids=None if ids is None else ids.tolist(), batch=batch):
-            vrows = np.fromiter((r[-1] for r in part), np.int64, len(part))
-            block = vectors[vrows]
-            cids, aff = _carried_pairs(*state.assignments.read(vrows), carried)
-            archived = [r[state_at] == ARCHIVED for r in part]
-            vec = encode_vectors_raw(block) if fmt == "jsonl" else block
-            writer.memories(part, vec, cids, aff, archived)
-            done += len(part)
-            if progress is not None:
-                progress(done, total)
-    finally:
-        close()
+    with no_gc():
+        try:
+            writer.header(header, clusters)
+            for part in reader.transfer_rows(columns, ids=None if ids is None else ids.tolist(), batch=batch):
+                vrows = np.fromiter((r[-1] for r in part), np.int64, len(part))
+                block = vectors[vrows]
+                cids, aff = _carried_pairs(*state.assignments.read(vrows), carried)
+                archived = [r[state_at] == ARCHIVED for r in part]
+                vec = encode_vectors_raw(block) if fmt == "jsonl" else block
+                writer.memories(part, vec, cids, aff, archived)
+                done += len(part)
+                if progress is not None:
+                    progress(done, total)
+        finally:
+            close()
     return {"memories": done, "clusters": len(clusters), "seconds": round(time.perf_counter() - t0, 3),
             "store_id": source_id}
 

@@ -48,7 +48,8 @@ from clag_fast.store import placement, routing
 from clag_fast.store.catalog import join
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.state import StoreState
-from clag_fast.store.transfer.fields import ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, Batch, Checked, check, decode_vector
+from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, Batch, Checked, check,
+                                              decode_vector, no_gc)
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,10 @@ class Import:
 
     # -- the run --------------------------------------------------------------------------
     def run(self, source: Source) -> dict[str, Any]:
+        with no_gc():
+            return self._run(source)
+
+    def _run(self, source: Source) -> dict[str, Any]:
         t0 = time.perf_counter()
         self._begin(source)
         for batch in source.batches:
@@ -364,18 +369,22 @@ class Import:
         aff = np.zeros((n, soft_k), np.float32)
         if self.clusters != "keep" or c.cluster_ids is None:
             return ids, aff
-        lookup = self.cluster_map
         have = set(self.state.index.cluster_ids().tolist())
+        # The export -> store map as two sorted arrays: each column mapped by one search.
+        pairs = sorted((old, new) for old, new in self.cluster_map.items() if new in have)
+        if not pairs:
+            return ids, aff
+        old_ids = np.asarray([p[0] for p in pairs], np.int64)
+        new_ids = np.asarray([p[1] for p in pairs], np.int64)
         src_ids, src_aff = c.cluster_ids, c.affinities
         for j in range(src_ids.shape[1]):
-            col = np.asarray([lookup.get(x, -1) if x >= 0 else -1 for x in src_ids[:, j].tolist()], np.int64)
-            col[~np.isin(col, np.fromiter(have, np.int64, len(have)))] = -1
-            src_ids_j = col
+            col = src_ids[:, j]
+            at = np.minimum(np.searchsorted(old_ids, col), len(old_ids) - 1)
+            mapped = np.where((col >= 0) & (old_ids[at] == col), new_ids[at], -1)
             # Left-pack: each record's next free column takes this pair.
             free = (ids >= 0).sum(axis=1)
-            ok = (src_ids_j >= 0) & (free < soft_k)
-            rows = np.flatnonzero(ok)
-            ids[rows, free[rows]] = src_ids_j[rows]
+            rows = np.flatnonzero((mapped >= 0) & (free < soft_k))
+            ids[rows, free[rows]] = mapped[rows]
             aff[rows, free[rows]] = src_aff[rows, j]
         return ids, aff
 
