@@ -324,7 +324,7 @@ def _first(values: Sequence[Any], ok: Callable[[Any], bool]) -> int:
 def _strings(values: list[Any], name: str, default: Any, nullable: bool) -> list[Any]:
     if default is not None and default is not REQUIRED and None in values:
         values = [default if v is None else v for v in values]
-    if all(type(v) is str for v in values) and all(map(str.strip, values)):
+    if set(map(type, values)) == {str} and all(map(str.strip, values)):
         return values
     for i, v in enumerate(values):
         if v is None:
@@ -346,7 +346,7 @@ def _numbers(values: list[Any], name: str, dtype: Any, default: Any, nullable: b
     fill = np.nan if nullable and default is None else default
     filled = [fill if v is None else v for v in values] if None in values else values
     try:
-        if any(type(v) is bool for v in filled):
+        if bool in set(map(type, filled)):
             raise TypeError
         arr = np.asarray(filled, dtype=np.float64)
         if arr.ndim != 1:
@@ -369,9 +369,23 @@ def _numbers(values: list[Any], name: str, dtype: Any, default: Any, nullable: b
     return arr
 
 
-#: Metadata as ``MemoryStore.add`` writes it (json.dumps(ensure_ascii=False, allow_nan=False)),
-#: so an imported memory's stored text is the text its add stored.
-_META_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+def _meta_encoder() -> Callable[[Any], str]:
+    """Metadata as ``MemoryStore.add`` writes it (json.dumps(ensure_ascii=False,
+    allow_nan=False)), so an imported memory's stored text is the text its add stored. The
+    C encoder is made once (``JSONEncoder.encode`` makes it again on every call: half the
+    cost of a small object); parsed JSON holds no cycles, so it skips the cycle check."""
+    c_make = getattr(json.encoder, "c_make_encoder", None)
+    if c_make is None:  # pragma: no cover - an interpreter without the C accelerator
+        return json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+    def default(o: Any) -> Any:
+        raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+    make = c_make(None, default, json.encoder.encode_basestring, None, ": ", ", ", False, False, False)
+    return lambda obj: "".join(make(obj, 0))
+
+
+_META_JSON = _meta_encoder()
 
 
 def _metadata(values: list[Any]) -> list[str | None]:
@@ -486,9 +500,10 @@ def _clusters(values: list[Any] | tuple[np.ndarray, np.ndarray] | None, n: int) 
     try:
         # Every record a list of [int, number] pairs: flattened and checked in numpy.
         counts = np.fromiter(map(len, values), np.int64, n)
-        flat = np.asarray(list(chain.from_iterable(values)), dtype=np.float64).reshape(-1, 2)
-        if not all(type(p[0]) is int for pairs in values for p in pairs):
+        pairs = list(chain.from_iterable(values))
+        if set(map(len, pairs)) - {2} or set(map(type, map(itemgetter(0), pairs))) - {int}:
             raise TypeError
+        flat = np.fromiter(chain.from_iterable(pairs), np.float64, 2 * len(pairs)).reshape(-1, 2)
         ok = np.isfinite(flat).all() and (flat[:, 0] >= 0).all()
     except (TypeError, ValueError):
         ok = False

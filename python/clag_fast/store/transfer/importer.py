@@ -26,10 +26,11 @@ export did not carry are dropped); an anchored cluster (SLM topic, template labe
 at its exported centre. ``clusters="route"``, and live records without clusters, are routed by
 their vector as ``add_many`` routes.
 
-Write order per batch (as ``MemoryStore.add_many``): vectors appended (durable), then their
-cluster memberships and assignment records, the index state saved, and only then one SQLite
-transaction with the memories: a kill at any point leaves every committed record whole, with
-its exported clusters, and the next open reconciles the rest.
+Write order per batch (as ``MemoryStore.add_many``): vectors appended (durable), their
+cluster memberships and assignment records written, and only then one SQLite transaction
+with the memories; the index state is saved every ``CHECKPOINT_ROWS`` rows. A kill at any
+point leaves every committed record whole: the next open places the rows the saved index
+state does not cover from their assignment records, so they keep their exported clusters.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -47,7 +50,7 @@ from clag_fast.errors import DimensionMismatchError, MalformedRecordError
 from clag_fast.store import placement, routing
 from clag_fast.store.catalog import join
 from clag_fast.store.lexical import LexicalIndex
-from clag_fast.store.state import StoreState
+from clag_fast.store.state import CHECKPOINT_ROWS, StoreState
 from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, Batch, Checked, check,
                                               decode_vector, no_gc)
 
@@ -104,8 +107,17 @@ class Import:
     def _run(self, source: Source) -> dict[str, Any]:
         t0 = time.perf_counter()
         self._begin(source)
-        for batch in source.batches:
-            checked, width, cut = check(batch, self.width)
+        header_dim = source.header.get("dim") if source.header is not None else None
+        seen = {"width": self.width if self.width is not None else header_dim}
+
+        def read_and_check() -> Iterator[tuple[Batch, Checked, int | None, tuple[int, str] | None]]:
+            for batch in source.batches:
+                got, width, cut = check(batch, seen["width"])
+                if width is not None:
+                    seen["width"] = width
+                yield batch, got, width, cut
+
+        for batch, checked, width, cut in prefetched(read_and_check()):
             missing = np.flatnonzero(~checked.has_vector)
             if self.embed is None and len(missing):
                 m = int(missing[0])
@@ -288,9 +300,6 @@ class Import:
                 state.assignments.write(rows, ids_k, aff_k)  # archived records keep their pairs, as get() shows them
                 if route.any() and len(idx.cluster_ids()):
                     routed = placement.route_new_rows(state, rows[route], c.vectors[route])
-                # The memberships saved before the rows that rely on them commit: a kill after
-                # the commit leaves them as exported, not re-routed by the next open.
-                state.flush_index(durable=False)
             finally:
                 if written is not None:
                     join(written)  # the connection is this thread's again, whatever happened
@@ -299,7 +308,15 @@ class Import:
             if routed is not None:
                 texts = [t for t, r in zip(c.texts, route.tolist()) if r]
                 placement.record_placement(state, rows[route], texts, routed, now)
-        catalog.checkpoint()  # after the commit: the rows it references were synced above
+        # As add_many: the index state is saved (rows synced first) and the database
+        # checkpointed every so many rows, or every batch with ``fsync``. A kill before that
+        # loses nothing: the next open places these rows from their assignment records
+        # (``recovery.place_from_records``), which hold the exported clusters.
+        state.rows_since_checkpoint += c.n
+        if cfg.fsync:
+            state.flush_index()
+        elif state.rows_since_checkpoint > CHECKPOINT_ROWS:
+            state.flush_index(durable=False)
         r = state.rows
         before = r.version
         r.set_rows(rows, mids, c.namespaces, c.kinds, c.created_at, last_accessed=c.last_accessed,
@@ -387,6 +404,48 @@ class Import:
             ids[rows, free[rows]] = mapped[rows]
             aff[rows, free[rows]] = src_aff[rows, j]
         return ids, aff
+
+
+def prefetched(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, produced one ahead on a thread of their own: the next batch is read and
+    checked (Python, under the GIL) while this one is written (the vector file, the index,
+    SQLite: native code without the GIL). An error producing an item is raised here, where
+    that item would have come; stopping early stops the thread before returning."""
+    out: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((end, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            put((end, e))
+
+    worker = threading.Thread(target=produce, name="clag-fast-import-read", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = out.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
 
 
 def records_source(records: Iterable[dict[str, Any]], batch_size: int, what: str = "item",
