@@ -460,3 +460,30 @@ def test_without_orjson_and_pybase64_the_files_are_the_same(tmp_path, monkeypatc
     with open_store(tmp_path / "b") as b:
         b.import_(tmp_path / "plain.jsonl")
         assert snapshot(b) == want
+
+
+def test_a_record_clashing_with_a_stored_memory_stops_there(tmp_path):
+    build(tmp_path / "a", n=100)
+    with open_store(tmp_path / "a") as a:
+        a.export(tmp_path / "a.jsonl")
+        n_clusters = len(a.clusters())
+    lines = (tmp_path / "a.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    first = 2 + n_clusters  # 1-based line of the first memory
+    records = [json.loads(ln) for ln in lines[first - 1:]]
+    keyed = [i for i, r in enumerate(records) if r["key"]]
+    # Two records of the "export" share a key (a hand-edited file): the second stops the import.
+    dup = dict(records[keyed[5]], key=records[keyed[1]]["key"], namespace=records[keyed[1]]["namespace"])
+    lines[first - 1 + keyed[5]] = json.dumps(dup) + "\n"
+    (tmp_path / "dup.jsonl").write_text("".join(lines), encoding="utf-8")
+    with open_store(tmp_path / "b") as b:
+        with pytest.raises(MalformedRecordError, match=rf"line {first + keyed[5]}: key .* is also the key of memory"):
+            b.import_(tmp_path / "dup.jsonl")
+        assert len(snapshot(b)[0]) == keyed[5]  # every record before it
+    # A memory written between two runs under an id the export uses: named, nothing overwritten.
+    with open_store(tmp_path / "c") as c:
+        c.import_(io.BytesIO("".join(lines[: first - 1 + 10]).encode()))
+        took = c.add("written in between", embedding=np.ones(384, np.float32), key="mine", namespace="u0")
+        assert took == records[10]["id"]  # the next id: the export's next record's
+        with pytest.raises(MalformedRecordError, match=rf"memory id {took} is stored already as another memory"):
+            c.import_(tmp_path / "a.jsonl")
+        assert c.get(took).text == "written in between"

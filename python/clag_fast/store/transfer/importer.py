@@ -126,8 +126,10 @@ class Import:
                           "every record a vector)")
             if width is not None and checked.n:
                 self._settle_width(width)
-            self._write(checked, batch)
-            self.report["read"] += checked.n
+            conflict = self._write(checked, batch)
+            if conflict is not None and (cut is None or conflict[0] < cut[0]):
+                cut = conflict
+            self.report["read"] += checked.n if conflict is None else conflict[0]
             if self.progress is not None:
                 self.progress(self.report["read"], source.total)
             stop = None
@@ -184,17 +186,21 @@ class Import:
             self.width = width
 
     # -- one batch ------------------------------------------------------------------------
-    def _write(self, checked: Checked, batch: Batch) -> None:
+    def _write(self, checked: Checked, batch: Batch) -> tuple[int, str] | None:
+        """Store the batch's records that are not stored yet. Returns (index, reason) of a
+        record that conflicts with a stored memory (only the records before it are written),
+        or None."""
         if checked.n == 0:
-            return
+            return None
         if self.namespace is not None:
             checked.namespaces = [self.namespace] * checked.n
         state = self.state
         with state.lock.write():
-            fresh, keys = self._fresh(checked, batch)
-            self.report["skipped"] += checked.n - len(fresh)
+            fresh, keys, conflict = self._fresh(checked)
+            seen = checked.n if conflict is None else conflict[0]
+            self.report["skipped"] += seen - len(fresh)
         if len(fresh) == 0:
-            return
+            return conflict
         if len(fresh) == checked.n:  # the usual case: nothing stored yet, no copy
             new, new.keys = checked, keys
         else:
@@ -212,10 +218,12 @@ class Import:
         self.report["imported"] += new.n
         if self.after_batch is not None:
             self.after_batch()
+        return conflict
 
-    def _fresh(self, c: Checked, batch: Batch) -> tuple[np.ndarray, list[str | None]]:
-        """(positions of the records not stored yet, first occurrence of each, the key each
-        is stored under). Under the write lock."""
+    def _fresh(self, c: Checked) -> tuple[np.ndarray, list[str | None], tuple[int, str] | None]:
+        """(positions of the records not stored yet, first occurrence of each; the key each
+        is stored under; the first record that conflicts with a stored memory, as (index,
+        reason), the positions cut before it). Under the write lock."""
         catalog = self.state.catalog
         if self.keep_ids and c.ids is not None and (c.ids >= 0).all():
             ids = c.ids
@@ -223,9 +231,11 @@ class Import:
             first = np.sort(first)
             stored = catalog.ids_in_range(int(ids.min()), int(ids.max()))
             there = np.isin(ids[first], stored)
-            if there.any():
-                self._check_same(c, first[there], batch)
-            return first[~there], list(c.keys)
+            conflict = self._conflict(c, first, there)
+            fresh = first[~there]
+            if conflict is not None:
+                fresh = fresh[fresh < conflict[0]]
+            return fresh, list(c.keys), conflict
         keys = [k if k is not None else self._derived_key(c, i) for i, k in enumerate(c.keys)]
         seen: dict[tuple[str, str], int] = {}
         for i, (ns, k) in enumerate(zip(c.namespaces, keys)):
@@ -235,7 +245,7 @@ class Import:
             by_ns.setdefault(ns, []).append(k)
         stored = {(ns, k) for ns, ks in by_ns.items() for k in catalog.ids_of_keys(ns, ks)}
         fresh = sorted(i for nk, i in seen.items() if nk not in stored)
-        return np.asarray(fresh, np.int64), keys
+        return np.asarray(fresh, np.int64), keys, None
 
     def _derived_key(self, c: Checked, i: int) -> str:
         if self.source_id is not None and c.ids is not None and c.ids[i] >= 0:
@@ -244,18 +254,39 @@ class Import:
                                             ensure_ascii=False).encode("utf-8"), digest_size=16).hexdigest()
         return f"import:{digest}"
 
-    def _check_same(self, c: Checked, at: np.ndarray, batch: Batch) -> None:
-        """Records whose id is stored must be that memory (an earlier run's write)."""
-        found = self.state.catalog.identities(c.ids[at].tolist())
-        for i in at.tolist():
-            mine = (c.namespaces[i], c.keys[i])
-            there = found.get(int(c.ids[i]))
-            if there is not None and there[:2] != mine:
-                raise MalformedRecordError(
-                    f"{batch.position(i)}: memory id {int(c.ids[i])} is stored already as another memory (namespace "
-                    f"{there[0]!r}, key {there[1]!r}: the store was written to between two runs of this import); "
-                    "import into an empty store, or into this one after removing that memory",
-                    batch.position(i), self.report["imported"])
+    def _conflict(self, c: Checked, first: np.ndarray, there: np.ndarray) -> tuple[int, str] | None:
+        """Ids kept: the first record that would clash with a stored memory: its id held by
+        another memory (another namespace or key), or its key held under another id (the
+        store was written between two runs of this import). None when there is none."""
+        found = self.state.catalog.identities(c.ids[first[there]].tolist()) if there.any() else {}
+        bad: list[tuple[int, str]] = []
+        for i in first[there].tolist():
+            got = found.get(int(c.ids[i]))
+            if got is not None and got[:2] != (c.namespaces[i], c.keys[i]):
+                bad.append((i, f"memory id {int(c.ids[i])} is stored already as another memory (namespace "
+                               f"{got[0]!r}, key {got[1]!r})"))
+                break
+        keyed = [i for i in first[~there].tolist() if c.keys[i] is not None]
+        by_ns: dict[str, list[int]] = {}
+        twice: dict[tuple[str, str], int] = {}
+        for i in keyed:
+            by_ns.setdefault(c.namespaces[i], []).append(i)
+            j = twice.setdefault((c.namespaces[i], c.keys[i]), i)
+            if j != i:
+                bad.append((i, f"key {c.keys[i]!r} in namespace {c.namespaces[i]!r} is also the key of memory "
+                               f"{int(c.ids[j])} (records of one export have distinct keys)"))
+                break
+        for ns, at in by_ns.items():
+            held = self.state.catalog.ids_of_keys(ns, [c.keys[i] for i in at])
+            for i in at:
+                if c.keys[i] in held and held[c.keys[i]][0] != int(c.ids[i]):
+                    bad.append((i, f"key {c.keys[i]!r} in namespace {ns!r} is held by memory {held[c.keys[i]][0]}"))
+                    break
+        if not bad:
+            return None
+        i, why = min(bad)
+        return i, (f"{why}: the store was written to between two runs of this import; import into an empty "
+                   "store, or into this one after removing that memory")
 
     def _store(self, c: Checked) -> None:
         """Write checked, new records (under the write lock), in the module's write order.
