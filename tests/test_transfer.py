@@ -393,6 +393,12 @@ def test_mem0_dump_reads_back_through_the_mem0_interface(tmp_path):
         strip = lambda d: sorted(({k: v for k, v in m.items()} for m in d["results"]), key=lambda m: m["id"])  # noqa: E731
         assert strip(back) == strip(dump)
         assert dst_store.import_(transfer.from_mem0(dump))["imported"] == 0
+    # The command line embeds the texts with the default model into a new store.
+    r = _cli("import", str(tmp_path / "mem0.json"), "--store", str(tmp_path / "cli"), "--from", "mem0")
+    assert r.returncode == 0, r.stderr
+    assert "imported 2" in r.stdout
+    with MemoryStore.open(tmp_path / "cli", config=CFG, llm=False) as s:
+        assert s.config.dim == 384 and s.search("vegetarian", k=1, namespace="mem0")[0].text == "I am vegetarian"
 
 
 def test_langgraph_in_memory_store(tmp_path):
