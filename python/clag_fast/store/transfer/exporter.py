@@ -101,12 +101,13 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
         try:
             writer.header(header, clusters)
             for part in reader.transfer_rows(columns, ids=None if ids is None else ids.tolist(), batch=batch):
-                vrows = np.fromiter((r[-1] for r in part), np.int64, len(part))
+                cols = list(zip(*part))  # one transposition; the writers work column by column
+                vrows = np.asarray(cols[-1], np.int64)
                 block = vectors[vrows]
                 cids, aff = _carried_pairs(*state.assignments.read(vrows), carried)
-                archived = [r[state_at] == ARCHIVED for r in part]
+                archived = (np.asarray(cols[state_at]) == ARCHIVED).tolist()
                 vec = encode_vectors_raw(block) if fmt == "jsonl" else block
-                writer.memories(part, vec, cids, aff, archived)
+                writer.memories(cols, vec, cids, aff, archived)
                 done += len(part)
                 if progress is not None:
                     progress(done, total)

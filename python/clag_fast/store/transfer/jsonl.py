@@ -38,21 +38,26 @@ def _encode(kind: str, nullable: bool, col: Sequence[Any]) -> list[str]:
     return list(map(str, map(int, col)))
 
 
-def _pairs(cluster_ids: np.ndarray, affinities: np.ndarray) -> list[str]:
-    """Each row's pairs as JSON ("[c,a],[c,a]"), -1 ids left out."""
-    cols = []
-    for j in range(cluster_ids.shape[1]):
-        cols.append([f"[{c},{a!r}]" if c >= 0 else "" for c, a in zip(cluster_ids[:, j].tolist(),
-                                                                       affinities[:, j].tolist())])
-    if len(cols) == 1:
-        return cols[0]
-    return [",".join(filter(None, t)) for t in zip(*cols)]
+def _pairs(cluster_ids: np.ndarray, affinities: np.ndarray) -> list[bytes]:
+    """Each row's pairs as JSON ("[c,a],[c,a]"), -1 ids left out: every pair formatted by
+    one C-level map per column, rows joined likewise; only rows with -1 padding take a
+    Python loop. Affinities are float32: nine significant digits name each one exactly (a
+    reader's nearest double rounds back to it), in half the time and text of the double's
+    shortest repr."""
+    k = cluster_ids.shape[1]
+    cols = [list(map(b"[%d,%.9g]".__mod__, zip(cluster_ids[:, j].tolist(), affinities[:, j].tolist())))
+            for j in range(k)]
+    out = list(map(b",".join, zip(*cols)))
+    for i in np.flatnonzero((cluster_ids < 0).any(axis=1)).tolist():
+        out[i] = b",".join(c[i] for c, cid in zip(cols, cluster_ids[i].tolist()) if cid >= 0)
+    return out
 
 
 #: A memory line without its vector, its values already JSON texts: the fields in ``FIELDS``
 #: order, then the vector key (the vector and the clusters follow: ``_TAIL``).
 _HEAD = "{" + ",".join(f'"{f.name}":%s' for f in FIELDS) + f',"{VECTOR}":"'
-_TAIL = f'%s","{CLUSTERS}":[%s]}}\n'.encode()
+#: The whole line: its head (above, as bytes), the vector, the clusters.
+_LINE = f'%s%s","{CLUSTERS}":[%s]}}\n'.encode()
 
 #: Lines per write: about 9 MB at dim 384, so the buffers are reused, not mapped afresh.
 _CHUNK = 4096
@@ -74,20 +79,19 @@ class Writer:
         lines += [json.dumps({"cluster": c}, ensure_ascii=False) for c in clusters]
         self._write(("\n".join(lines) + "\n").encode("utf-8"))
 
-    def memories(self, rows: Sequence[tuple], vectors: Sequence[Any], cluster_ids: np.ndarray,
+    def memories(self, columns: Sequence[Sequence[Any]], vectors: Sequence[Any], cluster_ids: np.ndarray,
                  affinities: np.ndarray, archived: Sequence[bool]) -> None:
-        """``rows``: the FIELDS values of each memory as the catalog stores them (``archived``
-        given apart, as bools); ``vectors``: base64 rows (bytes or views); pairs with -1 ids
-        are left out. Built column by column, then two %-formats per line: per-field work
-        per record cost three times as much, and every copy of a 2 kB vector counts."""
-        if not rows:
+        """``columns``: the FIELDS values of the memories as the catalog stores them, one
+        sequence per field (``archived`` given apart, as bools); ``vectors``: base64 rows
+        (bytes or views); pairs with -1 ids are left out. Built column by column, then one
+        %-format per line: per-field work per record cost three times as much, and every
+        copy of a 2 kB vector counts (it is copied once, into its line)."""
+        if not len(archived):
             return
-        columns = list(zip(*rows))
         texts = [_encode(f.type, f.nullable, archived if f.type == "archived" else columns[i])
                  for i, f in enumerate(FIELDS)]
-        heads = [h.encode("utf-8") for h in map(_HEAD.__mod__, zip(*texts))]
-        tails = map(_TAIL.__mod__, zip(vectors, (p.encode("ascii") for p in _pairs(cluster_ids, affinities))))
-        lines = [h + t for h, t in zip(heads, tails)]
+        heads = map(str.encode, map(_HEAD.__mod__, zip(*texts)))
+        lines = list(map(_LINE.__mod__, zip(heads, vectors, _pairs(cluster_ids, affinities))))
         for i in range(0, len(lines), _CHUNK):
             self._write(b"".join(lines[i:i + _CHUNK]))
 

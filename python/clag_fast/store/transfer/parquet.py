@@ -55,10 +55,10 @@ class Writer:
         self._writer = pq.ParquetWriter(str(self.path), self.schema, compression="snappy",
                                         use_dictionary=["namespace", "kind"])
 
-    def memories(self, rows: Sequence[tuple], vectors: np.ndarray, cluster_ids: np.ndarray,
+    def memories(self, columns: Sequence[Sequence[Any]], vectors: np.ndarray, cluster_ids: np.ndarray,
                  affinities: np.ndarray, archived: Sequence[bool]) -> None:
+        """One row group: ``columns`` one sequence per FIELDS entry (``archived`` apart)."""
         pa = self.pa
-        columns = list(zip(*rows)) if rows else [[] for _ in FIELDS]
         arrays = []
         for i, f in enumerate(FIELDS):
             values = archived if f.type == "archived" else columns[i]
