@@ -493,3 +493,37 @@ def test_a_record_clashing_with_a_stored_memory_stops_there(tmp_path):
         with pytest.raises(MalformedRecordError, match=rf"memory id {took} is stored already as another memory"):
             c.import_(tmp_path / "a.jsonl")
         assert c.get(took).text == "written in between"
+
+
+def test_a_new_field_is_one_line_in_fields(tmp_path, monkeypatch):
+    """A store column added later (a conversation's thread, its turn) travels through export
+    and import in both formats once ``FIELDS`` names it, nothing else changed."""
+    from clag_fast.store.transfer import fields as fields_mod
+    from clag_fast.store.transfer.fields import Field
+
+    monkeypatch.setattr(fields_mod, "FIELDS", fields_mod.FIELDS + (
+        Field("thread", "thread", "str", nullable=True), Field("turn", "turn", "int", nullable=True)))
+    build(tmp_path / "a", n=60)
+    with open_store(tmp_path / "a") as a:
+        db = a._catalog.db  # the column the other change would add, added here by hand
+        db.execute("ALTER TABLE memories ADD COLUMN thread TEXT")
+        db.execute("ALTER TABLE memories ADD COLUMN turn INTEGER")
+        db.execute("UPDATE memories SET thread = 't' || (id % 3), turn = id WHERE id % 2 = 0")
+        for fmt in ("jsonl", "parquet"):
+            a.export(tmp_path / f"a.{fmt}")
+        want = sorted(db.execute("SELECT id, thread, turn FROM memories").fetchall())
+    first = json.loads((tmp_path / "a.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    assert "thread" in first and "turn" in first
+    for fmt in ("jsonl", "parquet"):
+        with open_store(tmp_path / f"b_{fmt}") as b:
+            b._catalog.db.execute("ALTER TABLE memories ADD COLUMN thread TEXT")
+            b._catalog.db.execute("ALTER TABLE memories ADD COLUMN turn INTEGER")
+            b.import_(tmp_path / f"a.{fmt}")
+            assert sorted(b._catalog.db.execute("SELECT id, thread, turn FROM memories").fetchall()) == want
+            assert any(t is None for _, t, _ in want) and any(t is not None for _, t, _ in want)
+    bad = [{"text": "x", "vector": [1.0, 0.0], "turn": -2}]
+    with open_store(tmp_path / "c") as c:
+        c._catalog.db.execute("ALTER TABLE memories ADD COLUMN thread TEXT")
+        c._catalog.db.execute("ALTER TABLE memories ADD COLUMN turn INTEGER")
+        with pytest.raises(MalformedRecordError, match="item 1: turn must be a non-negative integer"):
+            c.import_(bad)

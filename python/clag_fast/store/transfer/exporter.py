@@ -18,8 +18,9 @@ import numpy as np
 
 from clag_fast.store.catalog import ARCHIVED, Catalog
 from clag_fast.store.state import StoreState
+from clag_fast.store.transfer import fields as record
 from clag_fast.store.transfer import jsonl, parquet
-from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, FORMAT, VERSION, encode_vectors,
+from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FORMAT, VERSION, encode_vectors,
                                               encode_vectors_raw, no_gc)
 
 BATCH = 65_536
@@ -93,8 +94,8 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
             raise ValueError("a file object takes format 'jsonl'; Parquet needs a path")
         writer, close = jsonl.Writer(out), (lambda: None)
     carried = np.asarray(sorted(c["id"] for c in clusters), np.int64)
-    columns = [f.column for f in FIELDS] + ["vector_row"]
-    state_at = next(i for i, f in enumerate(FIELDS) if f.type == "archived")
+    columns = [f.column for f in record.FIELDS] + ["vector_row"]
+    state_at = next(i for i, f in enumerate(record.FIELDS) if f.type == "archived")
     vectors = state.index.vectors()
     done = 0
     with no_gc():

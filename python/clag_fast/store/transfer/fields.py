@@ -42,10 +42,12 @@ MAX_KEY_CHARS = 512
 
 @dataclass(frozen=True)
 class Field:
-    """One memory field: its record name, its memories-table column, its type ("int",
-    "float", "str", "json": a JSON object kept as text, "archived": the state column as a
-    bool), whether null is allowed, and its default when a record leaves it out (``REQUIRED``:
-    never; ``NOW``: the import's time)."""
+    """One memory field: its record name, its memories-table column, its type, whether null
+    is allowed, and its default when a record leaves it out (``REQUIRED``: never; ``NOW``:
+    the import's time). Types (each with its check, ``TYPES``, and its JSON and Parquet forms
+    in ``jsonl`` and ``parquet``): "int" (>= 0), "float" (finite), "str" (not blank), "json" (an
+    object, stored as JSON text), "archived" (a bool, stored as the state column), and the
+    stricter "id" (an int >= 0), "key" (``MAX_KEY_CHARS``, no NUL) and "text" (encodable)."""
 
     name: str
     column: str
@@ -57,15 +59,20 @@ class Field:
 REQUIRED = object()
 NOW = object()
 
-#: The memory fields, in record order. Conversation fields (thread, turn, speaker) are one
-#: line each here once their columns exist; a field holding another memory's id maps through
-#: the import's id map (``Import.id_of``).
+#: How each field type is written: the stricter types are written as the plain ones.
+WRITTEN_AS = {"id": "int", "key": "str", "text": "str"}
+
+#: The memory fields, in record order. A new memories-table column is one more line here
+#: (a conversation's thread, say: ``Field("thread", "thread", "str", nullable=True)``); its
+#: check, both file forms and the insert follow from its type. A field holding another
+#: memory's id keeps its meaning when the import keeps ids (into an empty store); into a
+#: store holding memories it would need the import's map from exported to new ids.
 FIELDS: tuple[Field, ...] = (
-    Field("id", "id", "int", nullable=True),
-    Field("key", "key", "str", nullable=True),
+    Field("id", "id", "id", nullable=True),
+    Field("key", "key", "key", nullable=True),
     Field("namespace", "namespace", "str", default="default"),
     Field("kind", "kind", "str", default="user_input"),
-    Field("text", "text", "str", default=REQUIRED),
+    Field("text", "text", "text", default=REQUIRED),
     Field("metadata", "metadata", "json", nullable=True),
     Field("created_at", "created_at", "float", default=NOW),
     Field("last_accessed", "last_accessed", "float", nullable=True),
@@ -75,8 +82,12 @@ FIELDS: tuple[Field, ...] = (
 )
 #: Record members that are not memories-table columns.
 VECTOR, CLUSTERS = "vector", "clusters"
-NAMES = frozenset([f.name for f in FIELDS] + [VECTOR, CLUSTERS])
-BY_NAME = {f.name: f for f in FIELDS}
+
+
+def record_names() -> frozenset[str]:
+    """Every name a memory record may use. The modules here read ``FIELDS`` when they run,
+    not when they are imported, so the tuple is the one place a field is added."""
+    return frozenset([f.name for f in FIELDS] + [VECTOR, CLUSTERS])
 
 #: Cluster record fields (columns of the clusters table), plus ``anchor`` for clusters whose
 #: centre is anchored (SLM topics, template labels): the centre they had, base64 as vectors.
@@ -228,21 +239,22 @@ def batch_from_dicts(records: Sequence[dict[str, Any]], position: Callable[[int]
                      error: tuple[str, str] | None = None) -> Batch:
     """A ``Batch`` from dict records (JSONL lines, importers). A record that is not an object
     or names an unknown field ends the batch there (as an ``error``)."""
+    known = record_names()
     if records and type(records[0]) is dict and records[0]:
         # Records that all name the same known fields (every line of an export): one
         # itemgetter call per record and one transposition, both in C, instead of a lookup
         # per field per record. Equal sizes and every name found mean the same field set.
-        names = tuple(records[0])
+        first = tuple(records[0])
         same = False
-        if set(names) <= NAMES and set(map(type, records)) == {dict} and set(map(len, records)) == {len(names)}:
+        if set(first) <= known and set(map(type, records)) == {dict} and set(map(len, records)) == {len(first)}:
             try:
-                rows = list(map(itemgetter(*names), records))
+                rows = list(map(itemgetter(*first), records))
                 same = True
             except KeyError:
                 pass
         if same:
             n = len(records)
-            columns = dict(zip(names, zip(*rows))) if len(names) > 1 else {names[0]: rows}
+            columns = dict(zip(first, zip(*rows))) if len(first) > 1 else {first[0]: rows}
             values = {f.name: list(columns[f.name]) if f.name in columns else [None] * n for f in FIELDS}
             vectors = list(columns[VECTOR]) if VECTOR in columns else [None] * n
             clusters = list(columns[CLUSTERS]) if CLUSTERS in columns else None
@@ -253,9 +265,9 @@ def batch_from_dicts(records: Sequence[dict[str, Any]], position: Callable[[int]
             bad = f"a record must be a JSON object, got {type(rec).__name__}"
         elif rec.keys() == {"cluster"}:
             bad = "cluster records must come right after the header, before the memories"
-        elif not rec.keys() <= NAMES:
-            unknown = sorted(set(rec) - NAMES)
-            bad = f"unknown field(s) {unknown} (known: {', '.join(sorted(NAMES))})"
+        elif not rec.keys() <= known:
+            unknown = sorted(set(rec) - known)
+            bad = f"unknown field(s) {unknown} (known: {', '.join(sorted(known))})"
         if bad is not None:
             records, error = records[:i], (position(i), bad)
             break
@@ -263,49 +275,67 @@ def batch_from_dicts(records: Sequence[dict[str, Any]], position: Callable[[int]
     return Batch(values, [r.get(VECTOR) for r in records], [r.get(CLUSTERS) for r in records], position, error)
 
 
-@dataclass
 class Checked:
-    """A batch's records that passed every check, typed for the store (see ``check``)."""
+    """A batch's records that passed every check, typed for the store (see ``check``):
+    ``values[field name]`` per ``FIELDS`` entry (a list, or a numpy array for numbers without
+    nulls; a nullable float's nulls are NaN), the vectors ((n, dim) float32, zero rows where a
+    record has none: ``has_vector``) and the soft assignments ((n, k) ids with -1 padding and
+    affinities; None when no record has one). The fields the importer itself reads are also
+    attributes (``texts``, ``keys``, ...)."""
 
-    n: int
-    ids: np.ndarray | None  # int64; -1 where a record has none (None: no record has one)
-    keys: list[str | None]
-    namespaces: list[str]
-    kinds: list[str]
-    texts: list[str]
-    metadata: list[str | None]  # JSON text
-    created_at: np.ndarray
-    last_accessed: np.ndarray  # NaN: never
-    access_count: np.ndarray
-    strength: np.ndarray
-    archived: np.ndarray  # bool
-    vectors: np.ndarray  # (n, dim) float32; rows without one are zero
-    has_vector: np.ndarray  # bool
-    cluster_ids: np.ndarray | None  # (n, k) int64, -1 padding (None: no record has clusters)
-    affinities: np.ndarray | None
+    def __init__(self, n: int, values: dict[str, Any], vectors: np.ndarray, has_vector: np.ndarray,
+                 cluster_ids: np.ndarray | None, affinities: np.ndarray | None) -> None:
+        self.n, self.values = n, values
+        self.vectors, self.has_vector = vectors, has_vector
+        self.cluster_ids, self.affinities = cluster_ids, affinities
+
+    ids = property(lambda self: self.values["id"])  # int64 array (-1: none), or None: no record has one
+    texts = property(lambda self: self.values["text"])
+    kinds = property(lambda self: self.values["kind"])
+    metadata = property(lambda self: self.values["metadata"])  # JSON text or None
+    created_at = property(lambda self: self.values["created_at"])
+    last_accessed = property(lambda self: self.values["last_accessed"])  # NaN: never
+    access_count = property(lambda self: self.values["access_count"])
+    strength = property(lambda self: self.values["strength"])
+    archived = property(lambda self: self.values["archived"])  # bool array
+
+    @property
+    def keys(self) -> list[str | None]:
+        return self.values["key"]
+
+    @keys.setter
+    def keys(self, value: list[str | None]) -> None:
+        self.values["key"] = value
+
+    @property
+    def namespaces(self) -> list[str]:
+        return self.values["namespace"]
+
+    @namespaces.setter
+    def namespaces(self, value: list[str]) -> None:
+        self.values["namespace"] = value
 
     def column(self, f: Field) -> list[Any]:
         """The values of ``f`` as the memories table stores them."""
+        value = self.values[f.name]
         if f.type == "archived":
-            return np.where(self.archived, ARCHIVED, LIVE).tolist()
-        value = {"id": self.ids, "key": self.keys, "namespace": self.namespaces, "kind": self.kinds,
-                 "text": self.texts, "metadata": self.metadata, "created_at": self.created_at,
-                 "last_accessed": self.last_accessed, "access_count": self.access_count,
-                 "strength": self.strength}[f.name]
-        if f.name == "last_accessed":
-            return [None if math.isnan(x) else x for x in value.tolist()]
-        return value.tolist() if isinstance(value, np.ndarray) else value
+            return np.where(value, ARCHIVED, LIVE).tolist()
+        if value is None:  # ids when no record has one (the importer gives them)
+            return [None] * self.n
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind == "f" and f.nullable:
+                return [None if math.isnan(x) else x for x in value.tolist()]
+            return value.tolist()
+        return value
 
     def take(self, at: np.ndarray) -> "Checked":
         """These records at positions ``at`` (in that order)."""
         lst = at.tolist()
-        return Checked(
-            len(lst), None if self.ids is None else self.ids[at], [self.keys[i] for i in lst],
-            [self.namespaces[i] for i in lst], [self.kinds[i] for i in lst], [self.texts[i] for i in lst],
-            [self.metadata[i] for i in lst], self.created_at[at], self.last_accessed[at], self.access_count[at],
-            self.strength[at], self.archived[at], self.vectors[at], self.has_vector[at],
-            None if self.cluster_ids is None else self.cluster_ids[at],
-            None if self.affinities is None else self.affinities[at])
+        values = {name: None if v is None else v[at] if isinstance(v, np.ndarray) else [v[i] for i in lst]
+                  for name, v in self.values.items()}
+        return Checked(len(lst), values, self.vectors[at], self.has_vector[at],
+                       None if self.cluster_ids is None else self.cluster_ids[at],
+                       None if self.affinities is None else self.affinities[at])
 
 
 class _Bad(Exception):
@@ -388,7 +418,7 @@ def _meta_encoder() -> Callable[[Any], str]:
 _META_JSON = _meta_encoder()
 
 
-def _metadata(values: list[Any]) -> list[str | None]:
+def _metadata(values: list[Any], name: str = "metadata") -> list[str | None]:
     out: list[str | None] = []
     enc = _META_JSON
     for i, v in enumerate(values):
@@ -398,17 +428,17 @@ def _metadata(values: list[Any]) -> list[str | None]:
             try:
                 out.append(enc(v))
             except (TypeError, ValueError) as e:
-                raise _Bad(i, f"metadata is not JSON-serialisable: {e}") from None
+                raise _Bad(i, f"{name} is not JSON-serialisable: {e}") from None
         elif isinstance(v, str):  # JSON text (Parquet): kept as written once it reads as an object
             try:
                 parsed = loads_json(v)
             except ValueError as e:
-                raise _Bad(i, f"metadata is not valid JSON ({e})") from None
+                raise _Bad(i, f"{name} is not valid JSON ({e})") from None
             if not isinstance(parsed, dict):
-                raise _Bad(i, "metadata must be a JSON object")
+                raise _Bad(i, f"{name} must be a JSON object")
             out.append(v)
         else:
-            raise _Bad(i, f"metadata must be an object or null, got {type(v).__name__}")
+            raise _Bad(i, f"{name} must be an object or null, got {type(v).__name__}")
     return out
 
 
@@ -570,21 +600,39 @@ def _ids(values: list[Any]) -> np.ndarray | None:
     return np.asarray([-1 if v is None else v for v in values], np.int64)
 
 
+def _check_field(f: Field, values: list[Any], now: float) -> Any:
+    """One field's column checked and typed (``_Bad`` names the first bad record)."""
+    default = now if f.default is NOW else f.default
+    if f.type in ("str", "key", "text") and not f.nullable and default is not None and default is not REQUIRED:
+        values = [default if v is None else v for v in values] if None in values else values
+    if f.type == "id":
+        return _ids(values)
+    if f.type == "key":
+        return _keys(values)
+    if f.type == "text":
+        return _texts(values)
+    if f.type == "str":
+        return _strings(values, f.name, REQUIRED if default is None and not f.nullable else default, f.nullable)
+    if f.type == "json":
+        return _metadata(values, f.name)
+    if f.type == "archived":
+        i = _first(values, lambda v: v is None or type(v) is bool)
+        if i >= 0:
+            raise _Bad(i, f"{f.name} must be true or false, got {values[i]!r}")
+        return np.fromiter((v is True for v in values), bool, len(values))
+    if f.type == "float":
+        return _numbers(values, f.name, np.float64, default, f.nullable)
+    if f.type == "int":
+        if f.nullable and None in values:  # nulls kept: an int column has no NaN
+            checked = _numbers([0 if v is None else v for v in values], f.name, np.int64, 0, False)
+            return [None if v is None else c for v, c in zip(values, checked.tolist())]
+        return _numbers(values, f.name, np.int64, default, False)
+    raise ValueError(f"unknown field type {f.type!r}")
+
+
 def _check(batch: Batch, n: int, dim: int | None, now: float | None) -> tuple[Checked, int | None]:
-    vals = batch.values
-    ids = _ids(vals["id"])
-    created = _numbers(vals["created_at"], "created_at", np.float64, time.time() if now is None else now, False)
+    now = time.time() if now is None else now
+    values = {f.name: _check_field(f, batch.values[f.name], now) for f in FIELDS}
     vectors, has, width = _vectors(batch.vectors, dim)
     cids, aff = _clusters(batch.clusters, n)
-    archived = vals["archived"]
-    i = _first(archived, lambda v: v is None or type(v) is bool)
-    if i >= 0:
-        raise _Bad(i, f"archived must be true or false, got {archived[i]!r}")
-    checked = Checked(
-        n, ids, _keys(vals["key"]), _strings(vals["namespace"], "namespace", "default", False),
-        _strings(vals["kind"], "kind", "user_input", False), _texts(vals["text"]), _metadata(vals["metadata"]),
-        created, _numbers(vals["last_accessed"], "last_accessed", np.float64, None, True),
-        _numbers(vals["access_count"], "access_count", np.int64, 0, False),
-        _numbers(vals["strength"], "strength", np.float64, 1.0, False),
-        np.fromiter((v is True for v in archived), bool, n), vectors, has, cids, aff)
-    return checked, width
+    return Checked(n, values, vectors, has, cids, aff), width

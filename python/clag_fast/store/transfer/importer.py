@@ -51,7 +51,8 @@ from clag_fast.store import placement, routing
 from clag_fast.store.catalog import join
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.state import CHECKPOINT_ROWS, StoreState
-from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FIELDS, Batch, Checked, check,
+from clag_fast.store.transfer import fields as record
+from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, Batch, Checked, check,
                                               decode_vector, no_gc)
 
 log = logging.getLogger(__name__)
@@ -308,8 +309,8 @@ class Import:
         else:
             first = catalog.next_memory_id()
             mids = np.arange(first, first + c.n, dtype=np.int64)
-        columns = [f.column for f in FIELDS] + ["vector_row"]
-        values = [mids.tolist() if f.name == "id" else c.column(f) for f in FIELDS] + [rows.tolist()]
+        columns = [f.column for f in record.FIELDS] + ["vector_row"]
+        values = [mids.tolist() if f.name == "id" else c.column(f) for f in record.FIELDS] + [rows.tolist()]
         live = ~c.archived
         ids_k, aff_k = self._local_pairs(c, cfg.soft_k)
         placed = ids_k[:, 0] >= 0

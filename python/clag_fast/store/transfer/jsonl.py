@@ -11,11 +11,12 @@ from __future__ import annotations
 import io
 import json
 from json.encoder import encode_basestring  # the C encoder json.dumps uses for one string
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import numpy as np
 
-from clag_fast.store.transfer.fields import CLUSTERS, FIELDS, FORMAT, VECTOR, Batch, batch_from_dicts, loads_json
+from clag_fast.store.transfer import fields
+from clag_fast.store.transfer.fields import CLUSTERS, FORMAT, VECTOR, WRITTEN_AS, Batch, batch_from_dicts, loads_json
 from clag_fast.store.transfer.importer import Source
 
 
@@ -24,6 +25,7 @@ def _encode(kind: str, nullable: bool, col: Sequence[Any]) -> list[str]:
     """A column's values as JSON texts, one C-level pass where the column allows (None ->
     null). Floats by ``repr``: the shortest text that reads back to the same double. Stored
     metadata is JSON text already (json.dumps without indent: no newline) and goes as it is."""
+    kind = WRITTEN_AS.get(kind, kind)
     if kind == "archived":
         return ["true" if v else "false" for v in col]
     if kind == "json":
@@ -53,10 +55,13 @@ def _pairs(cluster_ids: np.ndarray, affinities: np.ndarray) -> list[bytes]:
     return out
 
 
-#: A memory line without its vector, its values already JSON texts: the fields in ``FIELDS``
-#: order, then the vector key (the vector and the clusters follow: ``_TAIL``).
-_HEAD = "{" + ",".join(f'"{f.name}":%s' for f in FIELDS) + f',"{VECTOR}":"'
-#: The whole line: its head (above, as bytes), the vector, the clusters.
+def _head() -> str:
+    """A memory line up to its vector, a %-format of its values as JSON texts: the fields in
+    ``FIELDS`` order, then the vector key (the vector and the clusters follow: ``_LINE``)."""
+    return "{" + ",".join(f'"{f.name}":%s' for f in fields.FIELDS) + f',"{VECTOR}":"'
+
+
+#: The whole line: its head (``_head``, as bytes), the vector, the clusters.
 _LINE = f'%s%s","{CLUSTERS}":[%s]}}\n'.encode()
 
 #: Lines per write: about 9 MB at dim 384, so the buffers are reused, not mapped afresh.
@@ -89,8 +94,8 @@ class Writer:
         if not len(archived):
             return
         texts = [_encode(f.type, f.nullable, archived if f.type == "archived" else columns[i])
-                 for i, f in enumerate(FIELDS)]
-        heads = map(str.encode, map(_HEAD.__mod__, zip(*texts)))
+                 for i, f in enumerate(fields.FIELDS)]
+        heads = map(str.encode, map(_head().__mod__, zip(*texts)))
         lines = list(map(_LINE.__mod__, zip(heads, vectors, _pairs(cluster_ids, affinities))))
         for i in range(0, len(lines), _CHUNK):
             self._write(b"".join(lines[i:i + _CHUNK]))

@@ -13,7 +13,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from clag_fast.store.transfer.fields import CLUSTERS, FIELDS, NAMES, VECTOR, Batch
+from clag_fast.store.transfer import fields as record
+from clag_fast.store.transfer.fields import CLUSTERS, VECTOR, WRITTEN_AS, Batch
 from clag_fast.store.transfer.importer import Source
 
 META_KEY = b"clag_fast"
@@ -31,7 +32,7 @@ def _pa() -> Any:
 
 def _arrow_type(kind: str, pa: Any) -> Any:
     return {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "json": pa.string(),
-            "archived": pa.bool_()}[kind]
+            "archived": pa.bool_()}[WRITTEN_AS.get(kind, kind)]
 
 
 class Writer:
@@ -44,7 +45,7 @@ class Writer:
 
     def header(self, header: dict[str, Any], clusters: list[dict[str, Any]]) -> None:
         pa = self.pa
-        fields = [pa.field(f.name, _arrow_type(f.type, pa), nullable=f.nullable) for f in FIELDS]
+        fields = [pa.field(f.name, _arrow_type(f.type, pa), nullable=f.nullable) for f in record.FIELDS]
         fields.append(pa.field(VECTOR, pa.list_(pa.float32(), self.dim), nullable=False))
         fields.append(pa.field(CLUSTERS, pa.list_(pa.struct([("id", pa.int64()), ("affinity", pa.float32())]))))
         meta = json.dumps(dict(header, cluster_records=clusters), ensure_ascii=False).encode("utf-8")
@@ -60,7 +61,7 @@ class Writer:
         """One row group: ``columns`` one sequence per FIELDS entry (``archived`` apart)."""
         pa = self.pa
         arrays = []
-        for i, f in enumerate(FIELDS):
+        for i, f in enumerate(record.FIELDS):
             values = archived if f.type == "archived" else columns[i]
             arrays.append(pa.array(values, type=_arrow_type(f.type, pa)))
         flat = np.ascontiguousarray(vectors, np.float32).reshape(-1)
@@ -95,9 +96,10 @@ def read(path: Path, batch_size: int) -> Source:
             raise ValueError(f"{path}: export format version {header.get('version')!r} is not one this clag_fast "
                              "reads (1)")
     names = pf.schema_arrow.names
-    unknown = [n for n in names if n not in NAMES]
+    known = record.record_names()
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"{path}: unknown column(s) {unknown} (known: {', '.join(sorted(NAMES))})")
+        raise ValueError(f"{path}: unknown column(s) {unknown} (known: {', '.join(sorted(known))})")
     return Source(header, clusters or [], _batches(pf, path, batch_size), pf.metadata.num_rows)
 
 
@@ -106,7 +108,7 @@ def _batches(pf: Any, path: Path, batch_size: int) -> Iterator[Batch]:
     for rb in pf.iter_batches(batch_size=batch_size):
         n = rb.num_rows
         names = rb.schema.names
-        values = {f.name: (rb.column(f.name).to_pylist() if f.name in names else [None] * n) for f in FIELDS}
+        values = {f.name: (rb.column(f.name).to_pylist() if f.name in names else [None] * n) for f in record.FIELDS}
         vectors: Any = [None] * n
         if VECTOR in names:
             vectors = _vectors(rb.column(VECTOR))
