@@ -527,3 +527,18 @@ def test_a_new_field_is_one_line_in_fields(tmp_path, monkeypatch):
         c._catalog.db.execute("ALTER TABLE memories ADD COLUMN turn INTEGER")
         with pytest.raises(MalformedRecordError, match="item 1: turn must be a non-negative integer"):
             c.import_(bad)
+
+
+def test_export_to_file_objects_text_or_binary(tmp_path):
+    build(tmp_path / "a", n=80)
+    text, raw = io.StringIO(), io.BytesIO()
+    with open_store(tmp_path / "a") as a:
+        a.export(text)
+        a.export(raw, format="jsonl")
+        want = snapshot(a)
+        with pytest.raises(ValueError, match="Parquet needs a path"):
+            a.export(io.BytesIO(), format="parquet")
+    assert text.getvalue().encode("utf-8").split(b"\n", 1)[1] == raw.getvalue().split(b"\n", 1)[1]
+    with open_store(tmp_path / "b") as b:
+        b.import_(io.StringIO(text.getvalue()))
+        assert snapshot(b) == want

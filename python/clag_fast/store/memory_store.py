@@ -617,7 +617,7 @@ class MemoryStore:
         """Write the store's memories (texts, keys, namespaces, kinds, metadata, times,
         access counts, strength, archived state, vectors as stored, soft cluster assignments)
         and its clusters (profiles, anchors) to ``out``: a path ending in .jsonl or .parquet
-        (or ``format=``), or a text file object (JSONL). ``namespace`` / ``cluster``: only the
+        (or ``format=``), or a file object, binary or text (JSONL). ``namespace`` / ``cluster``: only the
         memories of that namespace / whose primary cluster that is. Writes wait while it reads
         (one consistent state). Format and fields: ``clag_fast.store.transfer``; returns counts."""
         from clag_fast.store import transfer
