@@ -102,6 +102,42 @@ fn merge_sorted(list: &mut Vec<u32>, add: &mut Vec<u32>) {
     }
 }
 
+/// What one `Clusters::apply` changed in one kind of member list (primary or secondary), per
+/// slot: the lists touched, those that lost a row (only they need a scan; a list that only
+/// gained rows is merged), and the (slot, row) pairs gained.
+struct ListChanges {
+    touched: Vec<bool>,
+    left: Vec<bool>,
+    gained: Vec<(u32, u32)>,
+}
+
+impl ListChanges {
+    fn new(slots: usize) -> Self {
+        ListChanges { touched: vec![false; slots], left: vec![false; slots], gained: Vec::new() }
+    }
+
+    #[inline]
+    fn lose(&mut self, s: usize) {
+        self.touched[s] = true;
+        self.left[s] = true;
+    }
+
+    #[inline]
+    fn gain(&mut self, s: u32, r: u32) {
+        self.touched[s as usize] = true;
+        self.gained.push((s, r));
+    }
+
+    /// The rows gained, per slot.
+    fn gained_by_slot(&self) -> Vec<Vec<u32>> {
+        let mut by_slot: Vec<Vec<u32>> = vec![Vec::new(); self.touched.len()];
+        for &(s, r) in &self.gained {
+            by_slot[s as usize].push(r);
+        }
+        by_slot
+    }
+}
+
 /// Secondary memberships per row: two inline slots, overflow in a map.
 #[derive(Default)]
 pub struct Secondary {
@@ -403,20 +439,13 @@ impl Clusters {
     /// `prim[i]` is a slot, PENDING or DETACHED; `secs` replaces the secondary slots when
     /// given, else they are kept (minus the new primary). `data` holds every row's vector.
     fn apply(&mut self, rows: &[u32], prim: &[u32], secs: Option<&[Vec<u32>]>, data: &[f32]) {
-        let dim = self.dim;
         let ns = self.slots.len();
-        let mut touched_p = vec![false; ns];
-        let mut touched_s = vec![false; ns];
-        // Lists that lost a row need a scan; lists that only gained rows do not (see below).
-        let mut left_p = vec![false; ns];
-        let mut left_s = vec![false; ns];
-        let mut push_p: Vec<(u32, u32)> = Vec::new();
-        let mut push_s: Vec<(u32, u32)> = Vec::new();
+        let (mut primary, mut secondary) = (ListChanges::new(ns), ListChanges::new(ns));
         // Last occurrence wins: walk backwards and skip rows already handled (a bitmap over
         // every row: one bit test per row, where a hash set cost more than the rest of a
         // large re-assignment wave's bookkeeping).
         let mut seen = vec![0u64; self.primary_of.len().div_ceil(64)];
-        let (mut old_sec, mut dedup) = (Vec::new(), Vec::new());
+        let (mut old_sec, mut kept) = (Vec::new(), Vec::new());
         for i in (0..rows.len()).rev() {
             let r = rows[i];
             let (word, bit) = (r as usize / 64, 1u64 << (r % 64));
@@ -424,93 +453,107 @@ impl Clusters {
                 continue;
             }
             seen[word] |= bit;
-            let (old, new) = (self.primary_of[r as usize], prim[i]);
-            let v = &data[r as usize * dim..(r as usize + 1) * dim];
-            if old != new {
-                if is_slot(old) {
-                    let o = old as usize;
-                    touched_p[o] = true;
-                    left_p[o] = true;
-                    for (a, &x) in self.slots[o].sum.iter_mut().zip(v) {
-                        *a -= x as f64;
-                    }
-                }
-                if is_slot(new) {
-                    let n = new as usize;
-                    touched_p[n] = true;
-                    push_p.push((new, r));
-                    for (a, &x) in self.slots[n].sum.iter_mut().zip(v) {
-                        *a += x as f64;
-                    }
-                }
-                if old == PENDING {
-                    self.n_pending -= 1;
-                }
-                if new == PENDING {
-                    self.n_pending += 1;
-                    self.pending.push(r);
-                }
-                self.primary_of[r as usize] = new;
-            }
+            self.move_primary(r, prim[i], data, &mut primary);
             self.sec.get_into(r, &mut old_sec);
-            let new_sec: &[u32] = match secs {
-                Some(s) => &s[i],
-                None => &old_sec,
-            };
-            dedup.clear();
-            for &s in new_sec {
-                if s != new && !dedup.contains(&s) {
-                    dedup.push(s);
-                }
-            }
-            for &s in &old_sec {
-                if !dedup.contains(&s) {
-                    touched_s[s as usize] = true;
-                    left_s[s as usize] = true;
-                }
-            }
-            for &s in &dedup {
-                if !old_sec.contains(&s) {
-                    touched_s[s as usize] = true;
-                    push_s.push((s, r));
-                }
-            }
-            if dedup != old_sec {
-                self.sec.set(r, &dedup);
+            let new_sec = secs.map_or(&old_sec[..], |s| &s[i]);
+            self.set_secondary(r, prim[i], new_sec, &old_sec, &mut kept, &mut secondary);
+        }
+        self.update_lists(primary, secondary);
+        self.compact_pending();
+    }
+
+    /// Make `new` (a slot, PENDING or DETACHED) row `r`'s primary: the running sums of the old
+    /// and new clusters and the pending count follow.
+    #[inline]
+    fn move_primary(&mut self, r: u32, new: u32, data: &[f32], changes: &mut ListChanges) {
+        let old = self.primary_of[r as usize];
+        if old == new {
+            return;
+        }
+        let dim = self.dim;
+        let v = &data[r as usize * dim..(r as usize + 1) * dim];
+        if is_slot(old) {
+            changes.lose(old as usize);
+            for (a, &x) in self.slots[old as usize].sum.iter_mut().zip(v) {
+                *a -= x as f64;
             }
         }
-        let mut add_p: Vec<Vec<u32>> = vec![Vec::new(); ns];
-        for (s, r) in push_p {
-            add_p[s as usize].push(r);
+        if is_slot(new) {
+            changes.gain(new, r);
+            for (a, &x) in self.slots[new as usize].sum.iter_mut().zip(v) {
+                *a += x as f64;
+            }
         }
-        let mut add_s: Vec<Vec<u32>> = vec![Vec::new(); ns];
-        for (s, r) in push_s {
-            add_s[s as usize].push(r);
+        if old == PENDING {
+            self.n_pending -= 1;
         }
-        for s in 0..ns {
-            if touched_p[s] {
+        if new == PENDING {
+            self.n_pending += 1;
+            self.pending.push(r);
+        }
+        self.primary_of[r as usize] = new;
+    }
+
+    /// Make `new_sec` without the primary `prim` and without repeats (built in `kept`) row `r`'s
+    /// secondary slots, `old_sec` being its current ones.
+    #[inline]
+    fn set_secondary(&mut self, r: u32, prim: u32, new_sec: &[u32], old_sec: &[u32], kept: &mut Vec<u32>,
+                     changes: &mut ListChanges) {
+        kept.clear();
+        for &s in new_sec {
+            if s != prim && !kept.contains(&s) {
+                kept.push(s);
+            }
+        }
+        for &s in old_sec {
+            if !kept.contains(&s) {
+                changes.lose(s as usize);
+            }
+        }
+        for &s in kept.iter() {
+            if !old_sec.contains(&s) {
+                changes.gain(s, r);
+            }
+        }
+        if kept[..] != old_sec[..] {
+            self.sec.set(r, kept);
+        }
+    }
+
+    /// Bring the member lists `apply` changed up to date (rows that left filtered out, rows
+    /// gained merged in) and refresh the centres whose primary members changed.
+    fn update_lists(&mut self, primary: ListChanges, secondary: ListChanges) {
+        let mut add_p = primary.gained_by_slot();
+        let mut add_s = secondary.gained_by_slot();
+        for s in 0..self.slots.len() {
+            if primary.touched[s] {
                 self.slots[s].invalidate();
                 let po = &self.primary_of;
                 let list = &mut self.slots[s].primary;
-                if left_p[s] {
+                if primary.left[s] {
                     list.retain(|&r| po[r as usize] == s as u32);
                 }
                 merge_sorted(list, &mut add_p[s]);
             }
-            if touched_s[s] {
+            if secondary.touched[s] {
                 let sec = &self.sec;
                 let list = &mut self.slots[s].secondary;
-                if left_s[s] {
+                if secondary.left[s] {
                     list.retain(|&r| sec.contains(r, s as u32));
                 }
                 merge_sorted(list, &mut add_s[s]);
             }
         }
-        for (s, &t) in touched_p.iter().enumerate() {
+        for (s, &t) in primary.touched.iter().enumerate() {
             if t {
                 self.refresh_centre(s);
             }
         }
+    }
+
+    /// Drop stale entries (rows no longer PENDING) from `pending` once they outnumber the
+    /// pending rows.
+    fn compact_pending(&mut self) {
         if self.pending.len() > 2 * self.n_pending + 1024 {
             let po = &self.primary_of;
             self.pending.retain(|&r| po[r as usize] == PENDING);

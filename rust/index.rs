@@ -291,6 +291,46 @@ impl Index {
         let q = kernels::normalized(queries, self.dim(), "queries")?;
         search::search(&self.cl, self.vf.rows(), self.dim(), &q, p)
     }
+
+    /// Search one `query` (exactly dim values: a longer slice is not read as several queries),
+    /// its hits cut to the number found, each with the memory id `memory_ids` gives its row
+    /// (the caller's row -> memory id column, at least as long as the index).
+    pub fn search_one(&self, query: &[f32], p: &Params, memory_ids: &[i64]) -> Result<OneSearch> {
+        if query.len() != self.dim() {
+            return Err(Error::Value(format!("query has {} values but the index has dim {}", query.len(), self.dim())));
+        }
+        let r = self.search(query, p)?;
+        let n = r.counts[0] as usize;
+        let mut rows = r.ids;
+        rows.truncate(n);
+        let mids = rows
+            .iter()
+            .map(|&row| usize::try_from(row).ok().and_then(|i| memory_ids.get(i).copied()))
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(|| {
+                Error::Value(format!("memory_ids has {} entries, fewer than the index's rows", memory_ids.len()))
+            })?;
+        let mut scores = r.scores;
+        scores.truncate(n);
+        let mut clusters = r.clusters;
+        clusters.truncate(n);
+        let probed = r.probed.into_iter().take_while(|&c| c >= 0).collect();
+        Ok(OneSearch { rows, scores, clusters, memory_ids: mids, scanned: r.scanned[0], probed })
+    }
+}
+
+/// One query's hits (`Index::search_one`), best first, as many as were found.
+#[derive(Debug)]
+pub struct OneSearch {
+    pub rows: Vec<i64>,
+    pub scores: Vec<f32>,
+    /// Each hit's primary cluster (-1: none).
+    pub clusters: Vec<i64>,
+    pub memory_ids: Vec<i64>,
+    /// Rows scanned.
+    pub scanned: i64,
+    /// Clusters probed, best first (none for a flat search).
+    pub probed: Vec<i64>,
 }
 
 #[cfg(test)]
@@ -317,5 +357,30 @@ mod tests {
         assert_eq!(ix.cl.cluster_of(0).unwrap(), ix.cl.cluster_of(1).unwrap());
         assert!(ix.assign(&[4], &[ids[0]], 1).is_err()); // read-only
         assert!(Index::open(&dir, Some(3), true, true).is_err());
+    }
+
+    #[test]
+    fn search_one_cuts_to_the_hits_and_maps_memory_ids() {
+        let d = tempfile::tempdir().unwrap();
+        let mut ix = Index::open(d.path(), Some(2), false, true).unwrap();
+        ix.append(&[1.0, 0.0, 0.9, 0.1, 0.0, 1.0, 0.1, 0.9]).unwrap();
+        ix.kmeans(2, None, 0).unwrap();
+        let mids = [100, 101, 102, 103];
+        let p = Params { k: 10, n_probe: 2, ..Default::default() };
+        let one = ix.search_one(&[1.0, 0.05], &p, &mids).unwrap();
+        let all = ix.search(&[1.0, 0.05], &p).unwrap();
+        let n = all.counts[0] as usize;
+        assert_eq!(n, 4);
+        assert_eq!(one.rows, all.ids[..n]);
+        assert_eq!(one.scores, all.scores[..n]);
+        assert_eq!(one.clusters, all.clusters[..n]);
+        assert_eq!(one.memory_ids, one.rows.iter().map(|&r| 100 + r).collect::<Vec<_>>());
+        assert_eq!(one.rows[0], 0);
+        assert_eq!(one.scanned, all.scanned[0]);
+        assert_eq!(one.probed.len(), 2);
+        // Two queries' worth of values, and a memory id column shorter than the hits.
+        assert!(matches!(ix.search_one(&[1.0, 0.0, 0.0, 1.0], &p, &mids), Err(Error::Value(_))));
+        let e = ix.search_one(&[1.0, 0.05], &p, &mids[..2]).unwrap_err();
+        assert!(e.to_string().contains("memory_ids has 2 entries"), "{e}");
     }
 }

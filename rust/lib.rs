@@ -13,6 +13,8 @@ pub mod kmeans;
 pub mod coarse;
 /// Centres, running sums, member lists and the operations on them.
 pub mod clusters;
+/// Little-endian writer, bounds-checked reader and the checksum of every file format.
+pub mod bytes;
 /// Atomic whole-file writes and named reads for the derived state files.
 pub mod files;
 /// The cluster state file (atomic save, checksummed load).

@@ -32,6 +32,7 @@ use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use crate::bytes::{fnv1a, Reader, Writer};
 use crate::error::{Error, Result};
 use crate::kernels;
 
@@ -47,63 +48,36 @@ const MIN_GROW_BYTES: usize = 4 << 20;
 /// Bytes of rows normalised and written per pwrite in `append`.
 const APPEND_CHUNK_BYTES: usize = 1 << 20;
 
-/// FNV-1a 64: tiny, dependency free, and plenty to tell a torn slot from a written one.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
-}
-
-/// FNV-1a over 8-byte little-endian words (the tail bytes one by one): a checksum for large
-/// files, 8x fewer dependent multiplies than the byte-wise `fnv1a`.
-pub fn fnv1a_words(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    let words = bytes.chunks_exact(8);
-    let tail = words.remainder();
-    for w in words {
-        h ^= u64::from_le_bytes(w.try_into().unwrap());
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    for &b in tail {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
-}
-
+/// The checksum of a commit slot, over magic, version, dim, seq and count: FNV-1a, as format
+/// version 1 fixes it (slots are rewritten in place by every append, so a file keeps the
+/// version it was created with).
 fn slot_checksum(dim: u32, seq: u64, count: u64) -> u64 {
-    let mut b = Vec::with_capacity(32);
-    b.extend_from_slice(&MAGIC);
-    b.extend_from_slice(&VERSION.to_le_bytes());
-    b.extend_from_slice(&dim.to_le_bytes());
-    b.extend_from_slice(&seq.to_le_bytes());
-    b.extend_from_slice(&count.to_le_bytes());
-    fnv1a(&b)
+    let mut w = Writer::with_capacity(32);
+    w.put_bytes(&MAGIC);
+    w.put(VERSION);
+    w.put(dim);
+    w.put(seq);
+    w.put(count);
+    fnv1a(&w.into_bytes())
 }
 
 fn header_bytes(dim: u32, count: u64) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
-    h[0..8].copy_from_slice(&MAGIC);
-    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    h[12..16].copy_from_slice(&dim.to_le_bytes());
+    let mut w = Writer::with_capacity(SLOT0);
+    w.put_bytes(&MAGIC);
+    w.put(VERSION);
+    w.put(dim);
+    h[..SLOT0].copy_from_slice(&w.into_bytes());
     write_slot(&mut h[SLOT0..SLOT0 + SLOT_LEN], dim, 1, count);
     h
 }
 
 fn write_slot(dst: &mut [u8], dim: u32, seq: u64, count: u64) {
-    dst[0..8].copy_from_slice(&seq.to_le_bytes());
-    dst[8..16].copy_from_slice(&count.to_le_bytes());
-    dst[16..24].copy_from_slice(&slot_checksum(dim, seq, count).to_le_bytes());
-}
-
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+    let mut w = Writer::with_capacity(SLOT_LEN);
+    w.put(seq);
+    w.put(count);
+    w.put(slot_checksum(dim, seq, count));
+    dst.copy_from_slice(&w.into_bytes());
 }
 
 /// Parsed header: (dim, active slot index, seq, count). Every failure is an `Error::Io`
@@ -116,20 +90,21 @@ pub fn parse_header(h: &[u8], path: &Path) -> Result<(usize, usize, u64, u64)> {
     if h[0..8] != MAGIC {
         return Err(Error::Io(format!("{p}: not a clag_fast vector file (bad magic)")));
     }
-    let version = u32_at(h, 8);
+    let mut r = Reader::new(&h[..HEADER_LEN], "header");
+    r.take(8)?;
+    let version = r.get::<u32>()?;
     if version != VERSION {
         return Err(Error::Io(format!(
             "{p}: vector file format version {version} is not supported (this build reads version {VERSION})"
         )));
     }
-    let dim = u32_at(h, 12);
+    let dim = r.get::<u32>()?;
     if dim == 0 || dim as usize > MAX_DIM {
         return Err(Error::Io(format!("{p}: corrupt header (dim {dim})")));
     }
     let mut best: Option<(usize, u64, u64)> = None;
     for s in 0..2 {
-        let o = SLOT0 + s * SLOT_LEN;
-        let (seq, count, sum) = (u64_at(h, o), u64_at(h, o + 8), u64_at(h, o + 16));
+        let (seq, count, sum) = (r.get::<u64>()?, r.get::<u64>()?, r.get::<u64>()?);
         if sum == slot_checksum(dim, seq, count) && best.is_none_or(|b| seq > b.1) {
             best = Some((s, seq, count));
         }

@@ -1,8 +1,7 @@
 //! `VectorIndex` binding: arrays in, arrays out, errors through `errors.rs`.
 //!
-//! Every call that touches many rows runs inside `py.detach` (the GIL is released) and takes
-//! the index lock *inside* the detached closure, so a thread waiting for the lock never
-//! holds the GIL. Input arrays are borrowed read-only from numpy for the duration of the
+//! Every call takes the index lock inside `py.detach` (the GIL is released), so a thread
+//! waiting for the lock, or holding it through a long write, never holds the GIL. Input arrays are borrowed read-only from numpy for the duration of the
 //! call: callers must not mutate them from another thread meanwhile.
 //! The Python facade (`clag_fast.index`) coerces dtypes / layout before calling in here.
 
@@ -107,6 +106,15 @@ impl PyVectorIndex {
         let mut g = self.write()?;
         f(g.as_mut().ok_or_else(closed)?)
     }
+    /// `with` with the GIL released: a call waiting for the lock (held by a long write) then
+    /// never stalls the interpreter's other threads.
+    fn read_detached<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&Index) -> Result<T, Error> + Send) -> PyResult<T> {
+        Ok(py.detach(|| self.with(f))?)
+    }
+    /// `with_mut` with the GIL released.
+    fn write_detached<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Index) -> Result<T, Error> + Send) -> PyResult<T> {
+        Ok(py.detach(|| self.with_mut(f))?)
+    }
 }
 
 impl Drop for PyVectorIndex {
@@ -137,40 +145,40 @@ impl PyVectorIndex {
     }
 
     #[getter]
-    fn dim(&self) -> PyResult<usize> {
-        Ok(self.with(|ix| Ok(ix.dim()))?)
+    fn dim(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read_detached(py, |ix| Ok(ix.dim()))
     }
 
     #[getter]
-    fn closed(&self) -> bool {
-        self.read().map(|g| g.is_none()).unwrap_or(true)
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.read().map(|g| g.is_none()).unwrap_or(true))
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        Ok(self.with(|ix| Ok(ix.len()))?)
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read_detached(py, |ix| Ok(ix.len()))
     }
 
     /// Number of live clusters.
-    fn n_clusters(&self) -> PyResult<usize> {
-        Ok(self.with(|ix| Ok(ix.n_clusters()))?)
+    fn n_clusters(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read_detached(py, |ix| Ok(ix.n_clusters()))
     }
 
     /// Number of rows neither assigned nor detached (scanned directly by two-stage search).
-    fn n_pending(&self) -> PyResult<usize> {
-        Ok(self.with(|ix| Ok(ix.n_pending()))?)
+    fn n_pending(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read_detached(py, |ix| Ok(ix.n_pending()))
     }
 
     fn append<'py>(&self, py: Python<'py>, vectors: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let x = slice2(&vectors, "vectors")?;
         let n = vectors.shape()[0];
-        let first = py.detach(|| self.with_mut(|ix| ix.append(x)))?;
+        let first = self.write_detached(py, |ix| ix.append(x))?;
         Ok(PyArray1::from_vec(py, (first as i64..(first + n) as i64).collect()))
     }
 
     /// Zero-copy view of the committed rows (the caller marks it read-only).
     fn vectors<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let py = slf.py();
-        let (map, n, dim) = slf.get().with(|ix| Ok((ix.map(), ix.len(), ix.dim())))?;
+        let (map, n, dim) = slf.get().read_detached(py, |ix| Ok((ix.map(), ix.len(), ix.dim())))?;
         let guard = Bound::new(py, PyMapGuard { _map: Arc::clone(&map) })?;
         // SAFETY: rows 0..n lie inside `map` (the committed prefix), are never written again,
         // and `guard` (the array's base object) keeps the mapping alive. An empty store
@@ -197,7 +205,7 @@ impl PyVectorIndex {
 
     #[pyo3(signature = (durable=true))]
     fn flush(&self, py: Python<'_>, durable: bool) -> PyResult<()> {
-        Ok(py.detach(|| self.with_mut(|ix| ix.save(durable)))?)
+        self.write_detached(py, |ix| ix.save(durable))
     }
 
     /// Flush and release the files; later calls raise OSError. Idempotent.
@@ -212,38 +220,38 @@ impl PyVectorIndex {
     }
 
     fn cluster_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| Ok(ix.cluster_ids()))?;
+        let v = self.read_detached(py, |ix| Ok(ix.cluster_ids()))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn centres<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let (v, dim) = self.with(|ix| Ok((ix.centres(), ix.dim())))?;
+        let (v, dim) = self.read_detached(py, |ix| Ok((ix.centres(), ix.dim())))?;
         Ok(matrix(py, v.len() / dim.max(1), dim, v))
     }
 
     fn cluster_sizes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| Ok(ix.cluster_sizes()))?;
+        let v = self.read_detached(py, |ix| Ok(ix.cluster_sizes()))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn members<'py>(&self, py: Python<'py>, cid: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| ix.members(cid))?;
+        let v = self.read_detached(py, |ix| ix.members(cid))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn secondary_members<'py>(&self, py: Python<'py>, cid: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| ix.secondary_members(cid))?;
+        let v = self.read_detached(py, |ix| ix.secondary_members(cid))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn cluster_of<'py>(&self, py: Python<'py>, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let r = slice(&rows, "rows")?;
-        let v = py.detach(|| self.with(|ix| ix.cluster_of(r)))?;
+        let v = self.read_detached(py, |ix| ix.cluster_of(r))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     fn secondary_of<'py>(&self, py: Python<'py>, row: i64) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let v = self.with(|ix| ix.secondary_of(row))?;
+        let v = self.read_detached(py, |ix| ix.secondary_of(row))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
@@ -255,7 +263,7 @@ impl PyVectorIndex {
     ) -> PyResult<IdsScores<'py>> {
         let x = slice2(&vectors, "vectors")?;
         let n = vectors.shape()[0];
-        let (ids, sc) = py.detach(|| self.with(|ix| ix.soft_assign(x, k)))?;
+        let (ids, sc) = self.read_detached(py, |ix| ix.soft_assign(x, k))?;
         Ok((
             matrix(py, n, k, ids),
             matrix(py, n, k, sc),
@@ -266,31 +274,31 @@ impl PyVectorIndex {
         let r = slice(&rows, "rows")?;
         let width = cluster_ids.shape()[1];
         let t = slice2(&cluster_ids, "cluster_ids")?;
-        Ok(py.detach(|| self.with_mut(|ix| ix.assign(r, t, width)))?)
+        self.write_detached(py, |ix| ix.assign(r, t, width))
     }
 
     fn unassign(&self, py: Python<'_>, rows: PyReadonlyArray1<'_, i64>) -> PyResult<()> {
         let r = slice(&rows, "rows")?;
-        Ok(py.detach(|| self.with_mut(|ix| ix.unassign(r)))?)
+        self.write_detached(py, |ix| ix.unassign(r))
     }
 
     #[pyo3(signature = (centre=None, weight=1.0))]
-    fn new_cluster(&self, centre: Option<PyReadonlyArray1<'_, f32>>, weight: f32) -> PyResult<i64> {
+    fn new_cluster(&self, py: Python<'_>, centre: Option<PyReadonlyArray1<'_, f32>>, weight: f32) -> PyResult<i64> {
         let c = match &centre {
             Some(a) => Some(slice(a, "centre")?),
             None => None,
         };
-        Ok(self.with_mut(|ix| ix.new_cluster(c, weight))?)
+        self.write_detached(py, |ix| ix.new_cluster(c, weight))
     }
 
     #[pyo3(signature = (cid, vector, weight=1.0))]
-    fn set_centre(&self, cid: i64, vector: PyReadonlyArray1<'_, f32>, weight: f32) -> PyResult<()> {
+    fn set_centre(&self, py: Python<'_>, cid: i64, vector: PyReadonlyArray1<'_, f32>, weight: f32) -> PyResult<()> {
         let v = slice(&vector, "vector")?;
-        Ok(self.with_mut(|ix| ix.set_centre(cid, v, weight))?)
+        self.write_detached(py, |ix| ix.set_centre(cid, v, weight))
     }
 
-    fn drop_cluster(&self, cid: i64) -> PyResult<()> {
-        Ok(self.with_mut(|ix| ix.drop_cluster(cid))?)
+    fn drop_cluster(&self, py: Python<'_>, cid: i64) -> PyResult<()> {
+        self.write_detached(py, |ix| ix.drop_cluster(cid))
     }
 
     #[pyo3(signature = (k, rows=None, seed=0))]
@@ -305,21 +313,21 @@ impl PyVectorIndex {
             Some(a) => Some(slice(a, "rows")?),
             None => None,
         };
-        let v = py.detach(|| self.with_mut(|ix| ix.kmeans(k, r, seed)))?;
+        let v = self.write_detached(py, |ix| ix.kmeans(k, r, seed))?;
         Ok(PyArray1::from_vec(py, v))
     }
 
     #[pyo3(signature = (cid, seed=0))]
     fn split(&self, py: Python<'_>, cid: i64, seed: u64) -> PyResult<(i64, i64)> {
-        Ok(py.detach(|| self.with_mut(|ix| ix.split(cid, seed)))?)
+        self.write_detached(py, |ix| ix.split(cid, seed))
     }
 
     fn split_many(&self, py: Python<'_>, cids: Vec<i64>, seed: u64) -> PyResult<Vec<(i64, i64)>> {
-        Ok(py.detach(|| self.with_mut(|ix| ix.split_many(&cids, seed)))?)
+        self.write_detached(py, |ix| ix.split_many(&cids, seed))
     }
 
     fn merge(&self, py: Python<'_>, keep: i64, absorb: i64) -> PyResult<()> {
-        Ok(py.detach(|| self.with_mut(|ix| ix.merge(keep, absorb)))?)
+        self.write_detached(py, |ix| ix.merge(keep, absorb))
     }
 
     /// Returns (rows int64[n], cluster ids int64[n, k], scores float32[n, k]).
@@ -332,7 +340,7 @@ impl PyVectorIndex {
         k: usize,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
         let c = slice(&cluster_ids, "cluster_ids")?;
-        let (rows, ids, sc) = py.detach(|| self.with(|ix| ix.near_assign(c, near, k)))?;
+        let (rows, ids, sc) = self.read_detached(py, |ix| ix.near_assign(c, near, k))?;
         let n = rows.len();
         Ok((
             PyArray1::from_vec(py, rows),
@@ -343,7 +351,7 @@ impl PyVectorIndex {
 
     #[pyo3(signature = (threshold=0.9))]
     fn merge_candidates(&self, py: Python<'_>, threshold: f32) -> PyResult<Vec<(i64, i64, f32)>> {
-        Ok(py.detach(|| self.with(|ix| Ok(ix.merge_candidates(threshold))))?)
+        self.read_detached(py, |ix| Ok(ix.merge_candidates(threshold)))
     }
 
     /// Returns (ids, scores, clusters, counts, scanned, probed). `probe_gap` given: adaptive
@@ -385,7 +393,7 @@ impl PyVectorIndex {
             None => None,
         };
         let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: r, rows_vectors: rv, ..Default::default() };
-        let r = py.detach(|| self.with(|ix| ix.search(q, &p)))?;
+        let r = self.read_detached(py, |ix| ix.search(q, &p))?;
         Ok((
             matrix(py, nq, k, r.ids),
             matrix(py, nq, k, r.scores),
@@ -421,28 +429,14 @@ impl PyVectorIndex {
         let (m, w) = filters(&mask, &weights)?;
         let adaptive = probe_gap.map(|gap| Adaptive { min_probe, gap, min_rows });
         let p = Params { k, n_probe, adaptive, flat, mask: m, weights: w, rows: None, rows_vectors: None, ..Default::default() };
-        let r = py.detach(|| {
-            self.with(|ix| {
-                // One query: `search` would read a longer slice as several queries.
-                if q.len() != ix.dim() {
-                    return Err(Error::Value(format!("query has {} values but the index has dim {}", q.len(), ix.dim())));
-                }
-                ix.search(q, &p)
-            })
-        })?;
-        let count = r.counts[0] as usize;
-        let rows = &r.ids[..count];
-        if rows.iter().any(|&row| row < 0 || row as usize >= mids.len()) {
-            return Err(PyValueError::new_err(format!("memory_ids has {} entries, fewer than the index's rows", mids.len())));
-        }
-        let probed = r.probed.iter().take_while(|&&c| c >= 0).copied();
+        let r = self.read_detached(py, |ix| ix.search_one(q, &p, mids))?;
         Ok((
-            pyo3::types::PyList::new(py, rows)?,
-            pyo3::types::PyList::new(py, &r.scores[..count])?,
-            pyo3::types::PyList::new(py, &r.clusters[..count])?,
-            pyo3::types::PyList::new(py, rows.iter().map(|&row| mids[row as usize]))?,
-            r.scanned[0],
-            pyo3::types::PyList::new(py, probed)?,
+            pyo3::types::PyList::new(py, r.rows)?,
+            pyo3::types::PyList::new(py, r.scores)?,
+            pyo3::types::PyList::new(py, r.clusters)?,
+            pyo3::types::PyList::new(py, r.memory_ids)?,
+            r.scanned,
+            pyo3::types::PyList::new(py, r.probed)?,
         ))
     }
 }

@@ -1,6 +1,5 @@
-//! `Lexical` binding: texts in, (rows, scores) arrays out; the GIL is released around adds,
-//! scoring and file I/O, and the index lock is taken inside the detached closure (as in
-//! `index.rs`). Mask arrays are borrowed read-only from numpy for the call: do not mutate
+//! `Lexical` binding: texts in, (rows, scores) arrays out; every call takes the index lock
+//! inside `py.detach` (the GIL is released), as in `index.rs`. Mask arrays are borrowed read-only from numpy for the call: do not mutate
 //! them meanwhile.
 
 use std::path::PathBuf;
@@ -98,19 +97,21 @@ impl PyLexical {
         Ok(())
     }
 
-    fn __len__(&self) -> usize {
-        self.read().len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.read().len())
     }
 
     /// (terms, postings) held.
-    fn sizes(&self) -> (usize, usize) {
-        let g = self.read();
-        (g.n_terms(), g.n_postings())
+    fn sizes(&self, py: Python<'_>) -> (usize, usize) {
+        py.detach(|| {
+            let g = self.read();
+            (g.n_terms(), g.n_postings())
+        })
     }
 
     /// A counter bumped by every change (to know whether a save is due).
-    fn changes(&self) -> u64 {
-        self.read().changes()
+    fn changes(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.read().changes())
     }
 
     /// add(rows, texts, namespaces=["default"]): rows increasing and above every indexed row;

@@ -1,7 +1,7 @@
 """The lexical half of hybrid search: the BM25 postings index kept with the memories, and
 the fusion of lexical and vector scores.
 
-The index (native ``Lexical``, ``rust/lexical.rs``) is derived state like ``clusters.bin``:
+The index (native ``Lexical``, ``rust/lexical/``) is derived state like ``clusters.bin``:
 fed by every add and update under the store's write lock after the SQLite transaction
 committed, saved as ``index/lexical.bin`` at flush and close, and on open loaded and brought
 up to date from the database (``store/recovery.open_lexical``: the rows after the file's
