@@ -43,7 +43,7 @@ import numpy as np
 
 from clag_fast.eval.answer import (ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply, is_adversarial,
                                    question_prompt, score_answer)
-from clag_fast.eval.data import Sample, load_dataset
+from clag_fast.eval.data import Sample, conversation, load_dataset
 
 __all__ = ["QA_CONFIGS", "DEFAULT_QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl",
            "summarize", "to_markdown", "main"]
@@ -176,7 +176,8 @@ def run_qa_table(
             with tempfile.TemporaryDirectory(prefix="clag-qa-") as tmp:
                 store = MemoryStore.open(tmp, config=cfg, embedder=LookupEmbedder(questions, qv), llm=False)
                 try:
-                    ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns])
+                    ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns],
+                                         **conversation(s.turns))
                     store.organize()
                     dia = {int(m): t.dia_id for m, t in zip(ids, s.turns)}
                     for qi in qis:

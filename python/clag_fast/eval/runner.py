@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from clag_fast.eval.answer import answer_context, ask, is_adversarial, question_prompt, score_answer
-from clag_fast.eval.data import Sample, load_dataset
+from clag_fast.eval.data import Sample, conversation, load_dataset
 from clag_fast.eval.metrics import (
     answer_tokens,
     ndcg_at_k,
@@ -515,7 +515,7 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
             before = _llm_counts(store_client)
             t0 = time.perf_counter()
             ids = store.add_many([t.memory_text() for t in s.turns], embeddings=turn_vecs,
-                                 metadata=[t.metadata() for t in s.turns])
+                                 metadata=[t.metadata() for t in s.turns], **conversation(s.turns))
             ingest_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             # The SLM organisation gets a task context so that it can propose topics (the
