@@ -42,6 +42,7 @@ import numpy as np
 from clag_fast.eval.answer import answer_context, ask, is_adversarial, question_prompt, score_answer
 from clag_fast.eval.data import Sample, conversation, load_dataset
 from clag_fast.eval.metrics import (
+    answer_containment,
     answer_tokens,
     ndcg_at_k,
     percentile,
@@ -238,7 +239,12 @@ def _retrieval_summary(acc: _Acc) -> dict:
         "fallback_flat": _mean(v["fallback_flat"]),
         "latency_ms_p50": percentile(lat_ms, 50),
         "latency_ms_p99": percentile(lat_ms, 99),
+        "containment@5": _mean(v["containment@5"]),
+        "containment@10": _mean(v["containment@10"]),
+        "containment_questions": len(v["containment@10"]),
         "recall@10_by_category": {c: _mean(d["recall@10"]) for c, d in sorted(acc.by_cat.items())},
+        "containment@10_by_category": {c: _mean(d["containment@10"]) for c, d in sorted(acc.by_cat.items())
+                                       if d["containment@10"]},
     }
 
 
@@ -265,18 +271,27 @@ def _store_config(organisation: str, overrides: dict[str, Any] | None):
     """StoreConfig for one organisation: the retrieval cache and the cache of texts' vectors
     are off so that every search is measured, and the SLM is off for the vector-only
     organisation."""
-    from clag_fast.config import SLMConfig, StoreConfig
+    from clag_fast.config import RankingConfig, SLMConfig, StoreConfig
 
     changes: dict[str, Any] = {"cache_size": 0, "embed_cache": 0}
     slm: dict[str, Any] = {"mode": "auto" if organisation == "slm" else "off"}
+    ranking: dict[str, Any] = {}
+    base_ranking = RankingConfig()
     for name, value in (overrides or {}).items():
-        # "slm.route_batch=2" sets a field of the nested SLMConfig.
+        # "slm.route_batch=2" sets a field of the nested SLMConfig, "ranking.expand=0" one of
+        # the RankingConfig; "ranking=plain" ranks by the fused score alone.
         if name.startswith("slm."):
             slm[name[4:]] = value
+        elif name.startswith("ranking."):
+            ranking[name[8:]] = value
+        elif name == "ranking":
+            if value != "plain":
+                raise ValueError(f"store option ranking: only 'plain' is a named ranking, got {value!r}")
+            base_ranking = RankingConfig.plain()
         else:
             changes[name] = value
     try:
-        return StoreConfig(slm=SLMConfig(**slm), **changes)
+        return StoreConfig(slm=SLMConfig(**slm), ranking=base_ranking.replace(**ranking), **changes)
     except TypeError as exc:  # unknown field name
         raise ValueError(f"store option: {exc}") from None
 
@@ -555,6 +570,12 @@ def _eval_sample_org(s: Sample, org: str, turn_vecs: np.ndarray, q_vecs: np.ndar
                     # fewer than k rows falls back to flat and scans every eligible memory.
                     frac = hits.scanned / hits.candidates if hits.candidates else 0.0
                     fell_back = float(sc.mode == "two_stage" and hits.mode == "flat")
+                    if not is_adversarial(q.category, q.adversarial):
+                        # Containment of the answer in the context the model would see (top 5, top 10).
+                        for kk in (5, 10):
+                            c = answer_containment(q.answer, answer_context(hits[:kk], grouped=False))
+                            if c is not None:
+                                retrieval[name].add(q.category, **{f"containment@{kk}": c})
                     retrieval[name].add(
                         q.category,
                         **{

@@ -19,13 +19,14 @@ standard-library docstrings (BENCHMARKS.md, "Retrieval quality").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from clag_fast.config import RankingConfig
 from clag_fast.store import threads
-from clag_fast.store.lexical import LexicalIndex, fuse, tokenize
+from clag_fast.store.lexical import LexicalIndex, fuse
 from clag_fast.store.rowtable import RowTable
 
 
@@ -41,21 +42,27 @@ class Ranked:
     superseded: dict[int, int] = field(default_factory=dict)
 
 
+_WORD = re.compile(r"\w+")
+
+
 class SpeakerNames:
-    """The words of each speaker's name, as the lexical index tokenises them, so a query's
-    words can name a speaker ("What did Caroline research?" names "Caroline")."""
+    """The words of each speaker's name, so a query can name a speaker ("What did Caroline
+    research?" names "Caroline"). Words match as written, capitals included: a name is
+    written with its capitals, while a role spelt in lower case ("what can the user eat?")
+    names nobody in particular."""
 
     def __init__(self) -> None:
         self._words: list[tuple[int, frozenset[str]]] = []
         self._known = 0
 
-    def named(self, rows: RowTable, query_words: set[str]) -> list[int]:
-        """Codes of the speakers all of whose name words are among ``query_words``."""
+    def named(self, rows: RowTable, query: str) -> list[int]:
+        """Codes of the speakers all of whose name words appear in ``query``."""
         names = rows.names("speaker")
         if len(names) != self._known:  # codes only grow: rebuild when a speaker was added
-            self._words = [(c, frozenset(tokenize(n))) for c, n in names.items()]
+            self._words = [(c, frozenset(_WORD.findall(n))) for c, n in names.items()]
             self._known = len(names)
-        return [c for c, words in self._words if words and words <= query_words]
+        words = set(_WORD.findall(query))
+        return [c for c, name in self._words if name and name <= words]
 
 
 def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: LexicalIndex, q: np.ndarray,
@@ -94,7 +101,7 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
             fused = fuse(np.concatenate([cos, e_cos]), np.concatenate([bm, e_bm]), weight, method, max_possible)
     scores = _with_context(cfg, rows, cand, fused.astype(np.float64), hops)
     if cfg.speaker_boost:
-        named = speakers.named(rows, set(tokenize(text)))
+        named = speakers.named(rows, text)
         if len(named) == 1:
             scores += cfg.speaker_boost * (rows.speaker[cand] == named[0])
     in_effect = {}
