@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from clag_fast import _clag_fast as _native
 from clag_fast.config import RankingConfig
 from clag_fast.store import threads
 from clag_fast.store.lexical import LexicalIndex, fuse
@@ -77,64 +78,41 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
     fused = fuse(cos, bm, weight, method, max_possible)
     eligible = rows.live if mask is None else mask
     hops = len(cfg.neighbour_weights)
-    succ = successors_in_effect(rows, cand, successors, eligible)
-    joining = []
+    succ = successors_in_effect(rows, cand, successors, eligible) if successors else {}
+    joining: set[int] = set(succ.values())
     if cfg.expand and hops:
         top = cand[np.argsort(-fused, kind="stable")[: cfg.expand]]
-        joining += threads.neighbours(rows, top, hops)
-    if succ:
-        joining.append(np.fromiter(succ.values(), np.int64, len(succ)))
+        for near in threads.neighbours(rows, top, hops):
+            joining.update(near.tolist())
     scored = 0
-    if joining:
-        extra = np.unique(np.concatenate(joining))
-        extra = extra[extra >= 0]
-        extra = extra[eligible[extra]]
-        extra = np.setdiff1d(extra, cand, assume_unique=True)
-        if len(extra):
-            scored = len(extra)
-            e_cos = np.einsum("ij,j->i", vectors[extra], q).astype(np.float32)
-            e_bm = lexical.score(text, namespace, mask if narrowed else None, 0, extra).looked.astype(np.float32)
-            if weights is not None:
-                e_cos *= weights[extra]
-                e_bm *= weights[extra]
-            cand = np.concatenate([cand, extra])
-            fused = fuse(np.concatenate([cos, e_cos]), np.concatenate([bm, e_bm]), weight, method, max_possible)
-    scores = _with_context(cfg, rows, cand, fused.astype(np.float64), hops)
-    if cfg.speaker_boost:
-        named = speakers.named(rows, text)
-        if len(named) == 1:
-            scores += cfg.speaker_boost * (rows.speaker[cand] == named[0])
+    # A few dozen rows: Python sets beat numpy's set operations at this size.
+    extra = sorted(r for r in joining - set(cand.tolist()) if r >= 0 and eligible[r])
+    if extra:
+        extra = np.asarray(extra, np.int64)
+        scored = len(extra)
+        e_cos = np.einsum("ij,j->i", vectors[extra], q).astype(np.float32)
+        e_bm = lexical.score(text, namespace, mask if narrowed else None, 0, extra).looked.astype(np.float32)
+        if weights is not None:
+            e_cos *= weights[extra]
+            e_bm *= weights[extra]
+        cand = np.concatenate([cand, extra])
+        fused = fuse(np.concatenate([cos, e_cos]), np.concatenate([bm, e_bm]), weight, method, max_possible)
+    named = speakers.named(rows, text) if cfg.speaker_boost else []
+    n = rows.n
+    scores = _native.context_scores(
+        cand, np.ascontiguousarray(fused, np.float32), rows.prev[:n], rows.next[:n], rows.asks[:n], rows.words[:n],
+        rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
+        cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
     in_effect = {}
     if succ:
-        where = _positions(cand)
+        pos = {r: i for i, r in enumerate(cand.tolist())}
         for old, new_row in succ.items():
-            o, n = where(np.asarray([old, new_row]))
-            if o >= 0 and n >= 0:
-                scores[n] = max(scores[n], scores[o])
+            o, new = pos.get(old), pos.get(new_row)
+            if o is not None and new is not None:
+                scores[new] = max(scores[new], scores[o])
                 scores[o] *= cfg.superseded_weight
                 in_effect[old] = int(rows.memory_id[new_row])
-    return Ranked(cand, scores.astype(np.float32), scored, in_effect)
-
-
-def _with_context(cfg: RankingConfig, rows: RowTable, cand: np.ndarray, fused: np.ndarray, hops: int) -> np.ndarray:
-    """Own score (questions discounted), neighbours' shares and the length prior."""
-    asks = rows.asks
-    scores = fused * np.where(asks[cand], cfg.question_weight, 1.0)
-    if hops:
-        where = _positions(cand)
-        around = threads.neighbours(rows, cand, hops)
-        for d, w in enumerate(cfg.neighbour_weights):
-            if not w:
-                continue
-            for ahead, nb in enumerate(around[2 * d: 2 * d + 2]):
-                at = where(nb)
-                got = np.where(at >= 0, fused[np.maximum(at, 0)], 0.0)
-                if not ahead:  # the turn before: a question passes more to what answers it
-                    got *= np.where((nb >= 0) & asks[np.maximum(nb, 0)], cfg.question_boost, 1.0)
-                scores += w * got
-    if cfg.length_prior:
-        scores += cfg.length_prior * np.log1p(np.minimum(rows.words[cand], cfg.length_cap))
-    return scores
+    return Ranked(cand, scores, scored, in_effect)
 
 
 def successors_in_effect(rows: RowTable, cand: np.ndarray, successors: dict[int, int],
@@ -150,17 +128,3 @@ def successors_in_effect(rows: RowTable, cand: np.ndarray, successors: dict[int,
         if new_row is not None and rows.memory_id[new_row] == mid and eligible[new_row]:
             out[row] = new_row
     return out
-
-
-def _positions(cand: np.ndarray):
-    """A function mapping rows to their positions in ``cand`` (-1: not a candidate)."""
-    order = np.argsort(cand, kind="stable")
-    ranked = cand[order]
-
-    def where(rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows, np.int64)
-        pos = np.minimum(np.searchsorted(ranked, rows), len(ranked) - 1)
-        found = (ranked[pos] == rows) & (rows >= 0)
-        return np.where(found, order[pos], -1)
-
-    return where
