@@ -766,8 +766,10 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
                         "cluster labels, a fixed stratified question subset; see clag_fast.eval.qa)")
     p.add_argument("--qa-n", type=int, default=200, help="--qa-table: questions in the subset (default 200)")
     p.add_argument("--qa-seed", type=int, default=0, help="--qa-table: seed of the subset (default 0)")
-    p.add_argument("--qa-configs", default="flat_vector,clag,clag_labels",
-                   help="--qa-table: configurations, comma-separated (flat_vector, clag, clag_labels, clag_tags)")
+    p.add_argument("--qa-configs", default="flat_vector,flat_hybrid,clag,clag_labels",
+                   help="--qa-table: configurations, comma-separated (flat_vector, flat_hybrid, clag, clag_labels, "
+                        "clag_tags)")
+    p.add_argument("--qa-k", type=int, default=None, help="--qa-table: memories per answer prompt (default 5)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -806,6 +808,7 @@ def _qa_table_from_args(args: argparse.Namespace) -> int:
             embedder=args.embedder, precision=args.precision, threads=args.threads, cache_dir=args.cache,
             store_options=dict(args.store_option), progress=not args.no_progress,
             configs=[c.strip() for c in args.qa_configs.split(",") if c.strip()],
+            **({"k": args.qa_k} if args.qa_k is not None else {}),
         )
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"clag-fast eval: error: {exc}", file=sys.stderr)
