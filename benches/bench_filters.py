@@ -1,6 +1,6 @@
 """``where=`` metadata filters: a filtered store search against an exact numpy search over
-just the matching vectors (the cost target of issue #14: a filter matching 1% of 100k
-memories costs no more than a flat search over that 1%).
+just the matching vectors (the target: a filter matching 1% of 100k memories costs no more than a flat search over
+that 1%; BENCHMARKS.md, Search).
 
 One store of ``N`` memories (default 100,000; ``CLAG_BENCH_FILTER_N``) in 1,000 Gaussian
 blobs (dim 384), organised, each with metadata ``{"tenant": i % 100, "score": float,

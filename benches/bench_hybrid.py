@@ -15,7 +15,7 @@ n memories (``add_many`` rate with the lexical feed on vs patched off over the f
 text queries, ``k=10``, modes interleaved query by query in rotating order: vectors only (``lexical_weight=0``)
 and hybrid (the default), two-stage and flat. ``--before DIR`` runs the same add-rate and
 open/search steps with another build's ``python/`` directory first on ``PYTHONPATH`` (a
-worktree of the previous commit), on the same store, in the same run.
+worktree of another commit), on the same store, in the same run.
 
 Texts: 8-30 words, half from one of 1,000 topics' own words, half from a Zipf(1.1)
 vocabulary of 50,000 words; vectors: unit rows around the topic's centre. Queries: five
@@ -262,7 +262,7 @@ def measure_store(path: Path, syn: Synthetic, nq: int, rounds: int, rebuild_open
 
 def _child(impl: str | None, argv: list[str]) -> dict:
     """Run this script's ``--child`` step with ``impl`` (a python/ directory holding another
-    build of clag_fast, e.g. a worktree of the commit before) first on the path."""
+    build of clag_fast, e.g. a worktree of another commit) first on the path."""
     import os
     import subprocess
 
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store", action="store_true", help="also measure through MemoryStore")
     ap.add_argument("--no-candidates", action="store_true")
-    ap.add_argument("--before", default=None, help="python/ dir of another build (the commit before) to compare")
+    ap.add_argument("--before", default=None, help="python/ dir of another build to compare")
     ap.add_argument("--n-rate", type=int, default=100_000, help="memories over which add rates are compared")
     ap.add_argument("--keep", default=None, help="directory for the stores (kept, reused by later runs)")
     ap.add_argument("--out", default=None)

@@ -27,7 +27,9 @@ Script mode: ``python benches/bench_ingest.py [--n 1000000] [--batch 10000] [--d
 [--modes default,defer] [--turns 1]`` prints a table per run and a comparison (every other
 turn runs the modes in the other order);
 ``--organize-every 0`` times the add path alone (no periodic passes; the cold start still
-runs). pytest mode (a 20k store): ``pytest benches/bench_ingest.py --benchmark-enable``.
+runs); ``--record`` puts each mode's runs in ``benches/results/ingest.json`` (BENCHMARKS.md,
+Ingest; then ``python benches/render.py``). pytest mode (a 20k store):
+``pytest benches/bench_ingest.py --benchmark-enable``.
 Native core: the release build that ``maturin develop --release`` installs.
 """
 
@@ -201,6 +203,28 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def recorded_cells(runs: list[dict], mode: str) -> dict[str, str]:
+    """The ``ingest/load-1m`` row of BENCHMARKS.md for one mode's runs (values of several runs
+    joined with " / ", a value every run shares written once)."""
+    rs = [r for r in runs if r["mode"] == mode]
+    if not rs:
+        raise ValueError(f"no {mode} run to record")
+
+    def each(fmt) -> str:
+        values = [fmt(r) for r in rs]
+        return values[0] if len(set(values)) == 1 else " / ".join(values)
+
+    return {"mode": "defaults" if mode == "default" else "`add_many(defer_organize=True)`",
+            "adds (memories/s)": each(lambda r: f"{r['ingest_rate']:,.0f}"),
+            "owed pass s": "-" if mode == "default" else each(lambda r: f"{r['owed_s']:.2f}"),
+            "end to end (memories/s)": each(lambda r: f"{r['end_to_end_rate']:,.0f}"),
+            "clusters": each(lambda r: f"{r['clusters_after_load']:,}"),
+            "recall@10": each(lambda r: f"{r['recall10']:.3f}" if "recall10" in r else "-"),
+            "search p50 ms": each(lambda r: f"{r['search_p50_ms']:.3f}" if "search_p50_ms" in r else "-"),
+            "scanned (median)": each(lambda r: f"{r['scanned']:,.0f}" if "scanned" in r else "-"),
+            "organize() s": each(lambda r: f"{r['organize_s']:.2f}")}
+
+
 # -- pytest-benchmark ------------------------------------------------------------------------
 N_PYTEST = int(os.environ.get("CLAG_BENCH_INGEST_N", "20000"))
 
@@ -229,10 +253,16 @@ if __name__ == "__main__":
                     help="comma-separated: default (passes inside add_many), defer (defer_organize=True)")
     ap.add_argument("--turns", type=int, default=1, help="runs of every mode, in turns (every other turn in the other order)")
     ap.add_argument("--queries", type=int, default=300, help="held-out searches after each load (0: none)")
+    ap.add_argument("--record", action="store_true",
+                    help="put each mode's runs in benches/results/ingest.json (the 1M blob load with the defaults "
+                         "only); then python benches/render.py")
     a = ap.parse_args()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if not modes or any(m not in ("default", "defer") for m in modes):
         ap.error(f"--modes takes default and/or defer, got {a.modes!r}")
+    if a.record and (a.n, a.batch, a.data, a.spread, a.organize_every) != (1_000_000, 10_000, "blobs", 1.0, None):
+        ap.error("--record keeps the 1M blob load of BENCHMARKS.md: --n, --batch, --data, --spread and "
+                 "--organize-every at their defaults")
     config = None if a.organize_every is None else StoreConfig(organize_every=a.organize_every)
     info = measure.machine()
     print(", ".join(f"{k} {v}" for k, v in info.items()), f"| load before: {measure.load_avg()}", flush=True)
@@ -255,3 +285,11 @@ if __name__ == "__main__":
                   f"{r['clusters_after_load']:,} | {r.get('recall10', float('nan')):.3f} | {r.get('search_p50_ms', float('nan')):.3f} | {r.get('scanned', float('nan')):,.0f} | "
                   f"{r['organize_s']:.2f} | {max(s['steal'] for s in r['slices']):.2f} |")
     print(f"load after: {measure.load_avg()}")
+    if a.record:
+        import record  # noqa: PLC0415 -- only when recording
+
+        for mode in modes:
+            n_runs = sum(r["mode"] == mode for r in runs)
+            key = record.record("ingest", "load-1m", mode, recorded_cells(runs, mode),
+                                note=f"{n_runs} runs, in turns" if n_runs > 1 else None)
+            print(f"recorded ingest/load-1m {key}")

@@ -1,4 +1,4 @@
-"""Adaptive probing (issue 11): fixed n_probe vs the old automatic count vs adaptive probing,
+"""Adaptive probing: fixed n_probe vs a count proportional to the clusters vs adaptive probing,
 through VectorIndex and through MemoryStore, side by side with faiss IVFFlat.
 
 Data: 1,000 Gaussian blobs, dim 384, spread 1.0 (cos to the blob centre ~0.71), unit rows

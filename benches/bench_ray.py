@@ -1,4 +1,4 @@
-"""The sharded store on Ray against the single process, in one run (issue #17).
+"""The sharded store on Ray against the single process, in one run (BENCHMARKS.md, Ray).
 
 1. Service: 16 clients, 30% add / 70% search (k=5, in one of 32 namespaces), through the Ray
    Serve front door over 4 shard owners vs the single-process ``clag-fast serve``, both from the

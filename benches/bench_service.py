@@ -29,7 +29,7 @@ store's retrieval cache when no add came in between, and otherwise take its vect
 store's cache of recent texts' vectors (``StoreConfig.embed_cache``; ``--embed-cache 0`` turns
 it off on both sides). The added sentences rarely repeat (368 distinct of 378).
 
-Targets (issue #15): ratio >= 1.5, p99 <= 10x p50, zero errors, start < 3 s.
+Targets (BENCHMARKS.md, Service): ratio >= 1.5, p99 <= 10x p50, zero errors, start < 3 s.
 
     python benches/bench_service.py [--ops 1200] [--clients 16] [--seed 1000] [--client lean|httpx] [--blocks 4]
                                     [--embed-cache N]

@@ -4,8 +4,8 @@ Ingests one LoCoMo conversation (default: conversation 2, 663 turns) into a fres
 MemoryStore the way an agent does, one ``add()`` per turn, with the managed
 SmolLM2-135M-Instruct server (llama-cpp-python, ManagedServer's defaults), then ``flush()``.
 With ``--background`` the store organises in its worker thread (``SLMConfig(background=True)``, the
-store's default since the fourth session; without it this bench keeps the SLM work inline, as
-its earlier figures were measured):
+store's default; without it this bench keeps the SLM work inline, which times the SLM's own
+cost):
 ``adds_s`` is then the time until the last ``add()`` returned and ``wall_s`` the time until
 ``flush()`` had drained the worker's queue (the conversation ingested *and* organised). The same run
 with ``llm=False`` (vector-only organisation) is the baseline. Reports calls and tokens per
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import subprocess
@@ -39,7 +40,8 @@ from pathlib import Path
 
 from clag_fast.slm.client import LLMClient, LLMError
 
-LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
+# LoCoMo's locomo10.json (github.com/snap-research/locomo, data/): $CLAG_LOCOMO, else beside the checkout.
+LOCOMO = Path(os.environ.get("CLAG_LOCOMO") or Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json")
 
 
 def load_conversation(conv: int, turns: int) -> list[str]:
@@ -72,7 +74,7 @@ def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
         store.flush()
         wall = time.perf_counter() - t0
         st = store.stats()
-        org = store._slm._organizer.stats() if hasattr(store, "_slm") else {}
+        org = store._slm.connection.decisions.stats() if hasattr(store, "_slm") else {}
         store.close()
     n = len(texts)
     llm_s = st["llm"]

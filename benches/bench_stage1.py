@@ -1,7 +1,7 @@
 """Stage 1 (picking the n_probe clusters) as the cluster count grows: brute force vs HNSW.
 
-Issue 2 allows a usearch HNSW index to serve stage 1 where it measures faster at equal
-recall. This bench measures that trade-off: for C centres (dim 384), one query at a time,
+A usearch HNSW index could serve stage 1 where it measures faster at equal recall. This
+bench measures that trade-off: for C centres (dim 384), one query at a time,
 the top-16 centres by cosine from
 
 - clag: `VectorIndex.search(q, k=1, n_probe=16)` on an index whose C clusters have those

@@ -34,7 +34,8 @@ import vector_sets  # noqa: E402
 
 from clag_fast import MemoryStore, StoreConfig  # noqa: E402
 
-LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
+# LoCoMo's locomo10.json (github.com/snap-research/locomo, data/): $CLAG_LOCOMO, else beside the checkout.
+LOCOMO = Path(os.environ.get("CLAG_LOCOMO") or Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json")
 DIM = 384
 
 

@@ -1,6 +1,6 @@
 """``MemoryStore.search`` through the public API, side by side with what users pick instead.
 
-Issue 11's comparison: on unit vectors in 1,000 Gaussian blobs (dim 384, spread 1.0; 300
+The search comparison of BENCHMARKS.md (Search): on unit vectors in 1,000 Gaussian blobs (dim 384, spread 1.0; 300
 held-out queries drawn the same way), one run measures
 
 - clag_fast: ``MemoryStore.open(d, llm=False, embedder=False)``, ``add_many`` in calls of
@@ -29,14 +29,15 @@ How it is timed (a 2-core shared VM, so everything runs in one process, side by 
   for the defaults, the index under the store's own probe rule (adaptive: each query probes
   what the default search probes); for ``n_probe=1/4/8``, the index at that count. The
   defaults are also compared with the index at one fixed count (the last first-pass query's),
-  the figure earlier sessions quoted, which differs in work per query. The interleaved
+  which differs in work per query. The interleaved
   figures include the bench's own conversion of hits to row ids and the caches every other
   configuration evicted between two calls; a third figure times the two calls alone, call
   against call (``paired_facade``: same query back to back, order alternating).
 - recall@10 against the exact numpy top-10 (inner product = cosine on unit rows).
 
 Script: ``python benches/bench_store_search.py [--n 200000|1000000] [--out table.json]``
-(``--engines clag_fast,faiss,chroma,lancedb`` to choose). pytest: ``pytest benches`` runs a
+(``--engines clag_fast,faiss,chroma,lancedb`` to choose; ``--record`` puts the store-against-faiss
+row in ``benches/results/search.json``, then ``python benches/render.py``). pytest: ``pytest benches`` runs a
 tiny version of the whole pipeline (and a pytest-benchmark of ``search``).
 """
 
@@ -199,7 +200,7 @@ class ClagFast:
         return fn
 
     def index_fn(self, n_probe: Callable[[], int]) -> Callable[[np.ndarray], tuple[np.ndarray, int]]:
-        index = self.store._state.index  # the VectorIndex under the facade (issue 11 asks for it)
+        index = self.store._state.index  # the VectorIndex under the facade: the facade's cost is the difference
 
         def fn(q: np.ndarray) -> tuple[np.ndarray, int]:
             res = index.search(q, k=K, n_probe=n_probe())
@@ -447,7 +448,7 @@ def run(n: int, engines: tuple[str, ...] = ENGINES, rounds: int = 3, n_queries: 
             store_at.update({p: c for p, c in zip(STORE_PROBES, configs[1:1 + len(STORE_PROBES)])
                              if p not in store_at})
             # "rule": the defaults against the index under the same probe rule (same clusters
-            # per query); the first entry compares them at one query's fixed count, as before.
+            # per query); the first entry compares them at one query's fixed count.
             store_at["rule"] = configs[0]
             facade = {str(p): {"store": f.config, "index": unders[p].config,
                                "store_warm_p50_ms": _ms(f.warm, 50),
@@ -538,7 +539,7 @@ def table(result: dict) -> str:
 
 
 def _verdicts(result: dict) -> list[str]:
-    """Issue 11's checks in words: equal-recall ratio to faiss, p99/p50, lead over peers."""
+    """The search targets in words: equal-recall ratio to faiss, p99/p50, lead over peers."""
     rows = result["rows"]
     out = []
     d = next((r for r in rows if r["engine"] == "clag_fast" and r["config"] == "search() defaults"), None)
@@ -567,6 +568,30 @@ def _verdicts(result: dict) -> list[str]:
     return out
 
 
+def recorded_cells(result: dict) -> dict[str, str]:
+    """The ``search/store`` row of BENCHMARKS.md from a run of clag_fast and faiss: the
+    defaults against the cheapest faiss IVFFlat that recalls as much, the first-pass tail, the
+    facade call against call and ``search_many``."""
+    rows = result["rows"]
+    d = next((r for r in rows if r["engine"] == "clag_fast" and r["config"] == "search() defaults"), None)
+    match = None if d is None or d["recall"] is None else next(
+        (r for r in rows if r["engine"] == "faiss IVFFlat" and r["recall"] is not None and r["recall"] >= d["recall"]), None)
+    if match is None:
+        raise ValueError("recording needs the store's defaults and a faiss IVFFlat row at equal recall "
+                         "(--engines clag_fast,faiss)")
+    many = next((r for r in rows if r["engine"] == "clag_fast" and r["config"].startswith("search_many(")), None)
+    paired = result.get("facade_paired")
+    n = result["n"]
+    return {"memories": f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1_000}k",
+            "recall@10": f"{d['recall']:.4f}",
+            "warm p50 ms": f"{d['warm_p50_ms']:.3f}",
+            "faiss IVFFlat at equal recall": f"{match['config']} ({match['recall']:.4f}): {match['warm_p50_ms']:.3f}",
+            "ratio": f"{d['warm_p50_ms'] / match['warm_p50_ms']:.2f}x",
+            "first-pass p99/p50": f"{d['p99_ms'] / d['p50_ms']:.2f}",
+            "facade ms": "-" if not paired else f"{paired['overhead_ms']:.3f} (call against call)",
+            "search_many ms/query": "-" if many is None else f"{many['warm_p50_ms']:.3f}"}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=200_000, help="base rows (200000; 1000000 is slower)")
@@ -574,11 +599,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="warm passes after the first one")
     ap.add_argument("--queries", type=int, default=N_QUERIES)
     ap.add_argument("--out", type=Path, help="write the table as JSON here")
+    ap.add_argument("--record", action="store_true",
+                    help="put the result in benches/results/search.json (needs clag_fast and faiss; "
+                         "then python benches/render.py)")
     args = ap.parse_args(argv)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     bad = [e for e in engines if e not in ENGINES]
     if bad:
         ap.error(f"unknown engines {bad}; expected some of {ENGINES}")
+    if args.record and not {"clag_fast", "faiss"} <= set(engines):
+        ap.error("--record compares the store with faiss: --engines must hold clag_fast and faiss")
     result = run(args.n, engines, args.rounds, args.queries, log=lambda s: print(s, flush=True))
     print()
     print(table(result))
@@ -586,6 +616,11 @@ def main(argv: list[str] | None = None) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"\nJSON written to {args.out}")
+    if args.record:
+        import record  # noqa: PLC0415 -- only when recording
+
+        cells = recorded_cells(result)
+        print(f"recorded search/store {record.record('search', 'store', cells['memories'], cells)}")
 
 
 # -- pytest: the whole pipeline at a tiny size -------------------------------------------

@@ -365,7 +365,7 @@ def open_in_fresh_process(reg: Registry, runs: int = 5) -> dict:
 
     Builds the store if needed, then closes this process's handle: a store has one writer,
     and the child opens it as a writer, the way an application would.  Resident memory is measured right after
-    open(), before any query, as the issue's target asks; the first query is timed separately.
+    open(), before any query (BENCHMARKS.md, Search: the core's targets); the first query is timed separately.
     """
     ds = reg.ds
     reg.get("clag")

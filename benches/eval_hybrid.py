@@ -65,7 +65,7 @@ class RetrievalSet:
 
 
 def locomo_sets(path: str | Path) -> list[RetrievalSet]:
-    from clag_fast.eval.data import load_dataset
+    from clag_fast.locomo import load_dataset
 
     out = []
     for s in load_dataset(path):
@@ -231,7 +231,8 @@ def _mean(parts: list[dict], key) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--locomo", default="../shared/data/locomo10.json")
+    ap.add_argument("--locomo", default=os.environ.get("CLAG_LOCOMO") or str(Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json"),
+                    help="LoCoMo's locomo10.json (default: $CLAG_LOCOMO)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "clag-hybrid-cache"))
     ap.add_argument("--probes", default="0,4,8,16", help="two-stage n_probe values (0 = auto)")
     ap.add_argument("--store", action="store_true", help="also run the chosen fusion through MemoryStore")

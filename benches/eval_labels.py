@@ -1,13 +1,13 @@
-"""Cluster label quality on one conversation (issue #16): copies, groundedness, self@1, SLM
+"""Cluster label quality on one conversation: copies, groundedness, self@1, SLM
 parse failures (apart from failed calls) and profile calls per memory.
 
 The conversation's turns are added 32 at a time (``--batch``; the store's defaults: background SLM work),
 then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are measured with
-``MemoryStore.label_quality()`` (``clag_fast.eval.labels``).
+``MemoryStore.label_quality()`` (``clag_fast.labels.measures``).
 
     python benches/eval_labels.py python/clag_fast/data/demo_trip.json --llm managed \
         --context "an agent planning a two-week trip to Japan for a user and their partner"
-    python benches/eval_labels.py ../shared/data/locomo10.json --sample 2 --llm off
+    python benches/eval_labels.py locomo10.json --sample 2 --llm off        # LoCoMo's data file
 
 ``--misses`` lists the clusters whose label fails self@1, the cluster it points at and the cosine
 of their centres.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from clag_fast.config import StoreConfig
 from clag_fast.errors import LLMHTTPError, LLMTimeout, LLMUnreachable
-from clag_fast.eval.data import load_dataset
+from clag_fast.locomo import load_dataset
 from clag_fast.store import MemoryStore
 
 
@@ -52,10 +52,10 @@ class SLMFailures(logging.Handler):
 
 
 def print_misses(store: MemoryStore) -> None:
-    """The labels nearer another cluster's centre than their own (``eval.labels.self_misses``),
+    """The labels nearer another cluster's centre than their own (``labels.measures.self_misses``),
     embedded by the default embedder."""
     from clag_fast.embed import Embedder
-    from clag_fast.eval.labels import self_misses
+    from clag_fast.labels.measures import self_misses
 
     ids, centres = store.cluster_centres()
     info = {c.id: c for c in store.clusters()}

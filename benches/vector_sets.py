@@ -11,7 +11,7 @@ Names:
   cluster borders (faiss IVFFlat at nprobe 1 recalls < 0.7; spread calibrated at 100k).
 - ``uneven-100k`` / ``uneven-1M``: 2,713 blobs of very different sizes (Zipf-like weights,
   the largest ~130x the smallest) at the easy spread, while the partitioned indexes still use
-  1,000 clusters: the blob count no longer matches the cluster count, so no index gets one
+  1,000 clusters: the blob count does not match the cluster count, so no index gets one
   cluster per generating blob for free.
 - ``real``: every LoCoMo turn embedded with MiniLM; queries are its questions.
 """
@@ -48,7 +48,8 @@ GROUP_SPREAD = 0.5
 
 SIZES = {"100k": 100_000, "1M": 1_000_000}
 
-LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo10.json"
+# LoCoMo's locomo10.json (github.com/snap-research/locomo, data/): $CLAG_LOCOMO, else beside the checkout.
+LOCOMO = Path(os.environ.get("CLAG_LOCOMO") or Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json")
 
 
 def cache_dir() -> Path:
@@ -204,7 +205,7 @@ def locomo_texts(path: Path = LOCOMO) -> tuple[list[str], list[str]]:
 def _embed(texts: list[str]) -> tuple[np.ndarray, str]:
     """MiniLM vectors: the project Embedder when it exists, else sentence-transformers."""
     try:
-        from clag_fast.embed.embedder import Embedder  # noqa: PLC0415 -- optional, lands with issue 3
+        from clag_fast.embed.embedder import Embedder  # noqa: PLC0415 -- optional: sentence-transformers otherwise
 
         emb = Embedder()
         return np.asarray(emb.encode(texts), dtype=np.float32), "clag_fast.embed.embedder.Embedder (ONNX MiniLM-L6)"

@@ -127,3 +127,45 @@ def test_ingest_bench_defer_mode_owes_one_pass_and_counts_it(tmp_path):
     # The printed tables name the owed pass only where there was one.
     assert "organize_deferred" in bench_ingest.table(deferred)
     assert "organize_deferred" not in bench_ingest.table(default)
+
+
+def test_ingest_bench_records_the_columns_of_its_benchmarks_table():
+    import bench_ingest
+    import record
+
+    def run(mode, rate, owed):
+        return {"mode": mode, "ingest_rate": rate, "owed_s": owed, "end_to_end_rate": rate / 2, "clusters_after_load": 3099,
+                "recall10": 0.999, "search_p50_ms": 0.4012, "scanned": 1003.0, "organize_s": 5.1}
+
+    runs = [run("default", 33408.2, 0.0), run("defer", 71655.0, 6.96), run("defer", 73118.0, 6.48)]
+    columns = record.load("ingest")["tables"]["load-1m"]["columns"]
+    for mode in ("default", "defer"):
+        assert list(bench_ingest.recorded_cells(runs, mode)) == columns
+    defer = bench_ingest.recorded_cells(runs, "defer")
+    assert defer["adds (memories/s)"] == "71,655 / 73,118" and defer["owed pass s"] == "6.96 / 6.48"
+    assert defer["clusters"] == "3,099" and defer["recall@10"] == "0.999"  # shared values once
+    assert bench_ingest.recorded_cells(runs, "default")["owed pass s"] == "-"
+    with pytest.raises(ValueError, match="no defer run"):
+        bench_ingest.recorded_cells(runs[:1], "defer")
+
+
+def test_store_search_bench_records_the_columns_of_its_benchmarks_table():
+    import bench_store_search
+    import record
+
+    def r(engine, config, recall, warm, p50=None, p99=None):
+        return {"engine": engine, "config": config, "recall": recall, "warm_p50_ms": warm, "p50_ms": p50, "p99_ms": p99}
+
+    result = {"n": 1_000_000, "facade_paired": {"overhead_ms": 0.0451},
+              "rows": [r("clag_fast", "search() defaults", 0.9997, 0.643, 0.9, 2.1),
+                       r("clag_fast", "search_many(300 queries)", 0.9997, 0.316),
+                       r("faiss IVFFlat", "nlist 3094, nprobe 1", 0.97, 0.2),
+                       r("faiss IVFFlat", "nlist 3094, nprobe 8", 1.0, 0.848)]}
+    cells = bench_store_search.recorded_cells(result)
+    assert list(cells) == record.load("search")["tables"]["store"]["columns"]
+    assert cells["memories"] == "1M" and cells["ratio"] == "0.76x" and cells["first-pass p99/p50"] == "2.33"
+    assert cells["faiss IVFFlat at equal recall"] == "nlist 3094, nprobe 8 (1.0000): 0.848"
+    assert cells["facade ms"] == "0.045 (call against call)" and cells["search_many ms/query"] == "0.316"
+    result["rows"] = result["rows"][:3]  # no faiss row recalls as much as the store
+    with pytest.raises(ValueError, match="equal recall"):
+        bench_store_search.recorded_cells(result)

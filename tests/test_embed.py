@@ -1,8 +1,10 @@
 """Embedder against sentence-transformers' golden vectors and token ids, plus its contract.
 
-The golden files (../shared/golden from the repo root) come from sentence-transformers 6.2.0
-on torch CPU. The models are built once per session into $CLAG_FAST_CACHE when it is set
-(CI can keep it), else into a pytest temp dir (~5 s fp32 + ~4 s int8 on 2 cores).
+The golden files (tests/data/golden) come from sentence-transformers 6.2.0 on torch CPU:
+20 texts with their all-MiniLM-L6-v2 embeddings, and 20 others with their token ids and
+embeddings (max_seq_length 256, mean pooling, normalised). The models are built once per
+pytest session into $CLAG_FAST_CACHE when it is set (CI can keep it), else into a pytest temp
+dir (~5 s fp32 + ~4 s int8 on 2 cores).
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 
 
 def _golden(name: str) -> dict:
     path = GOLDEN / name
     if not path.is_file():
-        pytest.fail(f"golden file {path} is missing: the embedder tests need ../shared/golden "
-                    "(minilm_golden.json, minilm_tokens_golden.json) beside the repo root")
+        pytest.fail(f"golden file {path} is missing (tests/data/golden: minilm_golden.json, "
+                    "minilm_tokens_golden.json)")
     return json.loads(path.read_text("utf-8"))
 
 
@@ -90,7 +92,7 @@ def test_fp32_matches_golden_every_text(emb, golden_items, batch_size):
 
 
 def test_int8_close_to_golden(emb8, golden_items):
-    # The bar int8 must clear to be the default on VNNI CPUs (issue 3): 0.99 on every text.
+    # The bar int8 must clear to be the default on VNNI CPUs (BENCHMARKS.md, Embedding): 0.99 on every text.
     vecs = emb8.encode([it["text"] for it in golden_items])
     cos = _cosines(vecs, golden_items)
     worst = int(cos.argmin())

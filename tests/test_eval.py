@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from clag_fast.eval.runner import HashingEmbedder, add_eval_parser, main, run_eval
-from clag_fast.eval.data import load_dataset
+from clag_fast.locomo import load_dataset
 
 TINY = Path(__file__).parent / "data" / "tiny_locomo.json"
 # 41 memories: cluster from 10 on, ~5 clusters, so two_stage really prunes.
@@ -246,7 +246,7 @@ def test_adversarial_scoring_by_hand():
     """Category 5: 1 for any abstention LoCoMo accepts, whatever the wording, 0 otherwise;
     other categories keep token F1 / BLEU-1 (an abstention there scores 0)."""
     from clag_fast.eval.answer import score_answer
-    from clag_fast.eval.data import UNANSWERABLE
+    from clag_fast.locomo import UNANSWERABLE
 
     for reply in ("No information available.", "It is not mentioned.", "(a) Not mentioned in the conversation"):
         assert score_answer(reply, UNANSWERABLE, "5") == (1.0, 1.0), reply
@@ -377,7 +377,7 @@ def test_no_resolvable_evidence_is_a_clear_error(tmp_path):
 
 
 def test_select_questions_is_stratified_and_fixed():
-    from clag_fast.eval.data import parse_samples
+    from clag_fast.locomo import parse_samples
     from clag_fast.eval.qa import select_questions
 
     cats = [1] * 5 + [2] * 5 + [3]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from clag_fast.eval.data import UNANSWERABLE, load_dataset, normalize_evidence, parse_samples
+from clag_fast.locomo import UNANSWERABLE, load_dataset, normalize_evidence, parse_samples
 
 TINY = Path(__file__).parent / "data" / "tiny_locomo.json"
 

@@ -93,7 +93,7 @@ def test_namespaces_never_change_each_others_ranking(tmp_path):
               for q in queries]
     # Namespace b floods the words of a's queries: with store-wide statistics their idf would
     # collapse and a's ranking would move.
-    # (distinct texts: 200 identical vectors stall the organiser's splits, a separate issue)
+    # (distinct texts: 200 identical vectors stall the organiser's splits)
     s.add_many([f"river piano castle bridge market poem desert violin n{i}" for i in range(200)],
                namespaces="b")
     after = [[(h.memory_id, round(h.score, 6)) for h in s.search(q, k=10, mode="flat", namespace="a")]

@@ -1,4 +1,4 @@
-"""Keyphrase candidates and vector labels (store/keyphrases) on small hand-built clusters."""
+"""Keyphrase candidates and vector labels (labels/keyphrases, store/cluster_phrases) on small hand-built clusters."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.labels import groundedness, is_copy
+from clag_fast.labels.measures import groundedness, is_copy
 from clag_fast.store import MemoryStore
-from clag_fast.store import keyphrases as kp
+from clag_fast.labels import keyphrases as kp
+from clag_fast.store import cluster_phrases as cp
 
 HOTELS = [
     "User: We booked the Kyoto hotel near Kamogawa for April 19.",
@@ -512,14 +513,14 @@ def test_store_labels_are_keyphrases_never_members(tmp_path):
         # their clause openings ("Is the", "Okay, no JR Pass": "no JR Pass").
         state = s._state
         with state.lock.read():
-            found = kp.cluster_phrases(state, state.index.cluster_ids().tolist(), kp.PhraseCache())
+            found = cp.cluster_phrases(state, state.index.cluster_ids().tolist(), kp.PhraseCache())
         said = {k.text for ph in found.values() for k in ph.opening_phrases(kp.WIDE_OPENINGS)}
         assert "no JR Pass" in said
 
 
 @pytest.mark.parametrize("texts", [["ok", "ok"], ["👍", "🙂"]])
 def test_placement_labels_a_new_cluster_without_copying_it(texts):
-    from clag_fast.store.profiles import vector_profile
+    from clag_fast.labels.profiles import vector_profile
 
     summary, tags = vector_profile(texts)
     assert summary == kp.NEUTRAL_LABEL and tags == []
@@ -532,7 +533,7 @@ def test_background_counts_kept_across_passes_equal_a_fresh_count(tmp_path, monk
     """The namespace's background document counts are updated by the rows that entered or left
     its sample, not recounted: the ranking equals one from a fresh cache after adds, deletes
     and a change of the sampling stride, and a second pass reads only the new rows' texts."""
-    monkeypatch.setattr(kp, "MAX_BACKGROUND", 24)
+    monkeypatch.setattr(cp, "MAX_BACKGROUND", 24)
     rng = np.random.default_rng(4)
     dim = 16
     axes = np.eye(dim, dtype=np.float32)[:3]
@@ -557,8 +558,8 @@ def test_background_counts_kept_across_passes_equal_a_fresh_count(tmp_path, monk
         def both() -> None:
             cids = state.index.cluster_ids().tolist()
             with state.lock.read():
-                warm = kp.cluster_phrases(state, cids, kept)
-                cold = kp.cluster_phrases(state, cids, kp.PhraseCache())
+                warm = cp.cluster_phrases(state, cids, kept)
+                cold = cp.cluster_phrases(state, cids, kp.PhraseCache())
             assert warm.keys() == cold.keys()
             for c in cids:
                 assert [(p.text, p.score) for p in warm[c].candidates] == [(p.text, p.score) for p in cold[c].candidates]
@@ -566,14 +567,14 @@ def test_background_counts_kept_across_passes_equal_a_fresh_count(tmp_path, monk
         both()
         # An unchanged sample is not read again: no background row's phrases are asked for.
         asked: list[int] = []
-        real_rows = kp._phrases_of_rows
-        monkeypatch.setattr(kp, "_phrases_of_rows", lambda st, rows, cache: asked.append(len(rows)) or real_rows(st, rows, cache))
+        real_rows = cp._phrases_of_rows
+        monkeypatch.setattr(cp, "_phrases_of_rows", lambda st, rows, cache: asked.append(len(rows)) or real_rows(st, rows, cache))
         with state.lock.read():
-            kp.cluster_phrases(state, state.index.cluster_ids().tolist()[:1], kept)
+            cp.cluster_phrases(state, state.index.cluster_ids().tolist()[:1], kept)
             assert sum(asked) == 0
-            kp.cluster_phrases(state, state.index.cluster_ids().tolist()[:1], kp.PhraseCache())
+            cp.cluster_phrases(state, state.index.cluster_ids().tolist()[:1], kp.PhraseCache())
             assert sum(asked) > 0  # a fresh cache does read the sample
-        monkeypatch.setattr(kp, "_phrases_of_rows", real_rows)
+        monkeypatch.setattr(cp, "_phrases_of_rows", real_rows)
         more = s.add_many(*batch(9, 40))  # the sample grows by a few rows
         both()
         s.delete_many(more[-5:])  # rows leave the sample (the last ones: the rest stays)

@@ -11,11 +11,12 @@ from llm_fixtures import completion, dead_url, fake_server, managed_server, real
 
 from clag_fast.cli import main
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.labels import ClusterLabel, groundedness, is_copy, measure, self_misses
+from clag_fast.labels.measures import ClusterLabel, groundedness, is_copy, measure, self_misses
 from clag_fast.slm.client import LLMClient
 from clag_fast.slm.organizer import ClusterBrief, Organizer
 from clag_fast.store import MemoryStore
-from clag_fast.store import keyphrases as kp
+from clag_fast.labels import keyphrases as kp
+from clag_fast.store.cluster_phrases import cluster_phrases
 
 DIM = 16
 GROUPS = {
@@ -207,7 +208,7 @@ def test_the_slm_is_not_asked_for_a_cluster_only_the_wide_look_named(tmp_path, f
         assert s.stats()["labels"]["slm"] == 2
         state = s._state
         with state.lock.read():
-            ph = kp.cluster_phrases(state, [wide[0]], kp.PhraseCache())[wide[0]]
+            ph = cluster_phrases(state, [wide[0]], kp.PhraseCache())[wide[0]]
         assert {c.id: c.summary for c in s.clusters()}[wide[0]] == kp.phrases_label(ph)[0]
 
 

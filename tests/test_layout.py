@@ -73,28 +73,64 @@ def resolve(name: str, module: str, node: ast.ImportFrom | None = None) -> str:
     return ".".join(base + ([name] if name else []))
 
 
-def import_graph() -> dict[str, set[str]]:
+def all_imports(tree: ast.Module):
+    """Every import node with the function it runs in (None: at import time), skipping only
+    ``if TYPE_CHECKING:`` blocks, which never run: imports inside functions and methods count,
+    since a call makes them and a circle through them is a circle all the same."""
+
+    def walk(nodes, func):
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                yield node, func
+            elif isinstance(node, ast.If) and _is_type_checking(node.test):
+                yield from walk(node.orelse, func)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from walk(node.body, func or node.name)
+            else:
+                yield from walk(ast.iter_child_nodes(node), func)
+
+    yield from walk(tree.body, None)
+
+
+def import_targets(node: ast.Import | ast.ImportFrom, mod: str) -> set[str]:
+    """The clag_fast modules an import node loads (the nearest module that exists)."""
+    targets: list[str] = []
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            # `import clag_fast.a.b` imports clag_fast, clag_fast.a and clag_fast.a.b
+            targets.append(alias.name)
+    else:
+        base = resolve(node.module or "", mod, node)
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            targets.append(sub if sub in MODULES or sub in NATIVE else base)
+    out = set()
+    for t in targets:
+        if t == ROOT or t.startswith(ROOT + "."):
+            # The nearest module that exists (clag_fast._clag_fast is the native one).
+            while t not in MODULES and t not in NATIVE and "." in t:
+                t = t.rsplit(".", 1)[0]
+            if t in MODULES and t != mod:
+                out.add(t)
+    return out
+
+
+def import_graph(inside_functions: bool = False) -> dict[str, set[str]]:
+    """Module -> the clag_fast modules it imports: at import time only, or (``inside_functions``)
+    counting the imports that functions make when called."""
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for mod, path in MODULES.items():
-        for node in module_level_imports(parse(path)):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    # `import clag_fast.a.b` imports clag_fast, clag_fast.a and clag_fast.a.b
-                    targets.append(alias.name)
-            else:
-                base = resolve(node.module or "", mod, node)
-                for alias in node.names:
-                    sub = f"{base}.{alias.name}"
-                    targets.append(sub if sub in MODULES or sub in NATIVE else base)
-            for t in targets:
-                if t == ROOT or t.startswith(ROOT + "."):
-                    # The nearest module that exists (clag_fast._clag_fast is the native one).
-                    while t not in MODULES and t not in NATIVE and "." in t:
-                        t = t.rsplit(".", 1)[0]
-                    if t in MODULES and t != mod:
-                        graph[mod].add(t)
+        tree = parse(path)
+        nodes = [n for n, _ in all_imports(tree)] if inside_functions else list(module_level_imports(tree))
+        for node in nodes:
+            graph[mod] |= import_targets(node, mod)
     return graph
+
+
+def import_sites() -> list[tuple[str, str | None, str]]:
+    """Every (importing module, the function it imports in or None, imported module)."""
+    return [(mod, func, target) for mod, path in MODULES.items()
+            for node, func in all_imports(parse(path)) for target in import_targets(node, mod)]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -136,10 +172,15 @@ def test_the_import_graph_sees_the_known_edges():
     assert "clag_fast.errors" in g["clag_fast"]
     assert "clag_fast.store.state" in g["clag_fast.store.recovery"]
     # ``from clag_fast.store import organize as org_ops`` names a module: the edge goes to it.
-    assert "clag_fast.store.organize" in g["clag_fast.slm.scheduler"]
-    # Imports inside functions and under TYPE_CHECKING are not edges.
-    assert "clag_fast.slm.organizer" not in g["clag_fast.slm.scheduler"]
+    assert "clag_fast.store.organize" in g["clag_fast.store.slm_scheduler"]
+    # Imports inside functions and under TYPE_CHECKING are not edges at import time ...
+    assert "clag_fast.slm.server" not in g["clag_fast.slm.connection"]
     assert "clag_fast.embed" not in g["clag_fast"]
+    # ... the ones inside functions are once calls count.
+    calls = import_graph(inside_functions=True)
+    assert "clag_fast.slm.server" in calls["clag_fast.slm.connection"]
+    assert "clag_fast.embed.embedder" in calls["clag_fast.store.memory_store"]
+    assert g["clag_fast.store.slm_scheduler"] <= calls["clag_fast.store.slm_scheduler"]
     # The native module is a leaf, not an edge back to the package.
     assert "clag_fast" not in g["clag_fast.index"]
 
@@ -156,12 +197,77 @@ def test_module_level_imports_skip_functions_and_type_checking():
     )
     names = {a.name for n in module_level_imports(tree) for a in getattr(n, "names", [])}
     assert names == {"a", "TYPE_CHECKING", "c", "d", "e", "h"}
+    # All imports: functions' and methods' too (with where they run), never TYPE_CHECKING's.
+    found = {(a.name, func) for n, func in all_imports(tree) for a in n.names}
+    assert found == {("a", None), ("TYPE_CHECKING", None), ("c", None), ("d", None), ("e", None),
+                     ("g", "f"), ("h", None), ("i", "m")}
+    nested = ast.parse("def f():\n    def g():\n        with x:\n            if y:\n                import j\n")
+    assert [(a.name, func) for n, func in all_imports(nested) for a in n.names] == [("j", "f")]
 
 
 # -- the rules --------------------------------------------------------------------------------
 def test_no_import_cycles():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle between clag_fast modules: " + " -> ".join(cycle)
+
+
+def test_no_import_cycles_counting_imports_inside_functions():
+    """A module that imports another inside a function still depends on it: with those
+    imports counted too, the modules still form no circle."""
+    cycle = find_cycle(import_graph(inside_functions=True))
+    assert cycle is None, "import cycle (imports inside functions counted): " + " -> ".join(cycle)
+
+
+def _in(module: str, package: str) -> bool:
+    return module == f"{ROOT}.{package}" or module.startswith(f"{ROOT}.{package}.")
+
+
+# The SLM layer and the text-only label work decide from plain inputs; the store applies.
+# (importing package, packages it must not import)
+FORBIDDEN = [
+    ("slm", ("store", "eval")),
+    ("labels", ("store", "slm", "eval", "server", "distributed", "integrations", "compat")),
+]
+# Who may import the evaluation from outside it: the CLI's parser, for the ``eval`` command.
+EVAL_IMPORTERS = {("clag_fast.cli", "_parser", "clag_fast.eval.runner")}
+
+
+def layering_violations(sites) -> list[str]:
+    """Imports that break the package rules, from (module, function or None, target) sites."""
+    out = []
+    for mod, func, target in sites:
+        where = f"{mod}{'.' + func + '()' if func else ''} imports {target}"
+        for pkg, banned in FORBIDDEN:
+            if _in(mod, pkg) and any(_in(target, b) for b in banned):
+                out.append(f"{where}: {pkg}/ must not import {', '.join(b + '/' for b in banned)}")
+        if _in(target, "eval") and not _in(mod, "eval") and (mod, func, target) not in EVAL_IMPORTERS:
+            out.append(f"{where}: only eval/ (and the CLI's eval command) imports eval/")
+    return out
+
+
+def test_the_layering_check_sees_violations():
+    bad = [("clag_fast.slm.organizer", "route", "clag_fast.store.state"),
+           ("clag_fast.labels.keyphrases", None, "clag_fast.slm.prompts"),
+           ("clag_fast.store.memory_store", "label_quality", "clag_fast.eval.labels"),
+           ("clag_fast.cli", "cmd_demo", "clag_fast.eval.runner")]
+    assert len(layering_violations(bad)) == 4
+    good = [("clag_fast.store.slm_scheduler", None, "clag_fast.slm.organizer"),
+            ("clag_fast.eval.qa", "run_qa_table", "clag_fast.store.memory_store"),
+            ("clag_fast.cli", "_parser", "clag_fast.eval.runner"),
+            ("clag_fast.slm.organizer", None, "clag_fast.labels.keyphrases")]
+    assert layering_violations(good) == []
+    # The scan of the package finds the sites the rules are about.
+    sites = import_sites()
+    assert ("clag_fast.store.slm_scheduler", "__init__", "clag_fast.slm.triggers") in sites
+    assert ("clag_fast.cli", "_parser", "clag_fast.eval.runner") in sites
+
+
+def test_the_package_layers_hold():
+    """slm/ and labels/ import nothing from store/ (labels/ nothing from any layer above it);
+    nothing outside eval/ imports eval/ but the CLI's ``eval`` command. Imports inside
+    functions count."""
+    bad = layering_violations(import_sites())
+    assert not bad, "imports across the layers:\n" + "\n".join(bad)
 
 
 ALLOWED_PRIVATE_OWNERS = {"self", "cls", "np"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clag_fast.embed import modelfiles
+from clag_fast.embed import modelfiles, sources
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,8 @@ def test_unknown_model_and_precision():
 @pytest.fixture
 def patched_manifest(monkeypatch):
     """Yield a mutable copy of the manifest that modelfiles will read."""
-    data = copy.deepcopy(modelfiles._manifest())
-    monkeypatch.setattr(modelfiles, "_manifest", lambda: data)
+    data = copy.deepcopy(sources._manifest())
+    monkeypatch.setattr(sources, "_manifest", lambda: data)
     return data["models"]["minilm-l6"]
 
 
@@ -85,7 +85,7 @@ def test_model_path_writes_atomically_verifies_and_rebuilds_corrupt(monkeypatch,
     monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
     calls = []
 
-    def fake_build(model, precision):
+    def fake_build(model, precision, fp32_model=None):
         calls.append(precision)
         return b"model bytes %d" % len(calls)
 
@@ -102,11 +102,15 @@ def test_model_path_writes_atomically_verifies_and_rebuilds_corrupt(monkeypatch,
     modelfiles.model_path("minilm-l6", "fp32")
     assert calls == ["fp32", "fp32"] and p.read_bytes() == b"model bytes 2"
     # A failing build leaves nothing behind under the final name.
-    monkeypatch.setattr(mb, "build_model_bytes", lambda m, q: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(mb, "build_model_bytes", lambda m, q, fp32_model=None: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         modelfiles.model_path("minilm-l6", "int8")
     assert not modelfiles.cached_model_path("minilm-l6", "int8").exists()
     assert not [x for x in tmp_path.iterdir() if x.name.endswith(".tmp")]
+    # The int8 build is handed the cached, verified fp32 model (never fused a second time).
+    handed = []
+    monkeypatch.setattr(mb, "build_model_bytes", lambda m, q, fp32_model=None: handed.append(fp32_model) or b"int8")
+    assert modelfiles.model_path("minilm-l6", "int8").read_bytes() == b"int8" and handed == [p]
 
 
 def _tiny_bert(rng, vocab=23, hidden=8, heads=2, layers=2, inter=16, positions=12):

@@ -285,7 +285,7 @@ def test_vector_organisations_in_the_worker_when_asked(tmp_path, monkeypatch):
     import threading
 
     from clag_fast.config import SLMConfig
-    from clag_fast.slm import scheduler
+    from clag_fast.store import slm_scheduler as scheduler
 
     gate, started, ran_in = threading.Event(), threading.Event(), []
     real = scheduler.org_ops.organize

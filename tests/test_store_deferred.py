@@ -129,7 +129,7 @@ def test_a_killed_bulk_writer_leaves_the_pass_owed(tmp_path):
 def test_a_deferred_cold_start_labels_at_most_a_pass_worth(tmp_path, monkeypatch):
     """The cold start of a bulk load labels ``LABELS_PER_PASS`` clusters (its clusters are the
     first batch's, soon grown and split); a normal cold start labels every cluster."""
-    from clag_fast.slm import scheduler
+    from clag_fast.store import slm_scheduler as scheduler
 
     monkeypatch.setattr(scheduler, "LABELS_PER_PASS", 3)
     vecs, texts = _bulk(100)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.eval.data import load_dataset
+from clag_fast.locomo import load_dataset
 from clag_fast.store import MemoryStore
 from llm_fixtures import dead_url, fake_server, real_llm  # noqa: F401
 from store_helpers import texts_for, topic_vectors
@@ -97,7 +97,7 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
         decisions, profiles = st["llm"]["decisions"], st["llm"]["profiles"]
         assert st["llm"]["unavailable"] is None
         accepted = decisions.get("topics", 0) + decisions.get("profile", 0) + decisions.get("route_slm", 0)
-        assert accepted > 0, (st["llm"], s._slm._organizer.stats())
+        assert accepted > 0, (st["llm"], s._slm.connection.decisions.stats())
         # ...and applied where the store shows them: topic centres, SLM-written summaries,
         # SLM routes (each counted apart from its fallback).
         topic_clusters = [c for c in clusters if c.source == "slm_topic"]
@@ -125,7 +125,7 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
 
 def vector_profile_of(store, cid):
     """The summary the vector fallback would write for cluster ``cid`` now."""
-    from clag_fast.store.profiles import vector_profile
+    from clag_fast.labels.profiles import vector_profile
 
     brief = store._slm._briefs({cid})[cid]
     return vector_profile(brief.examples)[0]

@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    from clag_fast.eval.data import conversation, load_dataset
+    from clag_fast.locomo import conversation, load_dataset
 
     data_path = resources.files("clag_fast") / "data" / "demo_trip.json"
     with resources.as_file(data_path) as p:
@@ -193,7 +193,7 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def _plot(store, path: Path) -> None:
-    from clag_fast.eval.labels import plot_cluster_map
+    from clag_fast.cluster_map import plot_cluster_map
 
     if path.suffix.lower() != ".png":
         raise ValueError(f"--plot writes a PNG file; {path} does not end in .png")
@@ -334,7 +334,7 @@ def _read_ingest_file(path: Path) -> tuple[list[str], list[str], list[dict | Non
     except json.JSONDecodeError:
         data = [json.loads(line) for line in raw.splitlines() if line.strip()]
     if isinstance(data, list) and data and isinstance(data[0], dict) and "conversation" in data[0]:
-        from clag_fast.eval.data import parse_samples
+        from clag_fast.locomo import parse_samples
 
         turns = [t for s in parse_samples(data) for t in s.turns]
         return ([t.memory_text() for t in turns], [_turn_kind(t.text) for t in turns],

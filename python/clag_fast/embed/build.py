@@ -1,7 +1,9 @@
 """Turn a model's verified source files into ONNX bytes (fp32 fused, or int8).
 
 Called by :func:`clag_fast.embed.modelfiles.model_path` on a cache miss; import cost (onnx,
-safetensors, the onnxruntime optimiser and quantiser) is only paid when building.
+safetensors, the onnxruntime optimiser and quantiser) is only paid when building. Reads the
+verified source files (``embed.sources``) and never the build cache: the int8 build is handed
+the cached fp32 model's path.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ import contextlib
 import json
 import logging
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from clag_fast.embed import bert_onnx as _bert_onnx
 from clag_fast.embed.cpu import int8_weight_codes
-from clag_fast.embed.modelfiles import ModelFilesError, manifest, source_file
+from clag_fast.embed.sources import manifest, source_file
+from clag_fast.errors import ModelFilesError
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +121,17 @@ def fused_graph(model: str) -> onnx.ModelProto:
 _BATCH_SEQ = "ptq_batch_seq"
 
 
+def _int8_columns(w: np.ndarray, weights: str) -> tuple[np.ndarray, np.ndarray]:
+    """``w``'s codes with one symmetric int8 scale per output column, and the scales; for
+    ``weights="u8"`` the same levels stored as uint8 around 128."""
+    w_scale = np.abs(w).max(axis=0) / 127.0
+    w_scale[w_scale == 0] = 1.0
+    w_q = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
+    if weights == "u8":
+        w_q = (w_q.astype(np.int16) + 128).astype(np.uint8)
+    return w_q, w_scale
+
+
 def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, *,
                     flat: bool = False, weights: str = "s8") -> onnx.ModelProto:
     """Rewrite ``x @ W`` (W a constant named ``*suffix``) into an int8 matmul with per-token scales.
@@ -166,14 +181,10 @@ def _per_token_int8(model: onnx.ModelProto, suffixes=_bert_onnx.DENSE_SUFFIXES, 
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         k, n = w.shape
-        w_scale = np.abs(w).max(axis=0) / 127.0
-        w_scale[w_scale == 0] = 1.0
-        w_q = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
+        w_q, w_scale = _int8_columns(w, weights)
         p = node.name + "_ptq"
-        w_zp = []  # no zero point input: int8 weights are symmetric
-        if weights == "u8":
-            w_q = (w_q.astype(np.int16) + 128).astype(np.uint8)
-            w_zp = [const(p + "_wzp", np.full(n, 128, np.uint8))]
+        # No zero point input for int8 weights (symmetric); uint8 ones sit around 128.
+        w_zp = [const(p + "_wzp", np.full(n, 128, np.uint8))] if weights == "u8" else []
         x = node.input[0]
         y = node.output[0] if flat else p + "_y"
         if not flat:
@@ -378,13 +389,13 @@ def int8_graph_bytes(fp32: onnx.ModelProto, weights: str | None = None) -> bytes
     return model.SerializeToString()
 
 
-def build_model_bytes(model: str, precision: str) -> bytes:
-    """Serialised ONNX model for (model, precision)."""
+def build_model_bytes(model: str, precision: str, fp32_model: Path | None = None) -> bytes:
+    """Serialised ONNX model for (model, precision). int8 quantises the fp32 model at
+    ``fp32_model`` (the cached, checksummed build), fusing none afresh."""
     if precision == "fp32":
         return fused_graph(model).SerializeToString()
     if precision == "int8":
-        # Quantise the cached, checksummed fp32 build rather than fusing a second time.
-        from clag_fast.embed.modelfiles import model_path
-
-        return int8_graph_bytes(onnx.load(str(model_path(model, "fp32"))))
+        if fp32_model is None:
+            raise ValueError("the int8 build quantises an fp32 model: pass fp32_model")
+        return int8_graph_bytes(onnx.load(str(fp32_model)))
     raise ValueError(f"unknown precision {precision!r}")

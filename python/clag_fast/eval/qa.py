@@ -12,6 +12,9 @@ The configurations answer the same questions with the same SLM and the same answ
   clag_labels   the same hits as ``clag``, grouped under their cluster's label (summary, else
                 tags): the cluster as context
 
+Two configurations that give a question the same context share one answer (the model answers
+at temperature 0).
+
 The questions are a fixed stratified subset (:func:`select_questions`): the same rule and seed
 choose the same questions on every run, so only the rule is stored, never the data. Every
 (question, configuration) becomes one JSON line in ``qa.jsonl`` with the retrieved memories
@@ -39,23 +42,27 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from clag_fast.config import RankingConfig
 from clag_fast.eval.answer import (ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply, is_adversarial,
                                    question_prompt, score_answer)
-from clag_fast.config import RankingConfig
-from clag_fast.eval.data import Sample, conversation, load_dataset
+from clag_fast.eval.embedders import LookupEmbedder, embed_texts, make_embedder
+from clag_fast.eval.endpoint import llm_endpoint
 from clag_fast.eval.metrics import answer_containment
+from clag_fast.eval.settings import store_config
+from clag_fast.locomo import Sample, conversation, load_dataset
 
 __all__ = ["QA_CONFIGS", "DEFAULT_QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl",
            "summarize", "to_markdown", "main"]
 
 #: name -> (search mode, lexical_weight (None = the store's default), grouping of the context:
 #: False = plain list, True = under the cluster label, "tags" = under the cluster's tags, and
-#: whether the store's ranking is the fused score alone: ``RankingConfig.plain()``)
+#: whether the store ranks by the fused score alone: ``RankingConfig.plain()``)
 QA_CONFIGS: dict[str, tuple[str, float | None, bool | str, bool]] = {
     "flat_vector": ("flat", 0.0, False, False),
     "flat_hybrid": ("flat", None, False, True),
@@ -66,7 +73,7 @@ QA_CONFIGS: dict[str, tuple[str, float | None, bool | str, bool]] = {
 #: The table's configurations (clag_tags is an extra, on request).
 DEFAULT_QA_CONFIGS = ("flat_vector", "flat_hybrid", "clag", "clag_labels")
 BASELINE = "flat_vector"
-#: Memories in an answer prompt. 5 against 10 on the same questions: see BENCHMARKS.md,
+#: Memories in an answer prompt. 5 against 10 on the same questions: BENCHMARKS.md,
 #: "Retrieval quality and QA" (a shorter prompt answers in about half the time).
 QA_K = 5
 SELECTION_RULE = (
@@ -120,8 +127,7 @@ def run_qa_table(
     k: int = QA_K,
 ) -> dict:
     """Answer the stratified subset in every configuration of ``configs`` (names of
-    :data:`QA_CONFIGS`), with the top ``k`` memories in each prompt. Two configurations that
-    give a question the same context share one answer (the model answers at temperature 0).
+    :data:`QA_CONFIGS`), with the top ``k`` memories in each prompt.
 
     Writes ``out_dir/qa.jsonl`` (appended line by line, so a stopped run resumes: pairs
     already in the file are not asked again), ``qa_run.json`` (the parameters and the
@@ -130,21 +136,16 @@ def run_qa_table(
     """
     from tqdm import tqdm
 
-    from clag_fast.eval.runner import LookupEmbedder, _embed, _llm_endpoint, _make_embedder, _store_config
     from clag_fast.slm.client import LLMClient
-    from clag_fast.store import MemoryStore
 
     t_start = time.perf_counter()
-    unknown = [c for c in configs if c not in QA_CONFIGS]
-    if unknown or not configs:
-        raise ValueError(f"QA configurations: unknown {unknown or 'none given'} (have {sorted(QA_CONFIGS)})")
-    chosen = {c: QA_CONFIGS[c] for c in dict.fromkeys(configs)}
+    chosen = _chosen_configs(configs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     samples = load_dataset(dataset)
     picked = select_questions(samples, n_questions, seed)
-    emb, emb_name = _make_embedder(embedder, precision, threads)
-    cfg = _store_config("vector", {"dim": int(emb.dim)} | dict(store_options or {}))
+    emb, emb_name = make_embedder(embedder, precision, threads)
+    cfg = store_config("vector", {"dim": int(emb.dim)} | dict(store_options or {}))
     run = {
         "dataset": Path(dataset).name,
         "n_questions": n_questions,
@@ -160,75 +161,18 @@ def run_qa_table(
         "store_options": dict(store_options or {}),
         "lexical_weight_default": cfg.lexical_weight,
     }
-    meta_path, jsonl = out / "qa_run.json", out / "qa.jsonl"
-    if meta_path.exists() and jsonl.exists():
-        old = json.loads(meta_path.read_text())
-        if {k: old.get(k) for k in run} != run:
-            raise ValueError(f"{out} holds a QA run with other parameters; choose another --out")
-    meta_path.write_text(json.dumps(run, indent=1))
-    done = {(r["sample_id"], r["qa_index"], r["config"]) for r in read_jsonl(jsonl)} if jsonl.exists() else set()
-
-    by_sample: dict[int, list[int]] = defaultdict(list)
-    for si, qi in picked:
-        by_sample[si].append(qi)
-    todo = {si: qis for si, qis in by_sample.items()
-            if any((samples[si].sample_id, qi, c) not in done for qi in qis for c in chosen)}
-    cache = Path(cache_dir) if cache_dir is not None else None
-    with _llm_endpoint(llm) as url, jsonl.open("a", encoding="utf-8") as f:
+    jsonl = out / "qa.jsonl"
+    done = _resume(out, run)
+    todo = _todo(samples, picked, chosen, done)
+    with llm_endpoint(llm) as url, jsonl.open("a", encoding="utf-8") as f:
         if url is None:
             raise ValueError("the QA table needs an SLM: llm='managed' or a server URL")
         client = LLMClient(url)
         bar = tqdm(total=sum(len(v) for v in todo.values()), desc="qa", unit="q", disable=not progress)
+        table = _QATable(chosen, done, cfg, emb, emb_name, Path(cache_dir) if cache_dir is not None else None,
+                         client, f, bar, k)
         for si, qis in sorted(todo.items()):
-            s = samples[si]
-            texts = [t.memory_text() for t in s.turns]
-            tv = _embed(emb, texts, emb_name, cache, progress=False)
-            questions = [s.qa[qi].question for qi in qis]
-            qv = _embed(emb, questions, emb_name, cache, progress=False)
-            with contextlib.ExitStack() as stack:
-                stores = {}  # plain ranking or not -> the sample's store organised that way
-                for plain in sorted({p for _, _, _, p in chosen.values()}):
-                    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="clag-qa-"))
-                    config = cfg.replace(ranking=RankingConfig.plain()) if plain else cfg
-                    store = stores[plain] = MemoryStore.open(tmp, config=config,
-                                                             embedder=LookupEmbedder(questions, qv), llm=False)
-                    stack.callback(store.close)
-                    ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns],
-                                         **conversation(s.turns))
-                    store.organize()
-                dia = {int(m): t.dia_id for m, t in zip(ids, s.turns)}
-                for qi in qis:
-                    q = s.qa[qi]
-                    searches: dict[tuple, Any] = {}
-                    answered: dict[str, tuple[str, str]] = {}  # context -> (answer, reply)
-                    for name, (mode, lw, grouped, plain) in chosen.items():
-                        if (s.sample_id, qi, name) in done:
-                            continue
-                        hits = searches.get((mode, lw, plain))
-                        if hits is None:
-                            hits = searches[(mode, lw, plain)] = stores[plain].search(
-                                q.question, k=k, mode=mode, lexical_weight=lw)
-                        context = answer_context(hits, grouped)
-                        t0 = time.perf_counter()
-                        asked = question_prompt(q.question, q.category, q.adversarial_answer, q.adversarial)
-                        if context not in answered:
-                            answered[context] = ask_with_reply(client, asked, context)
-                        pred, reply = answered[context]
-                        f1, b1 = score_answer(pred, q.answer, q.category, q.adversarial)
-                        rec = {
-                            "config": name, "sample_id": s.sample_id, "qa_index": qi,
-                            "category": q.category, "question": q.question, "gold": q.answer,
-                            "adversarial": is_adversarial(q.category, q.adversarial), "asked": asked,
-                            "evidence": list(q.evidence),
-                            "retrieved": [_hit_record(h, dia) for h in hits],
-                            "context": context, "reply": reply, "answer": pred,
-                            "f1": f1, "bleu1": b1,
-                            "containment": answer_containment(q.answer, context),
-                            "answer_s": round(time.perf_counter() - t0, 3),
-                        }
-                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                        f.flush()
-                    bar.update(1)
+            table.answer_sample(samples[si], qis)
         bar.close()
     summary = summarize(read_jsonl(jsonl))
     summary["run"] = run
@@ -237,6 +181,116 @@ def run_qa_table(
     (out / "qa.json").write_text(json.dumps(_nan_to_none(summary), indent=1))
     (out / "qa.md").write_text(to_markdown(summary))
     return summary
+
+
+_Config = tuple[str, float | None, bool | str, bool]
+
+
+def _chosen_configs(configs: Sequence[str]) -> dict[str, _Config]:
+    """The configurations asked for, by name, in order; ValueError naming unknown ones."""
+    unknown = [c for c in configs if c not in QA_CONFIGS]
+    if unknown or not configs:
+        raise ValueError(f"QA configurations: unknown {unknown or 'none given'} (have {sorted(QA_CONFIGS)})")
+    return {c: QA_CONFIGS[c] for c in dict.fromkeys(configs)}
+
+
+def _resume(out: Path, run: dict) -> set[tuple[str, int, str]]:
+    """Record the run's parameters in ``qa_run.json``; the (sample id, question index,
+    configuration) triples its ``qa.jsonl`` holds already. ValueError when ``out`` holds a
+    run with other parameters."""
+    meta_path, jsonl = out / "qa_run.json", out / "qa.jsonl"
+    if meta_path.exists() and jsonl.exists():
+        old = json.loads(meta_path.read_text())
+        if {k: old.get(k) for k in run} != run:
+            raise ValueError(f"{out} holds a QA run with other parameters; choose another --out")
+    meta_path.write_text(json.dumps(run, indent=1))
+    return {(r["sample_id"], r["qa_index"], r["config"]) for r in read_jsonl(jsonl)} if jsonl.exists() else set()
+
+
+def _todo(samples: Sequence[Sample], picked: list[tuple[int, int]], chosen: dict[str, _Config],
+          done: set[tuple[str, int, str]]) -> dict[int, list[int]]:
+    """Sample index -> its picked question indices, for the samples with a pair not done."""
+    by_sample: dict[int, list[int]] = defaultdict(list)
+    for si, qi in picked:
+        by_sample[si].append(qi)
+    return {si: qis for si, qis in by_sample.items()
+            if any((samples[si].sample_id, qi, c) not in done for qi in qis for c in chosen)}
+
+
+@dataclass
+class _QATable:
+    """What answering the table's questions shares: configurations, pairs done, the store
+    configuration, the embedder (and its cache), the SLM client, the JSONL file, a progress bar."""
+
+    chosen: dict[str, _Config]
+    done: set[tuple[str, int, str]]
+    cfg: Any
+    emb: Any
+    emb_name: str
+    cache: Path | None
+    client: Any
+    jsonl: IO[str]
+    bar: Any
+    k: int = QA_K
+
+    def answer_sample(self, s: Sample, qis: list[int]) -> None:
+        """The stores for sample ``s`` (organised without an SLM; one per ranking the
+        configurations use), questions ``qis`` answered in every configuration not done yet."""
+        from clag_fast.store import MemoryStore
+
+        texts = [t.memory_text() for t in s.turns]
+        tv = embed_texts(self.emb, texts, self.emb_name, self.cache, progress=False)
+        questions = [s.qa[qi].question for qi in qis]
+        qv = embed_texts(self.emb, questions, self.emb_name, self.cache, progress=False)
+        with contextlib.ExitStack() as stack:
+            stores = {}  # plain ranking or not -> the sample's store
+            for plain in sorted({c[3] for c in self.chosen.values()}):
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="clag-qa-"))
+                config = self.cfg.replace(ranking=RankingConfig.plain()) if plain else self.cfg
+                store = stores[plain] = MemoryStore.open(tmp, config=config, embedder=LookupEmbedder(questions, qv),
+                                                         llm=False)
+                stack.callback(store.close)
+                ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns],
+                                     **conversation(s.turns))
+                store.organize()
+            dia = {int(m): t.dia_id for m, t in zip(ids, s.turns)}
+            for qi in qis:
+                self.answer_question(stores, s, qi, dia)
+                self.bar.update(1)
+
+    def answer_question(self, stores: dict[bool, Any], s: Sample, qi: int, dia: dict[int, str]) -> None:
+        """Question ``qi`` of ``s`` in every configuration not done yet, one JSON line each
+        (configurations that search alike share one search, and one context one answer)."""
+        q = s.qa[qi]
+        searches: dict[tuple, Any] = {}
+        answered: dict[str, tuple[str, str]] = {}  # context -> (answer, reply)
+        for name, (mode, lw, grouped, plain) in self.chosen.items():
+            if (s.sample_id, qi, name) in self.done:
+                continue
+            hits = searches.get((mode, lw, plain))
+            if hits is None:
+                hits = searches[(mode, lw, plain)] = stores[plain].search(q.question, k=self.k, mode=mode,
+                                                                          lexical_weight=lw)
+            context = answer_context(hits, grouped)
+            t0 = time.perf_counter()
+            asked = question_prompt(q.question, q.category, q.adversarial_answer, q.adversarial)
+            if context not in answered:
+                answered[context] = ask_with_reply(self.client, asked, context)
+            pred, reply = answered[context]
+            f1, b1 = score_answer(pred, q.answer, q.category, q.adversarial)
+            rec = {
+                "config": name, "sample_id": s.sample_id, "qa_index": qi,
+                "category": q.category, "question": q.question, "gold": q.answer,
+                "adversarial": is_adversarial(q.category, q.adversarial), "asked": asked,
+                "evidence": list(q.evidence),
+                "retrieved": [_hit_record(h, dia) for h in hits],
+                "context": context, "reply": reply, "answer": pred,
+                "f1": f1, "bleu1": b1,
+                "containment": answer_containment(q.answer, context),
+                "answer_s": round(time.perf_counter() - t0, 3),
+            }
+            self.jsonl.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            self.jsonl.flush()
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -89,7 +89,7 @@ def to_markdown(report: dict) -> str:
 
 
 def _label_lines(per_sample: list) -> list[str]:
-    """Label quality per sample and organisation (``clag_fast.eval.labels``), when measured."""
+    """Label quality per sample and organisation (``clag_fast.labels.measures``), when measured."""
     rows = [(r.get("sample_id"), r.get("organisation"), r.get("store_stats", {}).get("label_quality"))
             for r in per_sample if isinstance(r, dict)]
     rows = [r for r in rows if isinstance(r[2], dict)]

@@ -22,10 +22,10 @@ from typing import Any, Sequence
 
 from clag_fast.config import SLMConfig
 from clag_fast.slm import prompts
-from clag_fast.store import keyphrases
-from clag_fast.store.profiles import BAD_TAGS as _BAD_TAGS
-from clag_fast.store.profiles import STOPWORDS as _STOPWORDS
-from clag_fast.store.profiles import TAG_WORD_RE as _WORD_RE
+from clag_fast.labels import keyphrases
+from clag_fast.labels.profiles import BAD_TAGS as _BAD_TAGS
+from clag_fast.labels.profiles import STOPWORDS as _STOPWORDS
+from clag_fast.labels.profiles import TAG_WORD_RE as _WORD_RE
 from clag_fast.slm.client import LLMClient, LLMError, is_transient
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class ClusterBrief:
     tags: list[str] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
     size: int = 0
-    candidates: list[str] = field(default_factory=list)  # ranked keyphrases (store/keyphrases)
+    candidates: list[str] = field(default_factory=list)  # ranked keyphrases (labels/keyphrases)
     # The candidates the SLM may pick from (None: the first ``profile_candidates``); the tags
     # still come from all candidates.
     choices: list[str] | None = None

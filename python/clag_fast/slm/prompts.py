@@ -80,7 +80,7 @@ def route_user(group_lines: list[str], notes: list[str]) -> str:
 # ----------------------------------------------------------------------------- profiles
 
 # The SLM chooses, it does not invent: the answer schema is an enum of the cluster's
-# keyphrases (``store/keyphrases``), so llama.cpp's grammar can only emit offered phrases and a
+# keyphrases (``labels/keyphrases``), so llama.cpp's grammar can only emit offered phrases and a
 # copied note, an invented title ("Morning Shoplifters") or a truncated string cannot come
 # back. Free-text summaries were copies of a member for most clusters with SmolLM2-135M
 # (BENCHMARKS.md, "Cluster labels"). ``uniqueItems`` is passed on for servers that honour it;

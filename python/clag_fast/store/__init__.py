@@ -10,7 +10,7 @@ Modules, each owning one thing:
   routing       the vector routing policy (pure numpy)
   placement     routing new rows into clusters, applying the SLM's routes
   organize      cold start, topics, split, merge, profile bookkeeping
-  profiles      vector profiles (typical member + keywords), tag word lists
+  slm_scheduler when the store asks the SLM, its background worker, applying the answers
   search        filters, probe rule, native search, hits with labels
   recovery      checks and repairs on open
   forgetting    applying the decay / prune policy

@@ -30,7 +30,7 @@ from clag_fast.config import StoreConfig
 from clag_fast.errors import DimensionMismatchError, StoreFormatError
 from clag_fast.index import VectorIndex
 from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
-from clag_fast.slm.scheduler import SLMScheduler
+from clag_fast.store.slm_scheduler import SLMScheduler
 from clag_fast.store import catalog as catalog_mod
 from clag_fast.store import conversation, filters, forgetting, organize, placement, recovery
 from clag_fast.store import threads as threads_mod
@@ -669,7 +669,7 @@ class MemoryStore:
         """Run the re-organisation that ``add_many(defer_organize=True)`` put off, if one fell
         due: one pass on this thread, as the write that found it due would have run (every
         unassigned row assigned, oversized clusters split, redundant ones merged, at most
-        ``slm.scheduler.LABELS_PER_PASS`` clusters labelled). Returns its report, or None
+        ``store.slm_scheduler.LABELS_PER_PASS`` clusters labelled). Returns its report, or None
         when nothing is owed. A store reopened after a bulk load died still owes it."""
         self._check_open(write=True)
         return self._slm.run_owed()
@@ -977,10 +977,10 @@ class MemoryStore:
             return self._state.index.cluster_ids().copy(), np.array(self._state.index.centres(), np.float32)
 
     def label_quality(self, max_members: int = 200) -> dict[str, Any]:
-        """Copy rate, groundedness and self@1 of the cluster labels (``clag_fast.eval.labels``),
+        """Copy rate, groundedness and self@1 of the cluster labels (``clag_fast.labels.measures``),
         computed now: reads up to ``max_members`` members per cluster (those nearest its
         centre) and embeds each label once. self@1 is left out without an embedder."""
-        from clag_fast.eval.labels import ClusterLabel, measure
+        from clag_fast.labels.measures import ClusterLabel, measure
 
         self._check_open()
         state = self._state

@@ -2,7 +2,7 @@
 clusters, merge of redundant and tiny ones, re-assignment, and the vector side of profiles.
 
 Functions here take the ``StoreState`` and run under its write lock; they keep the index and
-the database in agreement. SLM calls never happen here: the scheduler (``slm.scheduler``)
+the database in agreement. SLM calls never happen here: the scheduler (``store.slm_scheduler``)
 asks the SLM first, outside the lock, and passes the answers in.
 """
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from clag_fast.store import routing
-from clag_fast.store.profiles import vector_profile
+from clag_fast.labels.profiles import vector_profile
 from clag_fast.store.state import StoreState
 
 # Rows per routing chunk: rows of a chunk are routed against the centres as they stood at its

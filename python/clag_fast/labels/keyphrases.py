@@ -22,16 +22,13 @@ whose members share no content word (greetings, "ok", emoji) gets a neutral labe
 
 Cost: extracting a memory's phrases is a regular expression and its n-grams (about 0.1 ms);
 ``PhraseCache`` keeps them per text, so a re-organisation only extracts the memories it has not
-seen. ``cluster_phrases`` reads at most ``MAX_MEMBERS`` members per cluster and a namespace
-sample of at most ``MAX_BACKGROUND`` memories (all of them below that), so one pass costs
-O(clusters * MAX_MEMBERS + MAX_BACKGROUND) cached dictionary updates whatever the store's size
-(all 325 clusters of a 5,882-memory store: 0.8 s cold, 0.16 s with the cache warm). The
-re-rank embeds about a dozen short phrases per cluster, each once (5.5 s for those 325 clusters
+seen (``store.cluster_phrases`` bounds what one pass reads). The re-rank embeds about a dozen short phrases per cluster, each once (5.5 s for those 325 clusters
 on 2 busy cores, against 75 s to embed the memories); only new and drifted clusters are
 re-ranked.
 
-Pure Python with no dependency on the rest of the package except ``cluster_phrases``, which
-reads the store's state it is given.
+Pure Python with no dependency on the rest of the package: texts and vectors in, phrases and
+labels out. The store gathers a cluster's members and its namespace's sample and ranks them
+here (``store.cluster_phrases``).
 """
 
 from __future__ import annotations
@@ -43,15 +40,12 @@ import threading
 import unicodedata
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from clag_fast.store.state import StoreState
-
 __all__ = ["Keyphrase", "ClusterPhrases", "PhraseCache", "extract", "openings", "rank", "label",
-           "phrases_label", "texts_label", "cluster_phrases", "by_distinctness", "margins", "content_words", "NEUTRAL_LABEL", "STOPWORDS"]
+           "phrases_label", "texts_label", "by_distinctness", "margins", "content_words", "NEUTRAL_LABEL", "STOPWORDS"]
 
 # Words that carry no topic. Fillers of chat ("sounds", "yeah", "haha") are here because
 # conversations are what agents store most; they made the tags "tim, sounds, fun".
@@ -92,17 +86,12 @@ NEUTRAL_MIXED = "misc: mixed notes"
 LABEL_WORDS = 6
 MAX_LABEL_PHRASES = 3
 MAX_TAGS = 3
-# Members read per cluster (the nearest its centre): 64 typical members name a big cluster as
-# well as 300 did, at a fifth of the reading (ingest into a 100k store spent a third of its
-# time labelling with 300).
-MAX_MEMBERS = 64
 MIN_MEMBERS = 2
 # Typical members whose own phrases (held by no other member) a cluster without a label
 # pointing at it may try, and how many of each: 8 x 2 fixed 0.02 more of self@1 on LoCoMo
 # than 3 x 2 at one more embedding per phrase, for those clusters only.
 TYPICAL_MEMBERS = 8
 TYPICAL_PHRASES = 2
-MAX_BACKGROUND = 4000
 
 # A word: letters/digits, inner apostrophes, dots, colons, hyphens, slashes kept
 # ("don't", "13:10", "HK-220931", "U.S"); underscores split ("flight_search").
@@ -518,18 +507,7 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     n = len(members)
     if n == 0:
         return ClusterPhrases()
-    df: Counter[str] = Counter()
-    # Written forms per key, counted in plain dicts (a Counter per phrase cost more than the
-    # ranking itself).
-    forms: dict[str, dict[str, int]] = {}
-    for m in members:
-        df.update(m.keys())
-        for key, form in m.items():
-            f = forms.get(key)
-            if f is None:
-                forms[key] = {form: 1}
-            else:
-                f[form] = f.get(form, 0) + 1
+    df, forms = _counts(members)
     need = min(n, MIN_MEMBERS)
     N = max(n_background, n)
     scored: list[tuple[float, str]] = []
@@ -543,10 +521,45 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
         if score > 0:
             scored.append((score, key))
     scored.sort(key=lambda x: (-x[0], x[1]))
+    chosen, used = _one_per_idea(scored, forms, df, n, limit)
+    if not chosen:  # the members share no content word: say so rather than guess
+        short = np.median([len(m) for m in members]) <= 3
+        return ClusterPhrases(chosen, NEUTRAL_LABEL if short else NEUTRAL_MIXED)
+    more = _MoreLooks(members, texts, df, forms, single, used, n, N, background_df)
+    return ClusterPhrases(chosen, None, members=n, find_typical=more.typical, find_every=more.every,
+                          find_openings=more.openings if texts is not None else None)
+
+
+def _counts(members: Sequence[dict[str, str]]) -> tuple[Counter[str], dict[str, dict[str, int]]]:
+    """In how many members each phrase key occurs, and how often each written form of it."""
+    df: Counter[str] = Counter()
+    # Written forms per key, counted in plain dicts (a Counter per phrase cost more than the
+    # ranking itself).
+    forms: dict[str, dict[str, int]] = {}
+    for m in members:
+        df.update(m.keys())
+        for key, form in m.items():
+            f = forms.get(key)
+            if f is None:
+                forms[key] = {form: 1}
+            else:
+                f[form] = f.get(form, 0) + 1
+    return df, forms
+
+
+def _idea_words(key: str) -> set[str]:
+    """The words that make a phrase's idea (the phrase itself in a script without spaces)."""
+    return {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+
+
+def _one_per_idea(scored: list[tuple[float, str]], forms: dict[str, dict[str, int]], df: Counter[str], n: int,
+                  limit: int) -> tuple[list[Keyphrase], set[str]]:
+    """The best ``limit`` phrases of ``scored`` (best first), one per idea, and the words
+    they used."""
     chosen: list[Keyphrase] = []
     used: set[str] = set()
     for score, key in scored:
-        words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+        words = _idea_words(key)
         # One phrase per idea: "Kyoto" after "Kyoto hotels" (or before it) would repeat it.
         if any(w in used for w in words) or any(key in u or u in key for u in used if _spaceless(key[0])):
             continue
@@ -554,54 +567,68 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
         used |= words
         if len(chosen) >= limit:
             break
-    neutral = None
-    if not chosen:  # the members share no content word: say so rather than guess
-        short = np.median([len(m) for m in members]) <= 3
-        neutral = NEUTRAL_LABEL if short else NEUTRAL_MIXED
-        return ClusterPhrases(chosen, neutral)
-    # Phrases of the most typical members (callers pass members nearest the centre first) that
-    # no other member holds: the fallback when the shared phrases are too common to point at
-    # this cluster ("help", "keep" in a chat), chosen only by ``by_distinctness``.
+    return chosen, used
 
-    def find_typical(n_members: int, each: int) -> list[Keyphrase]:
+
+@dataclass
+class _MoreLooks:
+    """What one ranking counted, kept for the further looks ``by_distinctness`` may take at a
+    cluster whose shared phrases are too common to point at it ("help", "keep" in a chat)."""
+
+    members: Sequence[dict[str, str]]  # nearest the centre first
+    texts: Sequence[str] | None
+    df: Counter[str]
+    forms: dict[str, dict[str, int]]
+    single: dict[str, float]  # scores of the phrases one member holds
+    used: set[str]  # the words of the chosen phrases
+    n: int
+    n_background: int
+    background_df: Counter | None
+
+    def _score(self, key: str, c: int) -> float:
+        return self.single[key] if key in self.single else _phrase_score(
+            key, c, self.n, self.forms, self.background_df, self.n_background)
+
+    def typical(self, n_members: int, each: int) -> list[Keyphrase]:
+        """Up to ``each`` phrases of each of the ``n_members`` most typical members that no
+        other member holds, one per idea."""
         typical: list[Keyphrase] = []
-        taken_words = set(used)
-        for m in members[:n_members]:
-            scores = {k: single[k] if k in single else _phrase_score(k, 1, n, forms, background_df, N)
-                      for k in m if df[k] == 1}
+        taken_words = set(self.used)
+        for m in self.members[:n_members]:
+            scores = {k: self._score(k, 1) for k in m if self.df[k] == 1}
             taken = 0
             for key in sorted(scores, key=lambda k: (-scores[k], k)):
-                words = {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+                words = _idea_words(key)
                 if scores[key] <= 0 or any(w in taken_words for w in words):
                     continue
-                typical.append(Keyphrase(_surface(forms[key]), round(scores[key], 4), 1, round(1 / n, 3)))
+                typical.append(Keyphrase(_surface(self.forms[key]), round(scores[key], 4), 1, round(1 / self.n, 3)))
                 taken_words |= words
                 taken += 1
                 if taken == each:
                     break
         return typical
 
-    def find_every(limit: int) -> list[Keyphrase]:
-        scores = {k: single[k] if k in single else _phrase_score(k, c, n, forms, background_df, N)
-                  for k, c in df.items()}
+    def every(self, limit: int) -> list[Keyphrase]:
+        """The best ``limit`` of every phrase the members hold."""
+        scores = {k: self._score(k, c) for k, c in self.df.items()}
         keys = sorted((k for k in scores if scores[k] > 0), key=lambda k: (-scores[k], k))[:limit]
-        return [Keyphrase(_surface(forms[k]), round(scores[k], 4), df[k], round(df[k] / n, 3)) for k in keys]
+        return [Keyphrase(_surface(self.forms[k]), round(scores[k], 4), self.df[k], round(self.df[k] / self.n, 3))
+                for k in keys]
 
-    def find_openings(limit: int) -> list[Keyphrase]:
+    def openings(self, limit: int) -> list[Keyphrase]:
+        """The members' most said clause openings."""
         said: Counter[str] = Counter()
         form: dict[str, str] = {}
         first: dict[str, int] = {}
-        for r, t in enumerate(texts or ()):
+        for r, t in enumerate(self.texts or ()):
             for key, phrase in openings(t).items():
                 said[key] += 1
                 form.setdefault(key, phrase)
                 first.setdefault(key, r)
         # Members come nearest the centre first: a tie goes to the more typical member's.
         keys = sorted(said, key=lambda k: (-said[k], first[k], k))[:limit]
+        n = self.n
         return [Keyphrase(form[k], round(said[k] / n, 4), said[k], round(said[k] / n, 3), opening=True) for k in keys]
-
-    return ClusterPhrases(chosen, neutral, members=n, find_typical=find_typical, find_every=find_every,
-                          find_openings=find_openings if texts is not None else None)
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
@@ -914,73 +941,3 @@ def _look_again(live: dict[int, ClusterPhrases], got: dict[int, float], pools: d
             got[c] = margin
         else:
             live[c].head, live[c].candidates = before[c]
-
-
-def _texts_of_rows(state: "StoreState", row_list: list[int]) -> dict[int, str]:
-    """Texts of the memories in vector rows ``row_list`` (rows without a text left out)."""
-    mids = state.rows.memory_id[np.asarray(row_list, np.int64)].tolist() if row_list else []
-    texts = state.catalog.texts([m for m in mids if m >= 0])
-    return {r: texts[m] for r, m in zip(row_list, mids) if m in texts}
-
-
-def _phrases_of_rows(state: "StoreState", row_list: list[int], cache: PhraseCache) -> dict[int, dict[str, str]]:
-    """Phrases of the memories in vector rows ``row_list`` (rows without a text left out)."""
-    return {r: cache.get(t) for r, t in _texts_of_rows(state, row_list).items()}
-
-
-def cluster_phrases(state: "StoreState", cids: Iterable[int], cache: PhraseCache,
-                    limit: int = 12) -> dict[int, ClusterPhrases]:
-    """Ranked candidates for clusters ``cids`` against their namespace (the namespace most of
-    their members are in). Call under the store's read lock."""
-    idx, rows = state.index, state.rows
-    cids = [int(c) for c in cids]
-    if not cids:
-        return {}
-    ids = idx.cluster_ids().tolist()
-    slot = {c: i for i, c in enumerate(ids)}
-    centres = idx.centres()
-    vecs = idx.vectors()
-    members: dict[int, np.ndarray] = {}
-    sizes: dict[int, int] = {}  # live members, before the MAX_MEMBERS cut (the wide look's order)
-    for c in cids:
-        if c not in slot:
-            continue
-        m = idx.members(c)
-        m = m[rows.live[m]] if len(m) else m
-        sizes[c] = len(m)
-        # Nearest the centre first: the most typical members; the nearest MAX_MEMBERS stand
-        # for a bigger cluster.
-        m = m[np.argsort(-(vecs[m] @ centres[slot[c]]), kind="stable")[:MAX_MEMBERS]]
-        members[c] = m
-    live = rows.live_rows()
-    ns_of: dict[int, int] = {}
-    for c, m in members.items():
-        codes = rows.namespace[m]
-        ns_of[c] = int(np.bincount(codes[codes >= 0]).argmax()) if (codes >= 0).any() else -1
-    background: dict[int, tuple[np.ndarray, float]] = {}
-    for ns in set(ns_of.values()):
-        in_ns = live[rows.namespace[live] == ns] if ns >= 0 else live
-        take = in_ns
-        if len(in_ns) > MAX_BACKGROUND:
-            # Every stride-th live row, the stride a power of two: as the store grows the
-            # sample keeps most of its rows (their phrases stay in the cache), where an evenly
-            # spaced sample would be new rows at every organisation.
-            stride = 1 << int(np.ceil(np.log2(len(in_ns) / MAX_BACKGROUND)))
-            take = in_ns[::stride]
-        background[ns] = (take, len(in_ns) / max(1, len(take)))
-    need = set()
-    for m in members.values():
-        need.update(m.tolist())
-    row_text = _texts_of_rows(state, sorted(need))
-    phr = {r: cache.get(t) for r, t in row_text.items()}
-    bg_df: dict[int, tuple[Counter, int]] = {}
-    for ns, (take, scale) in background.items():
-        df = cache.background.counts(ns, take.tolist(), lambda rows: _phrases_of_rows(state, rows, cache), scale)
-        bg_df[ns] = (df, int(round(len(take) * scale)))
-    out = {}
-    for c, m in members.items():
-        df, n_bg = bg_df[ns_of[c]]
-        read = [r for r in m.tolist() if r in phr]
-        out[c] = rank([phr[r] for r in read], df, n_bg, limit, texts=[row_text[r] for r in read])
-        out[c].members = sizes[c]
-    return out
