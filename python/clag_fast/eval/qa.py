@@ -357,7 +357,7 @@ def summarize(records: Iterable[dict], *, baseline: str = BASELINE, n_boot: int 
         keys = sorted(table)
         held = [v for key, v in contained[name].items() if key not in adversarial]
         configs[name] = block([k for k in keys if k not in adversarial], table) | {
-            "containment": float(np.mean(held)) if held else float("nan"),
+            "containment": float(np.mean(held)) if held else None,
             "adversarial": (block(adv_keys, table) if (adv_keys := [k for k in keys if k in adversarial])
                             else {"n": 0, "f1": None, "bleu1": None}),
             "by_category": {c: block([k for k in keys if cats[k] == c], table)

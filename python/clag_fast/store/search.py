@@ -342,7 +342,7 @@ class Searcher:
         res = SearchResult(hit_rows[None, :], ranked.scores[top][None, :],
                            idx.cluster_of(hit_rows)[None, :], np.asarray([len(top)]),
                            np.asarray([scanned]), np.asarray([probed], np.int64).reshape(1, -1))
-        return Hits(self._hits(res, 0, shown._replace(superseded=ranked.superseded)), scanned=min(scanned, candidates),
+        return Hits(self._hits(res, 0, _Shown(shown.mask, shown.context, ranked.superseded)), scanned=min(scanned, candidates),
                     candidates=candidates, clusters_probed=probed, mode=mode)
 
     def _subset(self, entry: _FilterEntry) -> tuple[np.ndarray, np.ndarray]:
