@@ -76,6 +76,11 @@ class SLMConfig:
     Other:
       evolution: localized evolution (the paper's): the SLM links each new memory to related
         neighbours in its cluster and tags it (one call per memory; off for speed).
+      updates: the SLM judges, with a constrained yes/no, whether a new memory updates the most
+        similar older memory of its namespace in its cluster (a changed fact: "the flight moved
+        to April 10"); a yes marks the older one superseded, as ``add(supersedes=...)`` does.
+        Asked only when that older memory is at least ``update_similarity`` alike (one call
+        per such memory; off by default).
       select_clusters: query-time cluster selection by the SLM (one call per text search).
       max_note_chars / max_group_chars: memory texts / cluster descriptions are cut to this
         many characters in prompts (prompt evaluation is most of the SLM's time).
@@ -111,6 +116,8 @@ class SLMConfig:
     min_topics: int = 3
     max_topics: int = 5
     evolution: bool = False
+    updates: bool = False
+    update_similarity: float = 0.6
     select_clusters: bool = False
     max_note_chars: int = 160
     max_group_chars: int = 80
@@ -126,6 +133,7 @@ class SLMConfig:
             (self.min_topics <= self.max_topics, f"min_topics ({self.min_topics}) > max_topics ({self.max_topics})"),
             (0.0 < self.profile_drift_share <= 1.0, "profile_drift_share must be in (0, 1]"),
             (self.profile_budget_s >= 0, "profile_budget_s must be >= 0"),
+            (0 < self.update_similarity < 1, "update_similarity must be in (0, 1)"),
         ]
         _check("SLMConfig", checks)
 

@@ -430,11 +430,38 @@ class Searcher:
         if superseded is None:
             found = context_mod.successors_in_effect(r, np.asarray(rows, np.int64), r.successor_rows, eligible)
             superseded = {row: int(r.memory_id[new]) for row, new in found.items()}
+            if found:
+                hits, rows = self._newer_first(hits, rows, found, shown)
         turns: list[tuple[Turn, ...]] = [()] * len(rows)
         if shown.context:
             turns = self._turns(np.asarray(rows, np.int64), shown.context, eligible)
         return [dataclasses.replace(h, superseded_by=superseded.get(row), context=t) if (row in superseded or t) else h
                 for h, row, t in zip(hits, rows, turns)]
+
+    def _newer_first(self, hits: list[Hit], rows: list[int], found: dict[int, int],
+                     shown: "_Shown") -> tuple[list[Hit], list[int]]:
+        """Hits (and their rows) with each newer memory ahead of the one it supersedes: moved
+        up when it is a hit too, else put in its place with its score, the list kept at its
+        length. Hybrid search ranks them so already; this orders the other searches."""
+        hits, rows = list(hits), list(rows)
+        for old_row, new_row in found.items():
+            if old_row not in rows:
+                continue  # dropped off the end by an earlier insertion
+            i = rows.index(old_row)
+            if new_row in rows:
+                j = rows.index(new_row)
+                if j > i:
+                    hits.insert(i, hits.pop(j))
+                    rows.insert(i, rows.pop(j))
+                continue
+            cid = int(self.state.index.cluster_of(np.asarray([new_row]))[0])
+            newer = self._hit_list([new_row], [hits[i].score], [cid], [int(self.state.rows.memory_id[new_row])],
+                                   _Shown(shown.mask, 0, {}))
+            hits.insert(i, newer[0])
+            rows.insert(i, new_row)
+            hits.pop()
+            rows.pop()
+        return hits, rows
 
     def _turns(self, rows: np.ndarray, n: int, eligible: np.ndarray) -> list[tuple[Turn, ...]]:
         """Per hit row, its live neighbours up to ``n`` turns before and after, in thread order."""
