@@ -214,7 +214,7 @@ class StoreConfig:
         score is within ``probe_gap`` of the best; None = always the full automatic count.
         Clustered data whose query stands out from all but its own clusters then scans only
         those (blob vectors: ~1-2 of 64), while close-together centre scores (conversation
-        stores) still probe up to the cap (BENCHMARKS.md, issue 11).
+        stores) still probe up to the cap (BENCHMARKS.md, Search).
       min_memories_to_cluster: the store stays flat (exact search) below this many memories,
         then clusters itself (the paper's cold start).
       target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.

@@ -258,7 +258,7 @@ def _check_and_migrate(conn: sqlite3.Connection, path: Path, read_only: bool) ->
 
 def join(future: Future) -> None:
     """Wait until ``future`` is done, through any interruption (KeyboardInterrupt, a signal
-    handler's exception): a transaction rolled back while a helper's statement still runs
+    handler's exception): a transaction rolled back while a writer thread's statement still runs
     would leave that statement's later rows committed on their own. The interruption is
     raised once the future is done; the future's own outcome is left in it."""
     interrupted: BaseException | None = None
@@ -452,8 +452,8 @@ class Catalog:
             return self._readers
 
     def aside(self, write: Callable[[], None]) -> Future | None:
-        """Run ``write`` (statements of the caller's open transaction) on the catalog's helper
-        thread and return its future, or None when no helper can run it (the catalog closed,
+        """Run ``write`` (statements of the caller's open transaction) on the catalog's writer
+        thread and return its future, or None when that thread cannot run it (the catalog closed,
         the interpreter shutting down): the caller then runs it itself. Until the future is
         done the caller must not use the connection, and must wait for it even when
         interrupted (``join``) before it commits or rolls back. Readers under the store's lock
@@ -549,7 +549,7 @@ class Catalog:
             # The texts as one JSON document that SQLite unpacks itself (json_each): the insert
             # steps without binding each row under the GIL, which add_many's routing wants
             # meanwhile (8-30-word texts in calls of 10k: 2.7-3.0 against 4.2-4.7 us a row;
-            # BENCHMARKS.md, twentieth session).
+            # BENCHMARKS.md, Ingest).
             values = ", ".join(sql[name] or exprs[name] for name in columns)
             self.db.execute(f"INSERT INTO memories ({names}, created_at) SELECT {values}, ? FROM json_each(?)",
                             (now, doc))

@@ -50,9 +50,9 @@ _F32 = np.dtype(np.float32)  # numpy's float32 descriptor is a singleton: `is` c
 #: Longest key ``add(key=...)`` accepts, in characters.
 MAX_KEY_CHARS = 512
 
-# Batches from this size on write their SQLite rows on the catalog's helper thread while they
+# Batches from this size on write their SQLite rows on the catalog's writer thread while they
 # are routed (``_route_while``); smaller ones stay on one thread: the overlap gains them
-# nothing measurable (BENCHMARKS.md, nineteenth session).
+# nothing measurable (BENCHMARKS.md, Ingest).
 OVERLAP_ROWS = 1024
 
 
@@ -359,13 +359,11 @@ class MemoryStore:
         start still runs when due (labelling at most ``LABELS_PER_PASS`` clusters: they are
         the first batch's, soon grown and split), but a periodic, drift or confusion
         re-organisation that falls due is put off (and recorded in the database) until
-        ``organize_deferred()``, the next write without it, or an ``organize()``. Why:
-        loading 100k memories in batches of 2,048, the periodic passes (every 5% of growth,
-        so at every batch up to ~41k memories) took 12 of the writes' 15.5 s of CPU; deferred,
-        the writes took 2.3 s and the one pass at the end 0.7 s, leaving every row assigned
-        and as many clusters of the same sizes (888 against 861), of which fewer labelled (32
-        against 533: each pass labels at most ``LABELS_PER_PASS``; later passes, or an
-        explicit ``organize()``, label the rest).
+        ``organize_deferred()``, the next write without it, or an ``organize()``. A load in
+        many batches then pays for one re-organisation at the end instead of one every few
+        batches, and ends with every row assigned and clusters of the same sizes; fewer of
+        them are labelled until later passes or an explicit ``organize()`` label the rest
+        (BENCHMARKS.md, Ingest).
         """
         self._check_open(write=True)
         t0 = time.perf_counter()
@@ -527,12 +525,12 @@ class MemoryStore:
     def _route_while(self, write_rows: Callable[[], None], rows: np.ndarray) -> "placement.Placement":
         """Route fresh ``rows`` while ``write_rows`` (their SQLite rows, inside the caller's
         transaction) runs. From ``OVERLAP_ROWS`` rows on, the write runs on the catalog's
-        helper thread meanwhile: both sides spend most of their time without the GIL
+        writer thread meanwhile: both sides spend most of their time without the GIL
         (``sqlite3_step``, the native soft assignment), and routing touches no SQL
-        (measured: BENCHMARKS.md, eighteenth and nineteenth sessions)."""
+        (measured: BENCHMARKS.md, Ingest)."""
         state = self._state
         vectors = state.index.vectors()[rows]
-        # None: a small batch, or no helper thread (closing, interpreter shutdown).
+        # None: a small batch, or no writer thread (closing, interpreter shutdown).
         written = self._catalog.aside(write_rows) if len(rows) >= OVERLAP_ROWS else None
         if written is None:
             write_rows()
@@ -541,7 +539,7 @@ class MemoryStore:
             placed = placement.route_new_rows(state, rows, vectors)
         finally:
             # Whatever happened here (a routing error, Ctrl-C), the caller's transaction ends
-            # only once the helper's statements have: the connection is the caller's again.
+            # only once the writer thread's statements have: the connection is the caller's again.
             catalog_mod.join(written)
         written.result()  # a failed write raises here, and the caller's transaction rolls back
         return placed
