@@ -493,15 +493,20 @@ class MemoryStore:
         (keeping its thread, turn and speaker where the batch gives none)."""
         r = self._state.rows
         n = len(ids)
-        threads_l = conv.threads or [None] * n
-        speakers_l = conv.speakers or [None] * n
         orders = np.asarray(ids, np.float64)
         if conv.turns is not None:
             given = [i for i, t in enumerate(conv.turns) if t is not None]
             orders[given] = [conv.turns[i] for i in given]
-        shape = [catalog_mod.text_shape(t) for t in texts]
-        words = np.fromiter((w for w, _ in shape), np.int32, n)
-        asks = np.fromiter((a for _, a in shape), bool, n)
+        words, asks = catalog_mod.text_shapes(texts)
+        if conv.threads is None and not old and len(set(namespaces)) == 1:
+            # The usual add (one namespace, no threads, nothing replaced): C-level passes only,
+            # as this runs for every add, at 10k-row batches too.
+            r.set_conversation(rows, threads_mod.group_key(namespaces[0], None), orders, conv.speakers, words,
+                               asks, link=False)
+            threads_mod.link_new(r, rows)
+            return
+        threads_l = conv.threads or [None] * n
+        speakers_l = conv.speakers or [None] * n
         groups = [threads_mod.group_key(ns, th) for ns, th in zip(namespaces, threads_l)]
         speaker_names = r.names("speaker")
         carried = np.full(n, -1, np.int64)

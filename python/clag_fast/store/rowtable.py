@@ -184,17 +184,20 @@ class RowTable:
                 self.successor_rows[mid] = int(np.asarray(rows)[np.asarray(memory_ids) == mid][-1])
         self.touch(np.asarray(rows, np.int64))
 
-    def set_conversation(self, rows: np.ndarray, groups: Sequence[str], orders: np.ndarray,
-                         speakers: Sequence[str | None], words: np.ndarray, asks: np.ndarray,
+    def set_conversation(self, rows: np.ndarray, groups: Sequence[str] | str, orders: np.ndarray,
+                         speakers: Sequence[str | None] | None, words: np.ndarray, asks: np.ndarray,
                          superseded_by: np.ndarray | None = None, *, link: bool = True) -> None:
         """The conversation columns of ``rows`` (already set by ``set_rows``): thread keys
-        (``threads.group_key``), places in the thread, speakers (None: none), words and
-        question flags of their texts; ``link``: join them to their threads' neighbours."""
+        (``threads.group_key``; one string: the same for every row), places in the thread,
+        speakers (None: none, for one row or all), words and question flags of their texts;
+        ``link``: join them to their threads' neighbours."""
         rows = np.asarray(rows, np.int64)
-        self.group[rows] = self._encode("group", groups)
+        # One thread for the whole batch (the usual add: one namespace, no thread given) is
+        # one code, not a lookup per row.
+        self.group[rows] = self.code("group", groups) if isinstance(groups, str) else self._encode("group", groups)
         self.order[rows] = orders
-        named = [i for i, s in enumerate(speakers) if s is not None]
         codes = np.full(len(rows), -1, np.int32)
+        named = [] if speakers is None else [i for i, s in enumerate(speakers) if s is not None]
         if named:
             codes[named] = self._encode("speaker", [speakers[i] for i in named])
         self.speaker[rows] = codes
