@@ -442,7 +442,7 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
                         "cluster labels, a fixed stratified question subset; see clag_fast.eval.qa)")
     p.add_argument("--qa-n", type=int, default=200, help="--qa-table: questions in the subset (default 200)")
     p.add_argument("--qa-seed", type=int, default=0, help="--qa-table: seed of the subset (default 0)")
-    p.add_argument("--qa-k", type=int, default=None, help="--qa-table: memories per answer prompt (default 5)")
+    p.add_argument("--qa-k", type=int, default=None, help="--qa-table: memories per answer prompt (default 10)")
     p.add_argument("--qa-configs", default="flat_vector,flat_hybrid,clag,clag_labels",
                    help="--qa-table: configurations, comma-separated (flat_vector, clag, clag_labels, clag_tags)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
