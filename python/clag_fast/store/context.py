@@ -31,6 +31,25 @@ from clag_fast.store.lexical import LexicalIndex, fuse
 from clag_fast.store.rowtable import RowTable
 
 
+@dataclass(frozen=True)
+class Query:
+    """One hybrid query as its candidates were scored: the query vector and text, the
+    namespace its term statistics come from, the eligible rows (``mask``; None: every live
+    row), whether kind, time or metadata filters narrow the namespace (``narrowed``: lexical
+    lookups then take the mask), the decay weights (None: no decay) and the fusion (``weight``,
+    ``method``, BM25's ``max_possible``)."""
+
+    vector: np.ndarray
+    text: str
+    namespace: str | None
+    mask: np.ndarray | None
+    narrowed: bool
+    weights: np.ndarray | None
+    weight: float
+    method: str
+    max_possible: float
+
+
 @dataclass
 class Ranked:
     """Candidates (vector rows) with their final scores, how many rows this step scored on top
@@ -66,19 +85,15 @@ class SpeakerNames:
         return [c for c, name in self._words if name and name <= words]
 
 
-def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: LexicalIndex, q: np.ndarray,
-         text: str, namespace: str | None, mask: np.ndarray | None, narrowed: bool, cand: np.ndarray,
-         cos: np.ndarray, bm: np.ndarray, weights: np.ndarray | None, weight: float, method: str,
-         max_possible: float, successors: dict[int, int], speakers: SpeakerNames) -> Ranked:
-    """Final scores of the candidates ``cand`` (vector rows) of one hybrid query, whose cosines
-    and BM25 scores (decay-weighted) are ``cos`` and ``bm``; rows may join them (neighbours,
-    newer versions). ``mask``: the eligible rows (None: every live row); ``narrowed``: kind,
-    time or metadata filters narrow the namespace (the lexical lookups then take the mask);
-    ``successors``: memory id -> row of the memories that supersede others."""
-    fused = fuse(cos, bm, weight, method, max_possible)
-    eligible = rows.live if mask is None else mask
+def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: LexicalIndex, query: Query,
+         cand: np.ndarray, cos: np.ndarray, bm: np.ndarray, speakers: SpeakerNames) -> Ranked:
+    """Final scores of the candidates ``cand`` (vector rows) of one hybrid ``query``, whose
+    cosines and BM25 scores (decay-weighted) are ``cos`` and ``bm``; rows may join them
+    (neighbours, newer versions)."""
+    fused = _fuse(query, cos, bm)
+    eligible = rows.live if query.mask is None else query.mask
     hops = len(cfg.neighbour_weights)
-    succ = successors_in_effect(rows, cand, successors, eligible) if successors else {}
+    succ = successors_in_effect(rows, cand, rows.successor_rows, eligible)
     joining: set[int] = set(succ.values())
     if cfg.expand and hops:
         top = cand[np.argsort(-fused, kind="stable")[: cfg.expand]]
@@ -90,14 +105,15 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
     if extra:
         extra = np.asarray(extra, np.int64)
         scored = len(extra)
-        e_cos = np.einsum("ij,j->i", vectors[extra], q).astype(np.float32)
-        e_bm = lexical.score(text, namespace, mask if narrowed else None, 0, extra).looked.astype(np.float32)
-        if weights is not None:
-            e_cos *= weights[extra]
-            e_bm *= weights[extra]
+        e_cos = np.einsum("ij,j->i", vectors[extra], query.vector).astype(np.float32)
+        e_bm = lexical.score(query.text, query.namespace, query.mask if query.narrowed else None, 0,
+                             extra).looked.astype(np.float32)
+        if query.weights is not None:
+            e_cos *= query.weights[extra]
+            e_bm *= query.weights[extra]
         cand = np.concatenate([cand, extra])
-        fused = fuse(np.concatenate([cos, e_cos]), np.concatenate([bm, e_bm]), weight, method, max_possible)
-    named = speakers.named(rows, text) if cfg.speaker_boost else []
+        fused = _fuse(query, np.concatenate([cos, e_cos]), np.concatenate([bm, e_bm]))
+    named = speakers.named(rows, query.text) if cfg.speaker_boost else []
     n = rows.n
     scores = _native.context_scores(
         cand, np.ascontiguousarray(fused, np.float32), rows.prev[:n], rows.next[:n], rows.asks[:n], rows.words[:n],
@@ -113,6 +129,10 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
                 scores[o] *= cfg.superseded_weight
                 in_effect[old] = int(rows.memory_id[new_row])
     return Ranked(cand, scores, scored, in_effect)
+
+
+def _fuse(query: Query, cos: np.ndarray, bm: np.ndarray) -> np.ndarray:
+    return fuse(cos, bm, query.weight, query.method, query.max_possible)
 
 
 def successors_in_effect(rows: RowTable, cand: np.ndarray, successors: dict[int, int],

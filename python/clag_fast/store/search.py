@@ -333,9 +333,10 @@ class Searcher:
         if weights is not None:
             cos[count:] *= weights[others]
             bm *= weights[cand]
-        ranked = context_mod.rank(state.config.ranking, rows, idx.vectors(), lexical, q, text, filters[0], mask,
-                                  narrowed, cand, cos, bm, weights, weight, state.config.lexical_fusion,
-                                  m.max_possible, rows.successor_rows, self._speakers)
+        query = context_mod.Query(q, text, filters[0], mask, narrowed, weights, weight, state.config.lexical_fusion,
+                                  m.max_possible)
+        ranked = context_mod.rank(state.config.ranking, rows, idx.vectors(), lexical, query, cand, cos, bm,
+                                  self._speakers)
         scanned += ranked.scored
         top = np.argsort(-ranked.scores, kind="stable")[:k]
         hit_rows = ranked.rows[top]
