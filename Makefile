@@ -24,7 +24,8 @@ install: $(BIN)/python
 
 install-test: install
 	$(BIN)/pip install -q pytest pytest-benchmark hypothesis matplotlib langchain-tests schemathesis \
-		fastapi uvicorn httpx 'mcp>=2,<3' langchain-core langgraph llama-index-core 'ray[serve,data]>=2.60,<3'
+		fastapi uvicorn httpx 'mcp>=2,<3' langchain-core langgraph llama-index-core 'ray[serve,data]>=2.60,<3' \
+		pyarrow orjson pybase64 chromadb
 
 demo: install
 	$(BIN)/clag-fast demo

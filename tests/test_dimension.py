@@ -103,3 +103,104 @@ def test_a_store_of_brought_vectors_accepts_an_embedder(tmp_path):
         s.add_many(["red apples", "blue sky"], embeddings=vecs)
     with MemoryStore.open(path, embedder=HashingEmbedder(), llm=False) as s:
         assert s.search("apples", k=1)[0].text == "red apples"
+
+
+# -- a width fixed by the first vectors ------------------------------------------------------
+def test_a_new_store_takes_the_width_of_its_first_vectors(tmp_path):
+    path = tmp_path / "byo"
+    vecs = np.random.default_rng(0).standard_normal((2, 1536)).astype(np.float32)
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+        assert s.config.dim is None  # pending: nothing written yet
+        assert len(s.search(np.ones(7, np.float32))) == 0  # any width finds nothing yet
+        assert [len(h) for h in s.search_many(np.ones((2, 5), np.float32))] == [0, 0]
+        ids = s.add_many(["a", "b"], embeddings=vecs)
+        assert s.config.dim == 1536
+        assert s.search(vecs[1], k=1)[0].memory_id == ids[1]
+        with pytest.raises(DimensionMismatchError, match=r"shape \(1, 1536\), got \(1, 384\)"):
+            s.add_many(["c"], embeddings=np.ones((1, 384), np.float32))
+        assert len(s) == 2
+    with MemoryStore.open(path, embedder=False, llm=False) as s:  # recorded and enforced after
+        assert s.config.dim == 1536 and s.get(ids[0]).text == "a"
+    with pytest.raises(DimensionMismatchError, match="holds 1536-dimensional vectors, config says dim=384"):
+        MemoryStore.open(path, config=StoreConfig(dim=384), embedder=False, llm=False)
+
+
+def test_the_default_embedder_store_takes_brought_vectors_of_another_width(tmp_path):
+    # The case: MemoryStore.open(path, llm=False), then 1536-d vectors.
+    path = tmp_path / "d"
+    vecs = np.random.default_rng(1).standard_normal((3, 1536)).astype(np.float32)
+    with MemoryStore.open(path, llm=False) as s:
+        s.add_many(["x", "y", "z"], embeddings=vecs)
+        assert s.config.dim == 1536
+        # Texts cannot be embedded by the 384-d default model into this store: a clear error.
+        with pytest.raises(DimensionMismatchError, match="minilm-l6.*1536-dimensional"):
+            s.add("a text to embed")
+        assert len(s) == 3
+    # The store now records brought vectors: any embedder of that width may open it.
+    with MemoryStore.open(path, embedder=HashingEmbedder(1536), llm=False) as s:
+        assert len(s.search("x", k=1, lexical_weight=0)) == 1
+
+
+def test_an_explicit_width_and_a_stating_embedder_still_fix_it_at_creation(tmp_path):
+    with MemoryStore.open(tmp_path / "c", config=StoreConfig(dim=64), embedder=False, llm=False) as s:
+        assert s.config.dim == 64
+        with pytest.raises(DimensionMismatchError, match=r"shape \(1, 64\), got \(1, 32\)"):
+            s.add_many(["a"], embeddings=np.ones((1, 32), np.float32))
+    with MemoryStore.open(tmp_path / "e", embedder=HashingEmbedder(96), llm=False) as s:
+        assert s.config.dim == 96
+
+
+def test_an_embedder_without_a_stated_width_fixes_it_with_its_first_output(tmp_path):
+    with MemoryStore.open(tmp_path / "w", config=StoreConfig(slm="off"), embedder=WrongWidth(), llm=False) as s:
+        assert s.config.dim is None
+        s.add_many(["a", "b"])
+        assert s.config.dim == 10 and len(s) == 2
+
+
+def test_a_pending_store_reopened_stays_pending_or_takes_the_width_asked(tmp_path):
+    path = tmp_path / "p"
+    MemoryStore.open(path, embedder=False, llm=False).close()
+    with MemoryStore.open(path, embedder=False, llm=False) as s:
+        assert s.config.dim is None
+    with MemoryStore.open(path, embedder=False, llm=False, read_only=True) as r:
+        assert r.config.dim is None and len(r.search(np.ones(12, np.float32))) == 0
+    with MemoryStore.open(path, config=StoreConfig(dim=48), embedder=False, llm=False) as s:
+        assert s.config.dim == 48  # an empty store takes the width asked for
+    with pytest.raises(DimensionMismatchError, match="holds 48-dimensional"):
+        MemoryStore.open(path, config=StoreConfig(dim=96), embedder=False, llm=False)
+
+
+def test_a_reader_follows_the_writer_fixing_the_width(tmp_path):
+    path = tmp_path / "r"
+    vecs = np.random.default_rng(2).standard_normal((4, 200)).astype(np.float32)
+    with MemoryStore.open(path, embedder=False, llm=False) as w:
+        with MemoryStore.open(path, embedder=False, llm=False, read_only=True) as r:
+            assert r.config.dim is None
+            ids = w.add_many(list("abcd"), embeddings=vecs)
+            w.flush()
+            r.refresh()
+            assert r.config.dim == 200 and r.search(vecs[2], k=1)[0].memory_id == ids[2]
+
+
+def test_store_handle_opens_an_existing_pending_store_at_the_first_width(tmp_path):
+    from clag_fast.integrations.storehandle import StoreHandle
+
+    path = tmp_path / "h"
+    MemoryStore.open(path, embedder=False, llm=False).close()
+    handle = StoreHandle(path=path)
+    try:
+        assert handle.dim is None
+        store = handle.ensure(24)
+        store.add_many(["a"], embeddings=np.ones((1, 24), np.float32))
+        assert handle.dim == 24
+        with pytest.raises(DimensionMismatchError, match="width 25"):
+            handle.ensure(25)
+    finally:
+        handle.close()
+
+
+def test_store_config_dim_is_checked():
+    assert StoreConfig().dim is None
+    for bad in (0, -3, 1.5, True, "384"):
+        with pytest.raises(ValueError, match="dim must be a positive int or None"):
+            StoreConfig(dim=bad)

@@ -496,3 +496,11 @@ def test_cli_ingest_ray_adds_each_row_once(ray_local, tmp_path, capsys):
         assert store.get(key="r4", namespace="u1").text == "the user likes dish 4"
     finally:
         store.shutdown()
+
+
+def test_add_many_takes_one_namespace_for_the_batch(sharded):
+    v = _vecs(4, seed=31)
+    ids = sharded.add_many(list("abcd"), v, namespace="u1")
+    assert {m.namespace for m in sharded.get_many(ids)} == {"u1"}
+    with pytest.raises(ValueError, match="not both"):
+        sharded.add_many(["e"], v[:1], namespace="u1", namespaces=["u2"])

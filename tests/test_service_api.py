@@ -267,3 +267,14 @@ def test_namespaces_with_slashes(backend, ns):
     assert f"{ns}/sub dir" in backend.namespaces()
     assert backend.delete_namespace(f"{ns}/sub dir") == 2
     assert f"{ns}/sub dir" not in backend.namespaces()
+
+
+def test_add_many_takes_one_namespace_for_the_batch(backend, ns):
+    v = vecs(3, seed=21)
+    ids = backend.add_many(["a", "b", "c"], embeddings=v, namespace=ns)
+    assert [m.namespace for m in backend.get_many(ids)] == [ns] * 3
+    assert backend.search(v[1], k=1, namespace=ns)[0].memory_id == ids[1]
+    n = backend.stats()["memories"]
+    with pytest.raises(ValueError, match="not both"):
+        backend.add_many(["d"], embeddings=v[:1], namespace=ns, namespaces=[ns])
+    assert backend.stats()["memories"] == n

@@ -35,7 +35,8 @@ def test_mcp_tools_over_stdio_stay_in_their_namespace(tmp_path):
     async def session():
         async with Client(params, read_timeout_seconds=120) as client:
             tools = {t.name for t in (await client.list_tools()).tools}
-            assert tools == {"add_memories", "search_memory", "list_memories", "delete_memories", "list_topics"}
+            assert tools == {"add_memories", "search_memory", "list_memories", "delete_memories", "list_topics",
+                             "forget_topic"}
             added = _data(await client.call_tool("add_memories", {"memories": [
                 "The user is allergic to seafood.",
                 "The user's flight to Tokyo leaves on May 3.",

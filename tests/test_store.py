@@ -356,7 +356,7 @@ def test_reopen_keeps_everything(tmp_path):
 
 
 def test_reopen_without_config_keeps_dim(tmp_path):
-    with open_store(tmp_path / "s"):
+    with open_store(tmp_path / "s", config=FAST.replace(dim=DIM)):
         pass
     with MemoryStore.open(tmp_path / "s", embedder=False, llm=False) as s:
         assert s.config.dim == DIM
@@ -747,3 +747,15 @@ def test_add_many_names_the_bad_text_and_writes_nothing(store, bad, error, messa
         store.add_many(["fine", "also fine", bad], embeddings=vecs)
     assert len(store) == 0
     assert store.add_many(["fine", "also fine", "third"], embeddings=vecs) == [1, 2, 3]
+
+
+def test_add_many_namespace_names_the_batch(store):
+    vecs, _ = topic_vectors(4, 2, seed=5)
+    ids = store.add_many(list("abcd"), embeddings=vecs, namespace="u1")
+    assert [store.get(i).namespace for i in ids] == ["u1"] * 4
+    assert store.namespaces() == ["u1"]
+    with pytest.raises(ValueError, match="not both"):
+        store.add_many(["e"], embeddings=vecs[:1], namespace="u1", namespaces=["u1"])
+    with pytest.raises(ValueError, match="non-empty string"):
+        store.add_many(["e"], embeddings=vecs[:1], namespace="")
+    assert len(store) == 4

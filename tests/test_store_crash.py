@@ -121,3 +121,41 @@ def test_concurrent_writers_and_readers(tmp_path):
         assert texts == {f"w{t}-{t * 200 + j}" for t in range(4) for j in range(200)}
         for i in range(0, 800, 50):
             assert s.search(vecs[i], k=1, mode="flat")[0].score == pytest.approx(1.0, abs=1e-5)
+
+
+PLACED_WRITER = textwrap.dedent(
+    """
+    import sys
+    from clag_fast.config import StoreConfig
+    from clag_fast.store import MemoryStore
+    sys.path.insert(0, {tests!r})
+    from store_helpers import topic_vectors
+
+    cfg = StoreConfig(organize_every=0, slm="off")  # no organisation saves the index state after the first
+    vecs, _ = topic_vectors(20000, 12, seed=5)
+    store = MemoryStore.open({path!r}, config=cfg, embedder=False, llm=False)
+    store.add_many([f"seed {{i}}" for i in range(2000)], embeddings=vecs[:2000])
+    store.organize()
+    print("ready", sorted(c.id for c in store.clusters()), flush=True)
+    for i in range(2000, 20000, 50):
+        ids = store.add_many([f"text {{i + j}}" for j in range(50)], embeddings=vecs[i:i + 50])
+        for mid, m in zip(ids, store.get_many(ids)):
+            print(mid, m.cluster_id, flush=True)   # after add_many returned
+    """
+)
+
+
+def test_rows_added_after_the_last_index_save_keep_their_clusters_after_a_kill(tmp_path):
+    path = tmp_path / "s"
+    lines = run_until_killed(PLACED_WRITER.format(tests=str(Path(__file__).parent), path=str(path)),
+                             min_lines=400, after_s=0.2)
+    saved = set(eval(lines[0].split(" ", 1)[1]))
+    placed = {int(a): int(b) for a, b in (ln.split() for ln in lines[1:])}
+    assert len(placed) >= 300
+    with MemoryStore.open(path, config=StoreConfig(organize_every=0, slm="off"), embedder=False, llm=False) as s:
+        got = {m.memory_id: m.cluster_id for m in s.get_many(list(placed))}
+    # Every row routed into a cluster the saved state knows is where its add put it: the
+    # reopen placed it from its assignment record, not by routing it again.
+    known = {mid: cid for mid, cid in placed.items() if cid in saved}
+    assert len(known) >= 300
+    assert {mid: got[mid] for mid in known} == known

@@ -25,6 +25,7 @@ from clag_fast.errors import (
     LLMInvalidOutput,
     LLMTimeout,
     LLMUnreachable,
+    MalformedRecordError,
     ModelFilesError,
     SchemaError,
     ServerUnavailable,
@@ -37,7 +38,7 @@ from clag_fast.errors import (
     StoreLockedError,
 )
 from clag_fast.index import VectorIndex
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage, Turn
+from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage, Turn
 from clag_fast.store import MemoryStore
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ClusterInfo",
+    "ClusterPage",
     "DimensionMismatchError",
     "Embedder",
     "FilterError",
@@ -88,6 +90,7 @@ __all__ = [
     "LLMInvalidOutput",
     "LLMTimeout",
     "LLMUnreachable",
+    "MalformedRecordError",
     "ManagedServer",
     "Memory",
     "MemoryPage",

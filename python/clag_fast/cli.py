@@ -1,4 +1,4 @@
-"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, serve, mcp, eval."""
+"""The ``clag-fast`` command: demo, ingest, search, clusters, stats, export, import, topic, serve, mcp, eval."""
 
 from __future__ import annotations
 
@@ -87,6 +87,49 @@ def _parser() -> argparse.ArgumentParser:
     _service_store_opts(sv)
     _ray_opts(sv)
     sv.set_defaults(func=cmd_serve)
+
+    ex = sub.add_parser("export", help="write the store's memories and clusters to a .jsonl or .parquet file")
+    ex.add_argument("out", help="the file to write (.jsonl or .parquet)")
+    ex.add_argument("--store", required=True, help="store directory")
+    ex.add_argument("--namespace", default=None, help="only the memories of this namespace")
+    ex.add_argument("--cluster", type=int, default=None, help="only the members of this cluster (a topic)")
+    ex.set_defaults(func=cmd_export)
+
+    im = sub.add_parser("import", help="add the records of an export (or of another store's data) to a store; "
+                                       "re-running it skips what is stored")
+    im.add_argument("source", help="a .jsonl or .parquet export; with --from: the other store's data")
+    im.add_argument("--store", required=True, help="store directory (created when missing)")
+    im.add_argument("--from", dest="origin", choices=["export", "chroma", "mem0", "langgraph"], default="export",
+                    help="export (default); chroma: SOURCE is a Chroma persistent directory (with --collection); "
+                         "mem0: a JSON file of Memory.get_all(); langgraph: a JSON file of items (Item.dict())")
+    im.add_argument("--collection", default=None, help="with --from chroma: the collection to read")
+    im.add_argument("--namespace", default=None, help="put every record in this namespace")
+    im.add_argument("--clusters", choices=["keep", "route"], default="keep",
+                    help="keep the export's clusters (default) or route each record by its vector")
+    im.add_argument("--no-embedder", action="store_true",
+                    help="records must bring vectors (no model is loaded to embed texts)")
+    im.set_defaults(func=cmd_import)
+
+    tp = sub.add_parser("topic", help="act on one cluster (a topic): show, forget, move or merge it "
+                                      "(export one: clag-fast export --cluster ID)")
+    tsub = tp.add_subparsers(dest="action", required=True)
+    t_show = tsub.add_parser("show", help="the cluster's profile and members")
+    t_show.add_argument("cluster", type=int)
+    t_show.add_argument("--limit", type=int, default=20, help="members shown (default 20)")
+    t_forget = tsub.add_parser("forget", help="archive (or --delete) every member of the cluster")
+    t_forget.add_argument("cluster", type=int)
+    t_forget.add_argument("--delete", action="store_true", help="delete the members instead of archiving them")
+    t_move = tsub.add_parser("move", help="move the cluster's members to another cluster")
+    t_move.add_argument("cluster", type=int)
+    t_move.add_argument("--to", type=int, required=True, help="the cluster that receives them")
+    t_merge = tsub.add_parser("merge", help="merge cluster OTHER into cluster KEEP (which keeps its profile)")
+    t_merge.add_argument("cluster", type=int, metavar="KEEP")
+    t_merge.add_argument("other", type=int, metavar="OTHER")
+    for sp in (t_show, t_forget, t_move, t_merge):
+        sp.add_argument("--store", required=True, help="store directory")
+        if sp is not t_merge:
+            sp.add_argument("--namespace", default=None, help="only the members of this namespace")
+    tp.set_defaults(func=cmd_topic)
 
     m = sub.add_parser("mcp", help="serve one namespace of the store as MCP tools (stdio, or --http)")
     m.add_argument("--store", required=True, help="store directory (created when missing)")
@@ -215,12 +258,102 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from clag_fast.store import MemoryStore
+
+    path = Path(args.store)
+    if not (path / "memories.db").exists():
+        raise FileNotFoundError(f"no store at {path}")
+    with MemoryStore.open(path, embedder=False, llm=False) as store, _bar("export") as bar:
+        report = store.export(args.out, namespace=args.namespace, cluster=args.cluster, progress=bar)
+    print(f"exported {report['memories']} memories and {report['clusters']} clusters to {args.out} "
+          f"in {report['seconds']:.1f} s")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from clag_fast.config import StoreConfig
+    from clag_fast.store import MemoryStore, transfer
+
+    source: Any = args.source
+    if args.origin == "chroma":
+        if not args.collection:
+            raise ValueError("--from chroma needs --collection NAME")
+        import chromadb
+
+        source = transfer.from_chroma(chromadb.PersistentClient(path=args.source).get_collection(args.collection),
+                                      namespace=args.namespace or "default")
+    elif args.origin == "mem0":
+        source = transfer.from_mem0(Path(args.source), namespace=args.namespace or "mem0")
+    elif args.origin == "langgraph":
+        source = transfer.from_langgraph(Path(args.source))
+    embedder: Any = False if args.no_embedder else None
+    with MemoryStore.open(Path(args.store), config=StoreConfig(slm="off"), embedder=embedder, llm=False) as store, \
+            _bar("import") as bar:
+        report = store.import_(source, namespace=args.namespace, clusters=args.clusters, progress=bar)
+        total = len(store)
+    print(f"read {report['read']} records: imported {report['imported']}, {report['skipped']} already stored, "
+          f"{report['clusters']} clusters, in {report['seconds']:.1f} s ({total} memories in {args.store})")
+    return 0
+
+
+def cmd_topic(args: argparse.Namespace) -> int:
+    from clag_fast.config import StoreConfig
+    from clag_fast.store import MemoryStore
+
+    path = Path(args.store)
+    if not (path / "memories.db").exists():
+        raise FileNotFoundError(f"no store at {path}")
+    # No embedder: nothing here embeds, and embedder=False opens a store made with any.
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as store:
+        if args.action == "show":
+            page = store.cluster(args.cluster, namespace=args.namespace, limit=args.limit)
+            c = page.info
+            print(f"cluster {c.id} ({c.size} members, {c.source}): {c.summary or '(no profile yet)'} | {', '.join(c.tags)}")
+            for m in page.members:
+                print(f"  #{m.memory_id}  [{m.namespace}]  {_clip(m.text, 100)}")
+            if page.next_cursor:
+                print(f"  ... (more: --limit {args.limit * 2})")
+        elif args.action == "forget":
+            n = store.forget_cluster(args.cluster, action="delete" if args.delete else "archive",
+                                     namespace=args.namespace)
+            print(f"{'deleted' if args.delete else 'archived'} {n} memories of cluster {args.cluster}")
+        elif args.action == "move":
+            n = store.move_cluster(args.cluster, args.to, namespace=args.namespace)
+            print(f"moved {n} memories from cluster {args.cluster} to cluster {args.to}")
+        else:
+            n = store.merge_clusters(args.cluster, args.other)
+            print(f"merged cluster {args.other} into cluster {args.cluster} ({n} members joined)")
+    return 0
+
+
+class _bar:
+    """A tqdm progress bar on stderr as a ``progress(done, total)`` callback."""
+
+    def __init__(self, what: str) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(unit="mem", desc=what, file=sys.stderr, disable=None, unit_scale=True)
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if total is not None and self._bar.total != total:
+            self._bar.total = total
+            self._bar.refresh()
+        self._bar.update(done - self._bar.n)
+
+    def __enter__(self) -> "_bar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+
+
 def _service_store_opts(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--llm", default="off",
                     help="SLM organiser: 'off' (default: vector-only), 'managed' (SmolLM2 when installed) or a URL")
     sp.add_argument("--no-embedder", action="store_true",
                     help="bring-your-own-vector store: text adds and text queries are refused")
-    sp.add_argument("--dim", type=int, default=None, help="vector width of a new store (default 384)")
+    sp.add_argument("--dim", type=int, default=None, help="vector width of a new store (default: the embedder's, 384; without one, the first vectors')")
     sp.add_argument("--fsync", action="store_true", help="sync to disk on every write batch (power-loss safety)")
 
 

@@ -21,8 +21,9 @@ from typing import Any, Callable, Sequence
 import httpx
 import numpy as np
 
+from clag_fast.arguments import batch_namespaces
 from clag_fast.errors import ServiceBusy, ServiceError, ServiceForbidden, ServiceUnauthorized
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
+from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage
 
 __all__ = ["AsyncClient", "Client", "connect", "connect_async"]
 
@@ -46,7 +47,9 @@ class _Requests:
     """Argument checks that need no server (so the exceptions match ``MemoryStore``'s) and the
     request each method sends."""
 
-    def _req_add_many(self, texts, embeddings, kinds, namespaces, metadata, keys) -> _Req | None:
+    def _req_add_many(self, texts, embeddings, kinds, namespaces, metadata, keys, namespace=None) -> _Req | None:
+        """``namespace``: the batch's one namespace, sent once for the batch (``namespaces``
+        is then None)."""
         if isinstance(texts, str):
             raise TypeError("add_many takes a list of texts, not one string (use add)")
         texts = list(texts)
@@ -79,7 +82,9 @@ class _Requests:
             return None
         items = []
         for i in range(n):
-            item: dict[str, Any] = {"text": texts[i], "namespace": ns_l[i], "kind": kinds_l[i]}
+            item: dict[str, Any] = {"text": texts[i], "kind": kinds_l[i]}
+            if namespace is None:
+                item["namespace"] = ns_l[i]
             if meta[i] is not None:
                 item["metadata"] = meta[i]
             if keys_l[i] is not None:
@@ -87,7 +92,8 @@ class _Requests:
             if vecs is not None:
                 item["vector"] = vecs[i]
             items.append(item)
-        return _Req("POST", "/v1/memories", {"items": items}, lambda d: list(d["ids"]))
+        body: dict[str, Any] = {"items": items} if namespace is None else {"namespace": namespace, "items": items}
+        return _Req("POST", "/v1/memories", body, lambda d: list(d["ids"]))
 
     def _req_search(self, query, k, options) -> _Req:
         body = _search_body(k, options)
@@ -176,6 +182,35 @@ class _Requests:
         return _Req("GET", "/v1/memories", params=params,
                     parse=lambda d: MemoryPage([_memory(m) for m in d["items"]], d["next_cursor"]))
 
+    def _req_cluster(self, cluster_id, namespace, limit, cursor) -> _Req:
+        params: dict[str, Any] = {"limit": limit}
+        if namespace is not None:
+            params["namespace"] = namespace
+        if cursor is not None:
+            params["cursor"] = cursor
+        return _Req("GET", f"/v1/clusters/{_check_id(cluster_id)}", params=params, parse=_cluster_page)
+
+    def _req_forget_cluster(self, cluster_id, action, namespace) -> _Req:
+        if action not in ("archive", "delete"):
+            raise ValueError(f"action must be 'archive' or 'delete', got {action!r}")
+        params: dict[str, Any] = {"action": action}
+        if namespace is not None:
+            params["namespace"] = namespace
+        return _Req("DELETE", f"/v1/clusters/{_check_id(cluster_id)}", params=params,
+                    parse=lambda d: int(d["forgotten"]))
+
+    def _req_move_cluster(self, cluster_id, to, memory_ids, namespace) -> _Req:
+        body: dict[str, Any] = {"to": _check_id(to)}
+        if memory_ids is not None:
+            body["memory_ids"] = [_check_id(m) for m in memory_ids]
+        if namespace is not None:
+            body["namespace"] = namespace
+        return _Req("POST", f"/v1/clusters/{_check_id(cluster_id)}/move", body, lambda d: int(d["moved"]))
+
+    def _req_merge_clusters(self, keep, absorb) -> _Req:
+        return _Req("POST", f"/v1/clusters/{_check_id(keep)}/merge", {"other": _check_id(absorb)},
+                    lambda d: int(d["moved"]))
+
 
 # -- the clients ----------------------------------------------------------------------------------
 class Client(_Requests):
@@ -209,12 +244,15 @@ class Client(_Requests):
     def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                  kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                  metadata: Sequence[dict[str, Any] | None] | None = None, *,
-                 keys: Sequence[str | None] | None = None, defer_organize: bool = False) -> list[int]:
+                 keys: Sequence[str | None] | None = None, defer_organize: bool = False,
+                 namespace: str | None = None) -> list[int]:
         """Store memories and return their ids; answered once they are durable.
+        ``namespace`` (the whole batch) or ``namespaces`` (one per item), as ``MemoryStore``.
         ``defer_organize`` (``MemoryStore``'s bulk-load switch) is not offered by the service,
         which organises on its own schedule: True is a ValueError, and nothing is sent."""
         _no_defer(defer_organize)
-        return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
+        batch_namespaces(namespace, namespaces)
+        return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace), [])
 
     def search(self, query: str | np.ndarray, k: int = 5, *,
                namespace: str | None = None, kind: str | None = None, since: float | None = None,
@@ -272,6 +310,25 @@ class Client(_Requests):
     def clusters(self) -> list[ClusterInfo]:
         """Every live cluster with its profile and size, largest first."""
         return self._do(_Req("GET", "/v1/clusters", parse=_clusters))
+
+    def cluster(self, cluster_id: int, *, namespace: str | None = None, limit: int = 100,
+                cursor: str | None = None) -> ClusterPage:
+        """A cluster and a page of its members (see ``MemoryStore.cluster``)."""
+        return self._do(self._req_cluster(cluster_id, namespace, limit, cursor))
+
+    def forget_cluster(self, cluster_id: int, *, action: str = "archive", namespace: str | None = None) -> int:
+        """Archive or delete a cluster's members (those of ``namespace``; all of them needs an
+        admin key); returns how many."""
+        return self._do(self._req_forget_cluster(cluster_id, action, namespace))
+
+    def move_cluster(self, cluster_id: int, to: int, *, memory_ids: Sequence[int] | None = None,
+                     namespace: str | None = None) -> int:
+        """Move a cluster's members to cluster ``to``; returns how many moved."""
+        return self._do(self._req_move_cluster(cluster_id, to, memory_ids, namespace))
+
+    def merge_clusters(self, keep: int, absorb: int) -> int:
+        """Merge cluster ``absorb`` into ``keep`` (admin keys); returns how many joined."""
+        return self._do(self._req_merge_clusters(keep, absorb))
 
     def organize(self, task_context: str | None = None) -> dict[str, Any]:
         """Re-organise now (admin keys); returns what was done."""
@@ -337,10 +394,12 @@ class AsyncClient(_Requests):
     async def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                        kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                        metadata: Sequence[dict[str, Any] | None] | None = None, *,
-                       keys: Sequence[str | None] | None = None, defer_organize: bool = False) -> list[int]:
+                       keys: Sequence[str | None] | None = None, defer_organize: bool = False,
+                       namespace: str | None = None) -> list[int]:
         """See ``Client.add_many``."""
         _no_defer(defer_organize)
-        return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys), [])
+        batch_namespaces(namespace, namespaces)
+        return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace), [])
 
     async def search(self, query: str | np.ndarray, k: int = 5, *,
                      namespace: str | None = None, kind: str | None = None, since: float | None = None,
@@ -398,6 +457,24 @@ class AsyncClient(_Requests):
     async def clusters(self) -> list[ClusterInfo]:
         """See ``Client.clusters``."""
         return await self._do(_Req("GET", "/v1/clusters", parse=_clusters))
+
+    async def cluster(self, cluster_id: int, *, namespace: str | None = None, limit: int = 100,
+                      cursor: str | None = None) -> ClusterPage:
+        """See ``Client.cluster``."""
+        return await self._do(self._req_cluster(cluster_id, namespace, limit, cursor))
+
+    async def forget_cluster(self, cluster_id: int, *, action: str = "archive", namespace: str | None = None) -> int:
+        """See ``Client.forget_cluster``."""
+        return await self._do(self._req_forget_cluster(cluster_id, action, namespace))
+
+    async def move_cluster(self, cluster_id: int, to: int, *, memory_ids: Sequence[int] | None = None,
+                           namespace: str | None = None) -> int:
+        """See ``Client.move_cluster``."""
+        return await self._do(self._req_move_cluster(cluster_id, to, memory_ids, namespace))
+
+    async def merge_clusters(self, keep: int, absorb: int) -> int:
+        """See ``Client.merge_clusters``."""
+        return await self._do(self._req_merge_clusters(keep, absorb))
 
     async def organize(self, task_context: str | None = None) -> dict[str, Any]:
         """See ``Client.organize``."""
@@ -537,6 +614,10 @@ def _memory(d: dict[str, Any]) -> Memory:
 
 def _clusters(d: dict[str, Any]) -> list[ClusterInfo]:
     return [ClusterInfo(**c) for c in d["clusters"]]
+
+
+def _cluster_page(d: dict[str, Any]) -> ClusterPage:
+    return ClusterPage(ClusterInfo(**d["cluster"]), [_memory(m) for m in d["members"]], d["next_cursor"])
 
 
 def _no_defer(defer_organize: bool) -> None:

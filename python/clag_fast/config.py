@@ -198,8 +198,14 @@ class RankingConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """Settings of a store. ``dim`` is fixed when the store is created; the rest may change
-    between opens.
+    """Settings of a store. ``dim`` is fixed once and for all; the rest may change between
+    opens.
+
+    Vectors:
+      dim: their width. None (the default): the width the embedder states (384 for the default
+        MiniLM) or, when none states one (``embedder=False``, vectors brought on the first
+        add), the width of the first vectors written (``store.dimension``). An integer fixes
+        it at creation. Either way it is recorded and enforced from then on.
 
     Clustering:
       soft_k: clusters kept per memory with their affinities (soft assignment; 1 = hard).
@@ -249,7 +255,7 @@ class StoreConfig:
         without it a process crash (SIGKILL) still loses nothing that add() returned.
     """
 
-    dim: int = 384
+    dim: int | None = None
     soft_k: int = 3
     spill_margin: float = 0.03
     n_probe: int | None = None
@@ -279,7 +285,8 @@ class StoreConfig:
         if isinstance(self.slm, str):  # StoreConfig(slm="off"): the common switch, spelt short
             object.__setattr__(self, "slm", SLMConfig(mode=self.slm))
         _check("StoreConfig", [
-            (self.dim > 0, "dim must be > 0"),
+            (self.dim is None or (isinstance(self.dim, int) and not isinstance(self.dim, bool) and self.dim > 0),
+             f"dim must be a positive int or None, got {self.dim!r}"),
             (self.soft_k >= 1, "soft_k must be >= 1"),
             (self.spill_margin >= 0, "spill_margin must be >= 0"),
             (self.n_probe is None or self.n_probe >= 1, "n_probe must be >= 1 or None"),

@@ -16,6 +16,7 @@ __all__ = [
     "LLMInvalidOutput",
     "LLMTimeout",
     "LLMUnreachable",
+    "MalformedRecordError",
     "ModelFilesError",
     "SchemaError",
     "ServerUnavailable",
@@ -42,6 +43,18 @@ class StoreLockedError(RuntimeError):
 class DimensionMismatchError(ValueError):
     """Vectors of the wrong width for a store, or a store reopened with another dimension or
     another embedder than it was created with; the message names both."""
+
+
+class MalformedRecordError(ValueError):
+    """A record of an import (a JSONL line, a Parquet row, an item of an importer) cannot be
+    stored; the message names its position. Every record before it is imported, nothing from
+    it on. ``position`` is that position ("line 12", "row 3"); ``imported``, the records this
+    run imported before it."""
+
+    def __init__(self, message: str, position: str = "", imported: int = 0) -> None:
+        super().__init__(message)
+        self.position = position
+        self.imported = imported
 
 
 class FilterError(ValueError):

@@ -157,3 +157,14 @@ class ClusterInfo:
     source: str  # "kmeans" | "slm_topic" | "template" | "route" | "split" | "recovered"
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPage:
+    """A cluster as ``MemoryStore.cluster`` returns it: its profile and size, and one page of
+    its members (primary members, by id ascending, live only) with the cursor of the next
+    page (None when this is the last)."""
+
+    info: ClusterInfo
+    members: list[Memory]
+    next_cursor: str | None

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from clag_fast.arguments import batch_namespaces
 from clag_fast.distributed.owner import MAX_CONCURRENCY, RAY_NAMESPACE, ShardOwner
 from clag_fast.distributed.shardmap import ShardMap, decode_id
 from clag_fast.errors import ShardUnavailable
@@ -142,10 +143,12 @@ class ShardedStore:
     # -- writes ----------------------------------------------------------------------------
     def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None, kinds: Any = None,
                  namespaces: Any = None, metadata: Any = None, *, keys: Any = None,
-                 defer_organize: bool = False) -> list[int]:
+                 defer_organize: bool = False, namespace: str | None = None) -> list[int]:
         """``MemoryStore.add_many``, split by owning shard. Atomic within a shard; a batch that
         spans shards is committed shard by shard (all of them at once, in parallel).
+        ``namespace`` (the whole batch) or ``namespaces`` (one per item), as ``MemoryStore``.
         ``defer_organize``: a bulk load's write (``organize_deferred`` after the last)."""
+        namespaces = batch_namespaces(namespace, namespaces)
         n = len(texts)
         kinds = _per_item(kinds, n, "kinds", "fact")
         namespaces = _per_item(namespaces, n, "namespaces", "default")

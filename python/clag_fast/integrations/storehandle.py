@@ -25,14 +25,15 @@ from clag_fast.store import MemoryStore
 log = logging.getLogger(__name__)
 
 
-def query_vector(vector: Any, dim: int) -> np.ndarray:
-    """A query as a unit float32 vector of ``dim`` (ValueError naming the problem otherwise).
+def query_vector(vector: Any, dim: int | None) -> np.ndarray:
+    """A query as a unit float32 vector of ``dim`` (ValueError naming the problem otherwise;
+    ``dim`` None: a store whose width its first vectors will fix, which holds nothing yet).
 
     Normalised here because the store's exact search over a small filtered subset
     (``store.search``, since the keys branch's gathered-vector path) scores the query as
     given, while its native search normalises it: scores must not depend on the path."""
     q = np.asarray(vector, dtype=np.float32)
-    if q.ndim != 1 or q.shape[0] != dim:
+    if q.ndim != 1 or (dim is not None and q.shape[0] != dim):
         raise ValueError(f"query vector has shape {q.shape}, the store holds {dim}-dimensional vectors")
     norm = float(np.sqrt(q @ q))
     if not np.isfinite(norm) or norm == 0.0:
@@ -93,7 +94,7 @@ class StoreHandle:
                 if self._store is None:
                     config = (self._config or StoreConfig()).replace(dim=int(dim))
                     self._store = MemoryStore.open(self.path, config=config, embedder=self._encoder, llm=self._llm)
-        if self._store.config.dim != dim:
+        if self._store.config.dim not in (None, dim):  # None: an empty store takes the first width
             raise DimensionMismatchError(f"vectors of width {dim} do not fit this store, which holds "
                              f"{self._store.config.dim}-dimensional vectors (mixing embedding models?)")
         return self._store

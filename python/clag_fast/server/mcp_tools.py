@@ -1,7 +1,8 @@
 """``clag-fast mcp``: one namespace of a store as MCP tools (official ``mcp`` SDK, 2.x).
 
 Tools, named as agent memory tools usually are: ``add_memories``, ``search_memory``,
-``list_memories``, ``delete_memories`` and ``list_topics`` (cluster labels). Every tool reads
+``list_memories``, ``delete_memories``, ``list_topics`` (cluster labels) and ``forget_topic``
+(archive or delete a topic's memories). Every tool reads
 and writes only the namespace given at start-up; topics are shown only for clusters whose
 members all lie in it (``tenancy``). Transports: stdio (an agent runtime starts this process)
 or streamable HTTP on a loopback port (``--http``).
@@ -94,6 +95,17 @@ def build_mcp(service: Any, namespace: str) -> Any:
             for i in mine:
                 store.delete(i)
             return {"deleted": len(mine)}
+
+    @server.tool(name="forget_topic")
+    def forget_topic(topic_id: int, delete: bool = False) -> dict[str, int]:
+        """Forget a whole topic (an id from list_topics): its memories are archived (kept but
+        never found again), or deleted with delete=true. Returns how many were forgotten."""
+        with _told_to_agent():
+            if topic_id not in topics_shown():
+                raise ValueError(f"no topic with id {topic_id} (list_topics shows the ids)")
+            n = store.forget_cluster(topic_id, action="delete" if delete else "archive", namespace=namespace)
+            service.rerouted(None)
+            return {"forgotten": n}
 
     @server.tool(name="list_topics")
     def list_topics() -> dict[str, Any]:

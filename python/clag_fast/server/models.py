@@ -32,9 +32,11 @@ class NewMemory(_Body):
 
 
 class NewMemories(_Body):
-    """A batch of memories, added atomically (all or none)."""
+    """A batch of memories, added atomically (all or none). ``namespace``: one namespace for
+    every item (which then names none of its own)."""
 
     items: list[NewMemory] = Field(min_length=1)
+    namespace: Namespace | None = None
 
 
 class AddResult(BaseModel):
@@ -153,6 +155,36 @@ class ClusterOut(BaseModel):
 
 class ClustersOut(BaseModel):
     clusters: list[ClusterOut]
+
+
+class ClusterPageOut(BaseModel):
+    """A cluster with one page of its members (pass ``next_cursor`` back for the next)."""
+
+    cluster: ClusterOut
+    members: list[MemoryOut]
+    next_cursor: str | None
+
+
+class ForgottenOut(BaseModel):
+    forgotten: int
+
+
+class MergeRequest(_Body):
+    """Merge cluster ``other`` into the cluster of the path (which keeps its profile)."""
+
+    other: int
+
+
+class MoveRequest(_Body):
+    """Move the path cluster's members (all, those of ``namespace``, or ``memory_ids``) to ``to``."""
+
+    to: int
+    memory_ids: list[int] | None = None
+    namespace: Namespace | None = None
+
+
+class MovedOut(BaseModel):
+    moved: int
 
 
 class OrganizeRequest(_Body):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 from fastapi import APIRouter, Body, Depends, Query, Request
@@ -15,10 +15,12 @@ from clag_fast.server.http_errors import problem
 from clag_fast.server.models import (
     AddResult,
     ClusterOut,
+    ClusterPageOut,
     ClustersOut,
     DeleteResult,
     ErrorBody,
     ForgetRequest,
+    ForgottenOut,
     HitOut,
     HitsOut,
     IdsRequest,
@@ -26,6 +28,9 @@ from clag_fast.server.models import (
     MemoryOut,
     MemoryPageOut,
     MemoryPatch,
+    MergeRequest,
+    MovedOut,
+    MoveRequest,
     NewMemories,
     NewMemory,
     OrganizeRequest,
@@ -136,7 +141,7 @@ def _check_dim(vector: list[float] | None, svc: StoreService, what: str) -> None
     dim = svc.store.config.dim
     if vector is None:
         return
-    if len(vector) != dim:
+    if dim is not None and len(vector) != dim:  # None: the store's first vectors fix its width
         raise problem(400, "wrong_dimension", f"{what} has {len(vector)} dimensions; the store holds {dim}-dimensional vectors")
     with np.errstate(over="ignore"):
         finite = np.isfinite(np.asarray(vector, np.float32)).all()
@@ -199,6 +204,10 @@ async def handle_add(body: NewMemory | NewMemories, svc: StoreService, who: Prin
     """POST /v1/memories once its body is validated (also ``hotpaths``' entry)."""
     items = body.items if isinstance(body, NewMemories) else [body]
     _check_count(len(items), lim, "memories")
+    if isinstance(body, NewMemories) and body.namespace is not None:
+        if any("namespace" in it.model_fields_set for it in items):
+            raise problem(400, "invalid_request", "give namespace on the batch or on its items, not both")
+        items = [it.model_copy(update={"namespace": body.namespace}) for it in items]
     with_vec = [it.vector is not None for it in items]
     if any(with_vec) and not all(with_vec):
         raise problem(400, "invalid_request", "give a vector for every item of a batch or for none")
@@ -399,6 +408,68 @@ async def clusters(svc: StoreService = Svc, who: Principal = Who) -> ClustersOut
     found = await svc.call(svc.store.clusters)
     visible = await _visibility(svc, who)
     return ClustersOut(clusters=[ClusterOut(**asdict(c)) for c in found if visible(c.id)])
+
+
+async def _topic(svc: StoreService, who: Principal, cluster_id: int) -> None:
+    """A key that reads only some namespaces sees only clusters whose members all lie in them
+    (``tenancy``); any other id answers as an unknown one."""
+    visible = await _visibility(svc, who)
+    if not visible(cluster_id):
+        raise problem(404, "not_found", f"no cluster with id {cluster_id}")
+
+
+@router.get("/clusters/{cluster_id}", response_model=ClusterPageOut, summary="A cluster and a page of its members")
+async def cluster(cluster_id: int, namespace: str | None = Query(None, min_length=1), limit: int = Query(100, ge=1),
+                  cursor: str | None = None, svc: StoreService = Svc, who: Principal = Who,
+                  lim: Limits = Depends(limits)) -> ClusterPageOut:
+    if limit > lim.max_list:
+        raise problem(400, "invalid_request", f"limit must be at most {lim.max_list}, got {limit}")
+    ns = _read_ns(who, namespace)
+    await _topic(svc, who, cluster_id)
+    page = await svc.call(svc.store.cluster, cluster_id, namespace=ns, limit=limit, cursor=cursor)
+    return ClusterPageOut(cluster=ClusterOut(**asdict(page.info)), members=[_memory_out(m) for m in page.members],
+                          next_cursor=page.next_cursor)
+
+
+@router.delete("/clusters/{cluster_id}", response_model=ForgottenOut,
+               summary="Forget a topic: archive or delete its members (of one namespace, or all: admin)")
+async def forget_cluster(cluster_id: int, action: Literal["archive", "delete"] = Query("archive"),
+                         namespace: str | None = Query(None, min_length=1), svc: StoreService = Svc,
+                         who: Principal = Who) -> ForgottenOut:
+    if namespace is None:
+        _admin(who, "forgetting a whole cluster (every namespace)")
+    else:
+        _write_ns(who, namespace)
+        await _topic(svc, who, cluster_id)
+    n = await svc.call(svc.store.forget_cluster, cluster_id, action=action, namespace=namespace)
+    await svc.call(svc.rerouted, None)
+    return ForgottenOut(forgotten=n)
+
+
+@router.post("/clusters/{cluster_id}/merge", response_model=MovedOut, summary="Merge another cluster into this one (admin)")
+async def merge_clusters(cluster_id: int, body: MergeRequest, svc: StoreService = Svc,
+                         who: Principal = Who) -> MovedOut:
+    _admin(who, "merging clusters")
+    n = await svc.call(svc.store.merge_clusters, cluster_id, body.other)
+    await svc.call(svc.rerouted, None)
+    return MovedOut(moved=n)
+
+
+@router.post("/clusters/{cluster_id}/move", response_model=MovedOut,
+             summary="Move this cluster's members to another cluster (of one namespace, or all: admin)")
+async def move_cluster(cluster_id: int, body: MoveRequest, svc: StoreService = Svc, who: Principal = Who,
+                       lim: Limits = Depends(limits)) -> MovedOut:
+    _check_count(len(body.memory_ids or ()), lim, "memory ids")
+    if body.namespace is None:
+        _admin(who, "moving a whole cluster (every namespace)")
+    else:
+        _write_ns(who, body.namespace)
+        await _topic(svc, who, cluster_id)
+        await _topic(svc, who, body.to)
+    n = await svc.call(svc.store.move_cluster, cluster_id, body.to, memory_ids=body.memory_ids,
+                       namespace=body.namespace)
+    await svc.call(svc.rerouted, None)
+    return MovedOut(moved=n)
 
 
 @router.post("/organize", summary="Re-organise the clusters now (admin)")

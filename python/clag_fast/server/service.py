@@ -30,6 +30,7 @@ from clag_fast.server.auth import Principal
 from clag_fast.server.batching import Coalescer
 from clag_fast.server.settings import ServeConfig
 from clag_fast.store import MemoryStore
+from clag_fast.store.dimension import PENDING
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class StoreService:
         cfg = None
         if c.dim is not None or c.llm == "off" or c.fsync or c.embed_cache != StoreConfig().embed_cache:
             stored_dim = _stored_dim(c.store)
-            kwargs: dict[str, Any] = {"dim": stored_dim or c.dim or StoreConfig().dim, "fsync": c.fsync,
+            kwargs: dict[str, Any] = {"dim": stored_dim or c.dim, "fsync": c.fsync,
                                       "embed_cache": c.embed_cache}
             if c.llm == "off":
                 # Periodic re-organisations run in the store's worker, not inside the add batch
@@ -299,6 +300,8 @@ def _stored_dim(path: Any) -> int | None:
     from clag_fast.errors import StoreFormatError
 
     try:
+        if _stored_meta(path, PENDING) is not None:
+            return None  # a store whose width its first vectors will fix
         value = _stored_meta(path, "dim")
     except StoreFormatError as e:
         if "migration" not in str(e):

@@ -14,6 +14,9 @@ Modules, each owning one thing:
   search        filters, probe rule, native search, hits with labels
   recovery      checks and repairs on open
   forgetting    applying the decay / prune policy
+  topics        a cluster's members forgotten, moved or merged by hand
+  dimension     the vectors' width (fixed at creation, or by the first vectors)
+  transfer      export and import (JSONL, Parquet), importers from other stores
   locks         readers-writer lock and the writer's lock file
 """
 

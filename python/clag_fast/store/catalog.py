@@ -867,3 +867,71 @@ class Catalog:
             self.db.executemany(
                 "UPDATE clusters SET summary=?, tags=?, updated_at=?, profiled_size=? WHERE id=?",
                 [(s, json.dumps(t), now, size, c) for c, s, t, size in items])
+
+    # -- transfer (store/transfer: export and import) ----------------------------------
+    # Column lists come from the transfer record format (``store.transfer.fields``); they are
+    # checked against the table's own columns before they reach a statement.
+    def _columns(self, table: str, columns: Sequence[str]) -> str:
+        have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+        unknown = [c for c in columns if c not in have]
+        if unknown:
+            raise StoreFormatError(f"{self.path}: the {table} table has no column(s) {unknown}")
+        return ", ".join(columns)
+
+    def transfer_rows(self, columns: Sequence[str], ids: Sequence[int] | None = None,
+                      batch: int = 65_536) -> Iterable[list[tuple]]:
+        """Batches of ``columns`` of every live and archived memory (or those of ``ids``), by
+        id ascending: what an export writes."""
+        names = self._columns("memories", columns)
+        states = f"state IN ({LIVE}, {ARCHIVED})"
+        if ids is None:
+            cur = self.db.execute(f"SELECT {names} FROM memories WHERE {states} ORDER BY id")
+            while rows := cur.fetchmany(batch):
+                yield rows
+            return
+        ordered = sorted(set(int(m) for m in ids))
+        for i in range(0, len(ordered), batch):
+            part = ordered[i:i + batch]
+            out: list[tuple] = []
+            for j in range(0, len(part), _IN_CHUNK):
+                chunk = part[j:j + _IN_CHUNK]
+                out += self.db.execute(f"SELECT {names} FROM memories WHERE {states} AND id IN ({_ids(len(chunk))}) "
+                                       "ORDER BY id", chunk).fetchall()
+            if out:
+                yield out
+
+    def import_rows(self, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """Insert memories with every column given (an import keeps ids, times and counts)."""
+        names = self._columns("memories", columns)
+        self.db.executemany(f"INSERT INTO memories ({names}) VALUES ({_ids(len(columns))})", rows)
+
+    def transfer_clusters(self, columns: Sequence[str]) -> list[tuple]:
+        """``columns`` of every live cluster, by id."""
+        names = self._columns("clusters", columns)
+        return self.db.execute(f"SELECT {names} FROM clusters WHERE archived=0 ORDER BY id").fetchall()
+
+    def import_clusters(self, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """Insert (or replace) clusters with every column given."""
+        names = self._columns("clusters", columns)
+        self.db.executemany(f"INSERT OR REPLACE INTO clusters ({names}) VALUES ({_ids(len(columns))})", rows)
+
+    def ids_in_range(self, lo: int, hi: int) -> np.ndarray:
+        """The memory ids in [lo, hi], ascending (an import keeping ids finds the ones it
+        wrote before: one range scan per batch instead of an IN list)."""
+        cur = self.db.execute("SELECT id FROM memories WHERE id BETWEEN ? AND ? ORDER BY id", (lo, hi))
+        return np.fromiter((r[0] for r in cur), np.int64)
+
+    def identities(self, memory_ids: Sequence[int]) -> dict[int, tuple[str, str | None, str]]:
+        """memory id -> (namespace, key, text) of those that exist."""
+        out: dict[int, tuple[str, str | None, str]] = {}
+        ids = list(memory_ids)
+        for i in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[i:i + _IN_CHUNK]
+            for m, ns, key, text in self.db.execute(
+                    f"SELECT id, namespace, key, text FROM memories WHERE id IN ({_ids(len(chunk))})", chunk):
+                out[int(m)] = (ns, key, text)
+        return out
+
+    def memory_count(self) -> int:
+        """Memory rows of any state (0: an empty store)."""
+        return int(self.db.execute("SELECT COUNT(*) FROM memories").fetchone()[0])

@@ -26,13 +26,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from clag_fast.arguments import batch_namespaces
 from clag_fast.config import StoreConfig
 from clag_fast.errors import DimensionMismatchError, StoreFormatError
 from clag_fast.index import VectorIndex
-from clag_fast.results import ClusterInfo, Hit, Hits, Memory, MemoryPage
+from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage
 from clag_fast.store.slm_scheduler import SLMScheduler
 from clag_fast.store import catalog as catalog_mod
-from clag_fast.store import conversation, filters, forgetting, organize, placement, recovery
+from clag_fast.store import conversation, dimension, filters, forgetting, organize, placement, recovery, topics
 from clag_fast.store import threads as threads_mod
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.fields import FieldTable
@@ -110,13 +111,16 @@ class MemoryStore:
                 recovery.refuse_blank_database(path, True)
             self._catalog = Catalog(db_file, read_only=read_only)
             recovery.refuse_blank_database(path, self._catalog.meta("dim") is None)
-            self.config = self._settle_config(config, embedder)
-            self._query_shape = (self.config.dim,)
+            self.config, self._dim, self._dim_pending = dimension.settle(
+                self._catalog, path, config, embedder, _embedder_name(embedder), read_only)
+            self._query_shape = (self._dim,)
             self._settle_embedder_name(embedder)
-            index = recovery.open_index(path, self.config.dim, read_only,
+            index = recovery.open_index(path, self._dim, read_only,
                                         rows_needed=self._catalog.max_vector_row() + 1)
             self._state = StoreState(path, self.config, read_only, self._catalog, index)
             self._embedder_arg = embedder
+            if self._dim_pending and not read_only and (wanted := dimension.wanted_width(config, embedder)):
+                self._fix_width(wanted)
             self._embedder = embedder if embedder not in (None, False) else None
             self._embed_precision = self._settle_precision() if embedder is None else None
             lexical = recovery.LexicalPreload(recovery.lexical_path(path))
@@ -137,29 +141,22 @@ class MemoryStore:
         # background thread builds them now, leaving the other core to the caller.
         threading.Thread(target=_warm, args=(self._state.index,), name="clag-fast-warm", daemon=True).start()
 
-    def _settle_config(self, config: StoreConfig | None, embedder: Any) -> StoreConfig:
-        """The store's config; its ``dim`` is recorded at creation and must match after.
-        An injected embedder with an integer ``dim`` attribute must agree with it (and gives
-        a new store its dim when no config is passed)."""
-        width = getattr(embedder, "dim", None) if embedder not in (None, False) else None
-        width = width if isinstance(width, (int, np.integer)) and not isinstance(width, bool) else None
-        stored = self._catalog.meta("dim")
-        if stored is None:
-            config = config or (StoreConfig() if width is None else StoreConfig(dim=int(width)))
-        else:
-            dim = int(stored)
-            if config is None:
-                config = StoreConfig(dim=dim)
-            elif config.dim != dim:
-                raise DimensionMismatchError(
-                    f"store {self.path} holds {dim}-dimensional vectors, config says dim={config.dim}")
-        if width is not None and int(width) != config.dim:
-            raise DimensionMismatchError(
-                f"the embedder {_embedder_name(embedder)!r} makes {int(width)}-dimensional vectors, "
-                f"the store {self.path} holds {config.dim}-dimensional ones")
-        if stored is None and not self.read_only:
-            self._catalog.set_meta("dim", str(config.dim))
-        return config
+    def _fix_width(self, width: int) -> None:
+        """Under the write lock (or at open): vectors of ``width`` are about to be written. A
+        store whose width is pending takes it (``store.dimension``); any other store refuses
+        another width, naming both."""
+        if not self._dim_pending:
+            if width != self._dim:
+                raise DimensionMismatchError(f"store {self.path} holds {self._dim}-dimensional vectors, "
+                                             f"got {width}-dimensional ones")
+            return
+        dimension.fix(self._state, int(width))
+        self.config = self._state.config
+        self._dim, self._query_shape, self._dim_pending = int(width), (int(width),), False
+        if self._embedder_arg is None and width != dimension.PROVISIONAL_DIM:
+            # Vectors of another model, brought to a store opened with the default embedder:
+            # the store records brought vectors, and any embedder of this width may open it.
+            self._catalog.set_meta("embedder", _embedder_name(False))
 
     def _settle_embedder_name(self, embedder: Any) -> None:
         """Record the embedder's name at creation; refuse another embedder after.
@@ -321,6 +318,7 @@ class MemoryStore:
         *,
         keys: Sequence[str | None] | None = None,
         defer_organize: bool = False,
+        namespace: str | None = None,
         thread: str | None = None,
         threads: Sequence[str | None] | None = None,
         turns: Sequence[float | None] | None = None,
@@ -329,6 +327,9 @@ class MemoryStore:
         supersedes: Sequence[int | None] | None = None,
     ) -> list[int]:
         """Store memories (embedding them unless ``embeddings`` is given) and return their ids.
+
+        ``namespace``: one namespace for the whole batch (as ``add`` spells it);
+        ``namespaces``: one per item (or one string for all). Giving both is a ValueError.
 
         Conversation structure (all optional): ``thread`` (the whole batch) or ``threads``
         (per memory) names the conversation or session a memory belongs to within its
@@ -370,12 +371,12 @@ class MemoryStore:
         texts = _check_texts(texts)
         n = len(texts)
         kinds_l = _per_item(kinds, n, "user_input", "kinds")
-        namespaces_l = _per_item(namespaces, n, "default", "namespaces")
+        namespaces_l = _per_item(batch_namespaces(namespace, namespaces), n, "default", "namespaces")
         meta_json = _metadata_json(metadata, n)
         keys_l = _check_keys(keys, n)
         conv = conversation.check(n, thread=thread, threads=threads, turns=turns, speaker=speaker,
                                   speakers=speakers, supersedes=supersedes)
-        vectors = self._vectors(texts, embeddings, remember=False)
+        vectors = self._vectors(texts, embeddings, remember=False, any_width=self._dim_pending)
         if n == 0:
             return []
         if self.config.labels is not None and not self._catalog.template_clusters():
@@ -383,6 +384,8 @@ class MemoryStore:
         state = self._state
         with state.lock.write():
             superseded = conversation.check_superseded(self._catalog, conv, namespaces_l)
+            if vectors.shape[1] != self._dim or self._dim_pending:
+                self._fix_width(vectors.shape[1])
             if keys_l is None:
                 ids = self._insert(texts, vectors, kinds_l, namespaces_l, meta_json, conv=conv,
                                    superseded=superseded)
@@ -645,8 +648,10 @@ class MemoryStore:
         labels = self.config.labels
         if labels is None:
             raise ValueError("set_label_vectors needs StoreConfig(labels=...)")
-        vecs = self._vectors(list(labels), vectors)
+        vecs = self._vectors(list(labels), vectors, any_width=self._dim_pending)
         with self._state.lock.write():
+            if vecs.shape[1] != self._dim or self._dim_pending:
+                self._fix_width(vecs.shape[1])
             if self._catalog.template_clusters():
                 raise ValueError("the label clusters exist already")
             return organize.create_label_clusters(self._state, list(labels), vecs)
@@ -701,6 +706,59 @@ class MemoryStore:
             self._searcher.lexical.save(recovery.lexical_path(self.path))
         except OSError as e:
             log.warning("%s: the lexical index was not saved (%s)", self.path, e)
+
+    # -- export and import -------------------------------------------------------------
+    def export(self, out: str | Path | Any, *, format: str | None = None, namespace: str | None = None,
+               cluster: int | None = None, progress: Callable[[int, int | None], None] | None = None) -> dict[str, Any]:
+        """Write the store's memories (texts, keys, namespaces, kinds, metadata, times,
+        access counts, strength, archived state, vectors as stored, soft cluster assignments)
+        and its clusters (profiles, anchors) to ``out``: a path ending in .jsonl or .parquet
+        (or ``format=``), or a file object, binary or text (JSONL). ``namespace`` / ``cluster``: only the
+        memories of that namespace / whose primary cluster that is. Writes wait while it reads
+        (one consistent state). Format and fields: ``clag_fast.store.transfer``; returns counts."""
+        from clag_fast.store import transfer
+
+        self._check_open()
+        fmt = transfer.format_of(Path(out), format) if isinstance(out, (str, Path)) else (format or "jsonl")
+        if not self.read_only:
+            with self._state.lock.write():
+                self._state.flush_access()  # the access counts searches made since the last flush
+                source_id = transfer.store_id(self._catalog, False)
+        else:
+            source_id = transfer.store_id(self._catalog, True)
+        with self._state.lock.read():
+            return transfer.export(self._state, self._catalog.readers(), out, fmt=fmt, source_id=source_id,
+                                   namespace=namespace, cluster=cluster, progress=progress)
+
+    def import_(self, source: Any, *, format: str | None = None, namespace: str | None = None,
+                clusters: str = "keep", progress: Callable[[int, int | None], None] | None = None,
+                batch_size: int | None = None) -> dict[str, Any]:
+        """Import records: an export (path or JSONL file object), or an iterable of record
+        dicts (``clag_fast.store.transfer.from_chroma`` / ``from_mem0`` / ``from_langgraph``).
+        Resumable and idempotent: a record already stored (by id for an export imported into
+        an empty store, which keeps ids; by namespace and key otherwise, keyless records under
+        a derived key) is skipped, so a re-run after a kill or a fixed line stores each record
+        once. A malformed record raises ``MalformedRecordError`` naming its position; the
+        records before it are stored, nothing from it on. ``namespace``: put every record
+        there. ``clusters``: "keep" (exported clusters become the store's, with their profiles
+        and members) or "route" (route by vectors as ``add_many`` does). Records without a
+        vector are embedded. Returns counts (read, imported, skipped, clusters)."""
+        from clag_fast.store import transfer
+
+        self._check_open(write=True)
+        src, close = transfer.open_source(source, format, batch_size or transfer.BATCH)
+        embed = None if self._embedder_arg is False else (
+            lambda texts: self._vectors(texts, None, remember=False, any_width=self._dim_pending))
+        run = transfer.Import(self._state, self._searcher.lexical, width=None if self._dim_pending else self._dim,
+                              fix_width=self._fix_width, embed=embed, after_batch=lambda: self._slm.after_add(defer=True),
+                              clusters=clusters, namespace=namespace, progress=progress)
+        try:
+            report = run.run(src)
+        finally:
+            close()
+            self._slm.run_owed()
+            self.flush()
+        return report
 
     # -- reading -----------------------------------------------------------------------
     def search(
@@ -762,6 +820,8 @@ class MemoryStore:
             if (type(query) is np.ndarray and query.dtype is _F32 and query.shape == self._query_shape
                     and query.flags.c_contiguous):
                 qvec = query
+            elif self._dim_pending:
+                return self._searched(Hits(mode=mode), t0)  # no vector yet: nothing to find
             else:
                 qvec = self._query_vector(query, core_checks_finite=True)
             nested = state.lock.acquire_read()
@@ -835,9 +895,11 @@ class MemoryStore:
         texts = None
         if isinstance(queries, np.ndarray):
             q = np.asarray(queries)
-            if q.ndim != 2 or q.shape[1] != self.config.dim:
+            if q.ndim == 2 and self._dim_pending:
+                return [Hits(mode=mode) for _ in range(len(q))]  # no vector yet: nothing to find
+            if q.ndim != 2 or q.shape[1] != self._dim:
                 error = DimensionMismatchError if q.ndim == 2 else ValueError
-                raise error(f"queries must have shape (q, {self.config.dim}), got {q.shape}")
+                raise error(f"queries must have shape (q, {self._dim}), got {q.shape}")
             qvecs = self._vectors([""] * len(q), q)
         else:
             texts = list(queries)
@@ -865,7 +927,7 @@ class MemoryStore:
         if texts is not None:
             todo = [i for i in range(len(texts)) if i not in found]
             fresh_texts = [texts[i] for i in todo] if found else texts
-            qvecs = self._vectors(fresh_texts, None) if texts else np.empty((0, self.config.dim), np.float32)
+            qvecs = self._vectors(fresh_texts, None) if texts else np.empty((0, self._dim), np.float32)
         else:
             todo, fresh_texts = list(range(len(qvecs))), None
         if len(qvecs) == 0:
@@ -973,6 +1035,47 @@ class MemoryStore:
         out = [ClusterInfo(c, s, t, sizes[c], src, ca, ua) for c, s, t, src, ca, ua in data if c in sizes]
         return sorted(out, key=lambda c: (-c.size, c.id))
 
+    # -- topics ------------------------------------------------------------------------
+    def cluster(self, cluster_id: int, *, namespace: str | None = None, limit: int = 100,
+                cursor: str | None = None) -> ClusterPage:
+        """Cluster ``cluster_id``: its profile and size, and a page of its members (of
+        ``namespace`` only, when given), ``limit`` at a time (``next_cursor`` fetches the
+        next). KeyError when there is no such cluster."""
+        self._check_open()
+        with self._state.lock.read():
+            cid = topics.check_cluster(self._state, cluster_id)
+        info = next((c for c in self.clusters() if c.id == cid), None)
+        if info is None:
+            raise KeyError(f"no cluster with id {cluster_id}")
+        page = self.memories(namespace=namespace, cluster=cid, limit=limit, cursor=cursor)
+        return ClusterPage(info, page.items, page.next_cursor)
+
+    def forget_cluster(self, cluster_id: int, *, action: str = "archive", namespace: str | None = None) -> int:
+        """Forget a topic: archive (kept, never searched; ``get`` still returns them) or
+        delete (``action="delete"``) every member of ``cluster_id`` (of ``namespace`` only, when
+        given). The cluster goes with its last member. Returns the memories forgotten."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            n = topics.forget(self._state, cluster_id, action, namespace)
+            self._lexical_gc()
+            return n
+
+    def move_cluster(self, cluster_id: int, to: int, *, memory_ids: Sequence[int] | None = None,
+                     namespace: str | None = None) -> int:
+        """Move the members of ``cluster_id`` (all, those of ``namespace``, or the listed
+        ``memory_ids``) to cluster ``to``; a cluster left empty is dropped. Returns how many
+        moved. A later organisation may still re-route them by their vectors."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            return topics.move(self._state, cluster_id, to, None if memory_ids is None else list(memory_ids), namespace)
+
+    def merge_clusters(self, keep: int, absorb: int) -> int:
+        """Merge cluster ``absorb`` into ``keep`` (which keeps its profile); returns how many
+        members joined ``keep``."""
+        self._check_open(write=True)
+        with self._state.lock.write():
+            return topics.merge(self._state, keep, absorb)
+
     def cluster_centres(self) -> tuple[np.ndarray, np.ndarray]:
         """(cluster ids, their unit centres as an (n, dim) float32 array), in the same order."""
         self._check_open()
@@ -1041,8 +1144,11 @@ class MemoryStore:
             return
         state = self._state
         with state.lock.write():
+            self.config, self._dim, self._dim_pending = dimension.current(self._catalog, self.config)
+            self._query_shape = (self._dim,)
+            state.config = self.config
             state.close_index()
-            state.index = recovery.open_index(self.path, self.config.dim, True,
+            state.index = recovery.open_index(self.path, self._dim, True,
                                               rows_needed=self._catalog.max_vector_row() + 1)
             state.assignments = Assignments(self.path / ASSIGNMENTS, self.config.soft_k, True)
             recovery.adopt_legacy_assignments(state)
@@ -1054,22 +1160,29 @@ class MemoryStore:
             self._searcher = Searcher(state, recovery.open_lexical(state))
 
     # -- internals ---------------------------------------------------------------------
-    def _vectors(self, texts: list[str], embeddings: np.ndarray | None, remember: bool = True) -> np.ndarray:
+    def _vectors(self, texts: list[str], embeddings: np.ndarray | None, remember: bool = True,
+                 any_width: bool = False) -> np.ndarray:
         """Vectors of ``texts``: ``embeddings`` checked, or the embedder's through the store's
-        cache of texts' vectors (``remember=False``: adds, looked up but not kept)."""
+        cache of texts' vectors (``remember=False``: adds, looked up but not kept).
+        ``any_width``: the first vectors of a store whose width is pending (they fix it)."""
         if embeddings is None:
             t0 = time.perf_counter()
-            vecs = self._state.embed_cache.encode(texts, self._get_embedder().encode, self.config.dim, remember)
+            vecs = self._state.embed_cache.encode(texts, self._get_embedder().encode, self._dim, remember)
             self._state.count("embed_s", time.perf_counter() - t0)
             vecs = np.ascontiguousarray(vecs, dtype=np.float32)
-            if vecs.shape != (len(texts), self.config.dim):
-                raise DimensionMismatchError(f"the embedder returned shape {vecs.shape}, the store holds "
-                                             f"{self.config.dim}-dimensional vectors")
+            if vecs.shape != (len(texts), self._dim) and not (any_width and vecs.ndim == 2 and len(vecs) == len(texts)):
+                raise DimensionMismatchError(
+                    f"the embedder {_embedder_name(self._embedder_arg)!r} returned shape {vecs.shape}, the store "
+                    f"holds {self._dim}-dimensional vectors (pass embeddings= / a query vector of that width, "
+                    "or open the store with an embedder of that width)")
             return vecs
         vecs = np.asarray(embeddings)
-        if vecs.ndim != 2 or vecs.shape != (len(texts), self.config.dim):
-            error = DimensionMismatchError if vecs.ndim == 2 and len(vecs) == len(texts) else ValueError
-            raise error(f"embeddings must have shape ({len(texts)}, {self.config.dim}), got {vecs.shape}")
+        if vecs.ndim != 2 or vecs.shape != (len(texts), self._dim):
+            if any_width and vecs.ndim == 2 and len(vecs) == len(texts) and vecs.shape[1] > 0:
+                pass  # the first vectors of a store whose width is pending
+            else:
+                error = DimensionMismatchError if vecs.ndim == 2 and len(vecs) == len(texts) else ValueError
+                raise error(f"embeddings must have shape ({len(texts)}, {self._dim}), got {vecs.shape}")
         if not np.issubdtype(vecs.dtype, np.floating):
             raise ValueError(f"embeddings must be floating point, got {vecs.dtype}")
         return np.ascontiguousarray(vecs, dtype=np.float32)
@@ -1081,9 +1194,9 @@ class MemoryStore:
         if isinstance(query, str):
             return self._vectors([query], None)[0]
         q = np.asarray(query)
-        if q.ndim != 1 or q.shape[0] != self.config.dim:
+        if q.ndim != 1 or q.shape[0] != self._dim:
             error = DimensionMismatchError if q.ndim == 1 else ValueError
-            raise error(f"query vector must have shape ({self.config.dim},), got {q.shape}")
+            raise error(f"query vector must have shape ({self._dim},), got {q.shape}")
         if q.dtype == np.float32 and q.flags.c_contiguous:
             # The common case (vectors from an embedder): nothing to convert.
             if not core_checks_finite:

@@ -183,15 +183,17 @@ def reconcile(state: StoreState) -> dict[str, int]:
 
     The cluster state on disk is the last one saved (organisation, flush, close); memories
     added after it are unassigned in the index, and clusters opened after it are unknown to
-    it. Unknown clusters are dropped from the database, rows the index does not place are
-    routed again, rows the database no longer holds are removed from the clusters, and the
+    it. Unknown clusters are dropped from the database; rows the index does not place go
+    where their assignment record says when it names clusters the index has (the record was
+    written with the row: an add's routing, an import's exported clusters), else they are
+    routed again; rows the database no longer holds are removed from the clusters, and the
     records follow the index (``settle_assignments``).
     """
     idx, rows = state.index, state.rows
     live = rows.live_rows()
     with state.catalog.transaction():
         sync_clusters(state, time.time())
-    fixed = {"rerouted": 0, "unassigned": 0, "records": 0}
+    fixed = {"restored": 0, "rerouted": 0, "unassigned": 0, "records": 0}
     n_idx = len(idx)
     if n_idx:
         placed = idx.cluster_of(np.arange(n_idx, dtype=np.int64))
@@ -202,7 +204,10 @@ def reconcile(state: StoreState) -> dict[str, int]:
         if len(idx.cluster_ids()):
             lost = live[placed[live] < 0]
             if len(lost):
-                fixed["rerouted"] = reassign(state, lost)
+                rest = place_from_records(state, lost)
+                fixed["restored"] = int(len(lost) - len(rest))
+                if len(rest):
+                    fixed["rerouted"] = reassign(state, rest)
         elif len(live):
             # No clusters in the index: every stored assignment is stale.
             state.assignments.clear()
@@ -211,6 +216,23 @@ def reconcile(state: StoreState) -> dict[str, int]:
         state.flush_index()
         log.warning("recovered %s: %s", state.path, fixed)
     return fixed
+
+
+def place_from_records(state: StoreState, rows: np.ndarray) -> np.ndarray:
+    """Assign ``rows`` (unplaced in the index) as their assignment records say, where the
+    record's first cluster is one the index has (pairs of clusters it lacks are dropped).
+    Returns the rows left unplaced."""
+    idx, cfg = state.index, state.config
+    ids, aff = state.assignments.read(rows)
+    known = (ids >= 0) & np.isin(ids, idx.cluster_ids())
+    usable = known[:, 0]
+    if usable.any():
+        ids = np.where(known, ids, -1)[usable]
+        aff = aff[usable]
+        at = rows[usable]
+        idx.assign(at, routing.memberships(ids, aff, cfg.soft_k, cfg.spill_margin))
+        state.assignments.write(at, ids, aff)
+    return rows[~usable]
 
 
 def lexical_path(path: Path) -> Path:

@@ -1,0 +1,190 @@
+"""JSON Lines: the export format for people and pipes.
+
+Line 1 is the header (``{"format": "clag_fast-export", ...}``), then one line per cluster
+(``{"cluster": {...}}``), then one line per memory (the fields of ``fields.FIELDS``, ``vector``
+as base64, ``clusters`` as pairs). A file without the header is read too: every line a memory
+record (only ``text`` is required; without ``vector`` the store embeds the text).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from json.encoder import encode_basestring  # the C encoder json.dumps uses for one string
+from typing import IO, Any, Iterator, Sequence
+
+import numpy as np
+
+from clag_fast.store.transfer import fields
+from clag_fast.store.transfer.fields import CLUSTERS, FORMAT, VECTOR, WRITTEN_AS, Batch, batch_from_dicts, loads_json
+from clag_fast.store.transfer.importer import Source
+
+
+
+def _encode(kind: str, nullable: bool, col: Sequence[Any]) -> list[str]:
+    """A column's values as JSON texts, one C-level pass where the column allows (None ->
+    null). Floats by ``repr``: the shortest text that reads back to the same double. Stored
+    metadata is JSON text already (json.dumps without indent: no newline) and goes as it is."""
+    kind = WRITTEN_AS.get(kind, kind)
+    if kind == "archived":
+        return ["true" if v else "false" for v in col]
+    if kind == "json":
+        return ["null" if v is None else v if "\n" not in v else json.dumps(json.loads(v)) for v in col]
+    one = {"str": encode_basestring, "float": lambda v: repr(float(v)), "int": lambda v: str(int(v))}[kind]
+    if nullable and None in col:
+        return ["null" if v is None else one(v) for v in col]
+    if kind == "str":
+        return list(map(encode_basestring, col))
+    if kind == "float":
+        return list(map(repr, map(float, col)))
+    return list(map(str, map(int, col)))
+
+
+def _pairs(cluster_ids: np.ndarray, affinities: np.ndarray) -> list[bytes]:
+    """Each row's pairs as JSON ("[c,a],[c,a]"), -1 ids left out: every pair formatted by
+    one C-level map per column, rows joined likewise; only rows with -1 padding take a
+    Python loop. Affinities are float32: nine significant digits name each one exactly (a
+    reader's nearest double rounds back to it), in half the time and text of the double's
+    shortest repr."""
+    k = cluster_ids.shape[1]
+    cols = [list(map(b"[%d,%.9g]".__mod__, zip(cluster_ids[:, j].tolist(), affinities[:, j].tolist())))
+            for j in range(k)]
+    out = list(map(b",".join, zip(*cols)))
+    for i in np.flatnonzero((cluster_ids < 0).any(axis=1)).tolist():
+        out[i] = b",".join(c[i] for c, cid in zip(cols, cluster_ids[i].tolist()) if cid >= 0)
+    return out
+
+
+def _head() -> str:
+    """A memory line up to its vector, a %-format of its values as JSON texts: the fields in
+    ``FIELDS`` order, then the vector key (the vector and the clusters follow: ``_LINE``)."""
+    return "{" + ",".join(f'"{f.name}":%s' for f in fields.FIELDS) + f',"{VECTOR}":"'
+
+
+#: The whole line: its head (``_head``, as bytes), the vector, the clusters.
+_LINE = f'%s%s","{CLUSTERS}":[%s]}}\n'.encode()
+
+#: Lines per write: about 9 MB at dim 384, so the buffers are reused, not mapped afresh.
+_CHUNK = 4096
+
+
+class Writer:
+    """Writes an export to a file object: binary (the fast path: lines are built as bytes,
+    each vector a view of one base64 block), or text (UTF-8 text is written)."""
+
+    def __init__(self, out: IO[Any]) -> None:
+        self.out = out
+        self.text = isinstance(out, io.TextIOBase)
+
+    def _write(self, data: bytes) -> None:
+        self.out.write(data.decode("utf-8") if self.text else data)
+
+    def header(self, header: dict[str, Any], clusters: list[dict[str, Any]]) -> None:
+        lines = [json.dumps(header, ensure_ascii=False)]
+        lines += [json.dumps({"cluster": c}, ensure_ascii=False) for c in clusters]
+        self._write(("\n".join(lines) + "\n").encode("utf-8"))
+
+    def memories(self, columns: Sequence[Sequence[Any]], vectors: Sequence[Any], cluster_ids: np.ndarray,
+                 affinities: np.ndarray, archived: Sequence[bool]) -> None:
+        """``columns``: the FIELDS values of the memories as the catalog stores them, one
+        sequence per field (``archived`` given apart, as bools); ``vectors``: base64 rows
+        (bytes or views); pairs with -1 ids are left out. Built column by column, then one
+        %-format per line: per-field work per record cost three times as much, and every
+        copy of a 2 kB vector counts (it is copied once, into its line)."""
+        if not len(archived):
+            return
+        texts = [_encode(f.type, f.nullable, archived if f.type == "archived" else columns[i])
+                 for i, f in enumerate(fields.FIELDS)]
+        heads = map(str.encode, map(_head().__mod__, zip(*texts)))
+        lines = list(map(_LINE.__mod__, zip(heads, vectors, _pairs(cluster_ids, affinities))))
+        for i in range(0, len(lines), _CHUNK):
+            self._write(b"".join(lines[i:i + _CHUNK]))
+
+
+def read(f: IO[bytes], batch_size: int, name: str = "input") -> Source:
+    """A ``Source`` over a JSONL export (or header-less records) in the binary file ``f``.
+    Positions read "line N". The header and the cluster lines are read here; the memory
+    lines as the batches are consumed."""
+    lineno = 0
+    header = None
+    clusters: list[dict[str, Any]] = []
+    pending: tuple[int, Any] | None = None  # the first memory line, read while looking for clusters
+    error: tuple[str, str] | None = None
+    for raw in f:
+        lineno += 1
+        if not raw.strip():
+            continue
+        try:
+            value = loads_json(raw)
+        except ValueError as e:
+            error = (f"{name} line {lineno}", f"not valid JSON ({e})")
+            break
+        if lineno == 1 and isinstance(value, dict) and value.get("format") == FORMAT:
+            header = value
+            if value.get("version") != 1:
+                raise ValueError(f"{name}: export format version {value.get('version')!r} is not one this clag_fast "
+                                 "reads (1)")
+            continue
+        if header is not None and isinstance(value, dict) and value.keys() == {"cluster"}:
+            if not isinstance(value["cluster"], dict) or not isinstance(value["cluster"].get("id"), int):
+                error = (f"{name} line {lineno}", "a cluster record needs an integer id")
+                break
+            clusters.append(value["cluster"])
+            continue
+        pending = (lineno, value)
+        break
+    total = int(header["memories"]) if header is not None and isinstance(header.get("memories"), int) else None
+    return Source(header, clusters, _batches(f, batch_size, name, lineno, pending, error), total)
+
+
+#: Bytes of lines read per call (about 28,000 export lines at dim 384).
+_READ = 64 << 20
+
+
+def _batches(f: IO[bytes], batch_size: int, name: str, lineno: int, pending: tuple[int, Any] | None,
+             error: tuple[str, str] | None) -> Iterator[Batch]:
+    """Batches of ``batch_size`` records. Lines are read many at a time and parsed by one
+    ``map`` (a Python loop per line cost more than the parse); a chunk holding a blank or
+    malformed line is parsed line by line, which names it."""
+    records: list[Any] = []
+    lines: list[int] = []
+    if pending is not None:
+        lines.append(pending[0])
+        records.append(pending[1])
+    while error is None:
+        chunk = f.readlines(_READ)
+        if not chunk:
+            break
+        try:
+            got = list(map(loads_json, chunk))
+            at = list(range(lineno + 1, lineno + 1 + len(chunk)))
+        except ValueError:
+            got, at, error = _line_by_line(chunk, lineno, name)
+        lineno += len(chunk)
+        records += got
+        lines += at
+        while len(records) >= batch_size:
+            yield _batch(records[:batch_size], lines[:batch_size], name)
+            records, lines = records[batch_size:], lines[batch_size:]
+    if records or error is not None:
+        yield _batch(records, lines, name, error)
+
+
+def _line_by_line(chunk: list[bytes], lineno: int, name: str) -> tuple[list[Any], list[int], tuple[str, str] | None]:
+    """(records, their line numbers, the first malformed line's position and reason), blank
+    lines skipped."""
+    got: list[Any] = []
+    at: list[int] = []
+    for i, raw in enumerate(chunk, start=lineno + 1):
+        if not raw.strip():
+            continue
+        try:
+            got.append(loads_json(raw))
+        except ValueError as e:
+            return got, at, (f"{name} line {i}", f"not valid JSON ({e})")
+        at.append(i)
+    return got, at, None
+
+
+def _batch(records: list[Any], lines: list[int], name: str, error: tuple[str, str] | None = None) -> Batch:
+    return batch_from_dicts(records, lambda i: f"{name} line {lines[i]}", error)
