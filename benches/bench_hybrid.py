@@ -275,22 +275,35 @@ def _child(impl: str | None, argv: list[str]) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def through_store(n: int, nq: int, rounds: int, before: str | None, n_rate: int, keep: str | None) -> dict:
+def through_store(n: int, nq: int, rounds: int, before: str | None, n_rate: int, keep: str | None,
+                  turns: int = 1) -> dict:
     """Build the store with this build (and, with ``before``, a store with that build for its
-    add rate over the first ``n_rate``), then open + search the same store with each build."""
+    add rate over the first ``n_rate``), then open + search the same memories with each build,
+    ``turns`` times in turns (before, after, before, ...). With ``before``, the measured store is
+    built by that build, and this build measures a copy it opened writable once first: a
+    newer schema is one the older build cannot open."""
+    import shutil
+
     out: dict = {"n": n}
     tmp = keep or tempfile.mkdtemp(prefix="clag-bench-hyb-")
     path = Path(tmp) / f"store-{n}"
     common = ["--n", str(n), "--queries", str(nq), "--rounds", str(rounds), "--n-rate", str(n_rate)]
     if not (path / "memories.db").exists():
-        out["build"] = _child(None, ["--child", "build", "--path", str(path), *common])
+        out["build"] = _child(before, ["--child", "build", "--path", str(path), *common])
+    paths = {"after": path}
     builds = {"after": None} if before is None else {"before": before, "after": None}
     if before is not None:
         bpath = Path(tmp) / f"store-before-{n_rate}"
         out["build_before"] = _child(before, ["--child", "build", "--path", str(bpath), *common, "--n", str(n_rate)])
-    for name, impl in builds.items():
-        out[f"measure_{name}"] = _child(impl, ["--child", "measure", "--path", str(path), *common,
-                                               *([] if name == "before" else ["--rebuild-open"])])
+        paths = {"before": path, "after": Path(tmp) / f"store-{n}-migrated"}
+        if not (paths["after"] / "memories.db").exists():
+            shutil.copytree(path, paths["after"])
+            _child(None, ["--child", "migrate", "--path", str(paths["after"]), *common])
+    for turn in range(turns):
+        for name, impl in builds.items():
+            key = f"measure_{name}" + (f"_{turn}" if turns > 1 else "")
+            out[key] = _child(impl, ["--child", "measure", "--path", str(paths[name]), *common,
+                                     *(["--rebuild-open"] if name == "after" and turn == 0 else [])])
     if keep is None:
         import shutil
 
@@ -309,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-rate", type=int, default=100_000, help="memories over which add rates are compared")
     ap.add_argument("--keep", default=None, help="directory for the stores (kept, reused by later runs)")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--child", choices=["build", "measure"], help=argparse.SUPPRESS)
+    ap.add_argument("--turns", type=int, default=1, help="measure each build this many times, in turns")
+    ap.add_argument("--child", choices=["build", "measure", "migrate"], help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--rebuild-open", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -320,13 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.child == "measure":
         print(json.dumps(measure_store(Path(args.path), syn, args.queries, args.rounds, args.rebuild_open)))
         return 0
+    if args.child == "migrate":  # one writable open brings a store to this build's schema
+        from clag_fast import MemoryStore, StoreConfig
+
+        MemoryStore.open(Path(args.path), config=StoreConfig(**CFG), embedder=False, llm=False).close()
+        print(json.dumps({}))
+        return 0
     res: dict = {}
     if not args.no_candidates:
         res["candidates"] = candidates(args.n, syn, args.queries)
         print(json.dumps(res["candidates"], indent=1), flush=True)
     if args.store:
         res["store"] = through_store(args.n, args.queries, args.rounds, args.before, min(args.n_rate, args.n),
-                                     args.keep)
+                                     args.keep, args.turns)
         print(json.dumps(res["store"], indent=1), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))

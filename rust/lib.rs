@@ -27,6 +27,8 @@ pub mod search;
 pub mod index;
 /// Unicode word postings and BM25 scoring (the lexical half of hybrid search).
 pub mod lexical;
+/// Hybrid search's final scores from thread neighbours, questions, length and speakers.
+pub mod context;
 
 #[cfg(feature = "python")]
 mod py;

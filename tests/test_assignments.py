@@ -166,7 +166,7 @@ def test_a_database_holding_assignments_moves_them_into_the_file(tmp_path, schem
     with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
         assert {m.memory_id: m.clusters for m in s.get_many(ids)} == before
     con = sqlite3.connect(path / "memories.db")
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert con.execute("SELECT COUNT(*) FROM assignments").fetchone()[0] == 0
     con.close()
     with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:

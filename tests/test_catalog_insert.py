@@ -159,3 +159,26 @@ def test_both_paths_write_the_same_rows(tmp_path, monkeypatch):
             cat.close()
     assert batches[True] == batches[False]
     assert len(batches[True]) == 7
+
+
+@pytest.mark.parametrize("json_each", [pytest.param(True, marks=needs_json), False])
+@pytest.mark.parametrize("conversation, via_json", [
+    ({"thread": ["trip"] * 9, "speaker": ["User"] * 9}, True),      # one thread and speaker: literals
+    ({"thread": ["session 1"] * 9}, False),                         # a space: bound
+    ({"thread": [f"t{i % 2}" for i in range(9)], "turn": [float(i) for i in range(9)],
+      "speaker": ["Ann", None, "Bob"] * 3}, False),
+    ({}, True),
+])
+def test_conversation_columns_read_back_by_either_path(tmp_path, monkeypatch, json_each, conversation, via_json):
+    monkeypatch.setattr(catalog_mod, "_JSON_EACH", json_each)
+    cat = Catalog(tmp_path / "m.db")
+    try:
+        seen = _statements(cat)
+        with cat.transaction():
+            cat.insert_memories(*COUNTING[:1], ODD_TEXTS, *UNIFORM[:3], 12.5, COUNTING[1], None, conversation)
+        assert any("json_each" in q for q in seen) == (json_each and via_json)
+        got = cat.db.execute("SELECT thread, turn, speaker, superseded_by FROM memories ORDER BY id").fetchall()
+        assert got == list(zip(conversation.get("thread", [None] * 9), conversation.get("turn", [None] * 9),
+                               conversation.get("speaker", [None] * 9), [None] * 9))
+    finally:
+        cat.close()

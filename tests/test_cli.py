@@ -63,14 +63,21 @@ def test_missing_store_is_a_clear_error(tmp_path, capsys):
 
 
 # -- the demo: the README's main job, end to end ------------------------------------------
-HIT_LINE = re.compile(r"^  (-?\d\.\d{3})  \[(\d+): (.+?) \| (.*)\]$")
+HIT_LINE = re.compile(r"^  ([* ]) (-?\d\.\d{3})  \[(\d+): (.+?) \| (.*)\]$")
 
 
 def _check_demo_output(out: str, slm_line: str) -> None:
-    """The demo's output: the SLM line, the cluster table, and for every demo question three
-    hits, each shown with the label (and tags, where the cluster has more than one
-    distinctive phrase) of a listed cluster."""
-    from clag_fast.cli import DEMO_QUERIES
+    """The demo's output: the SLM line, the cluster table, and for every question of the demo
+    conversation three hits, each shown with the label (and tags, where the cluster has more
+    than one distinctive phrase) of a listed cluster, marked when it holds the answer; then
+    the count of questions answered in the top three, which the marks add up to."""
+    from importlib import resources
+
+    from clag_fast.eval.data import load_dataset
+
+    with resources.as_file(resources.files("clag_fast") / "data" / "demo_trip.json") as p:
+        sample = load_dataset(p)[0]
+    questions = [q.question for q in sample.qa]
 
     lines = out.splitlines()
     assert lines[1].startswith(f"SLM: {slm_line}"), lines[1]
@@ -81,23 +88,28 @@ def _check_demo_output(out: str, slm_line: str) -> None:
     table = [ln.split() for ln in lines[start:start + n_clusters]]
     listed = {int(row[0]) for row in table}
     assert len(listed) == n_clusters and all(int(row[1]) >= 1 for row in table)
-    for q in DEMO_QUERIES:
+    marked = 0
+    for q in questions:
         at = lines.index(f"? {q}")
         hits = [HIT_LINE.match(ln) for ln in lines[at + 1:at + 7:2]]
         assert all(hits), lines[at:at + 8]
         for m in hits:
-            assert int(m.group(2)) in listed, "a hit's cluster is one of the listed clusters"
-            assert m.group(3) != "(unlabelled)" and m.group(3).strip(), "every answer carries its cluster's label"
+            assert int(m.group(3)) in listed, "a hit's cluster is one of the listed clusters"
+            assert m.group(4) != "(unlabelled)" and m.group(4).strip(), "every answer carries its cluster's label"
             # tags are the next distinctive phrases: a cluster with a single distinctive
             # phrase has none, but what is shown is never a blank entry
-            assert not m.group(4) or all(t.strip() for t in m.group(4).split(",")), "tags are phrases"
-        scores = [float(m.group(1)) for m in hits]
+            assert not m.group(5) or all(t.strip() for t in m.group(5).split(",")), "tags are phrases"
+        marked += any(m.group(1) == "*" for m in hits)
+        scores = [float(m.group(2)) for m in hits]
         assert scores == sorted(scores, reverse=True)
         scanned = re.match(r"^  \(scanned (\d+) of (\d+) memories", lines[at + 7])
         assert scanned and int(scanned.group(2)) == 346 and int(scanned.group(1)) < 346, lines[at + 7]
-    allergy = lines.index(f"? {DEMO_QUERIES[0]}")
+    allergy = lines.index(f"? {questions[0]}")
     answers = " ".join(lines[allergy + 2:allergy + 7:2]).lower()
     assert "shellfish" in answers or "allerg" in answers, answers
+    summary = re.search(r"^the turns holding the answer are in the top 3 for (\d+) of (\d+) questions", out, re.M)
+    assert summary and int(summary.group(1)) == marked and int(summary.group(2)) == len(questions)
+    assert marked >= len(questions) // 2, "most questions find their answer"
     assert re.search(r"^memories 346, clusters \d+", out, re.M)
 
 

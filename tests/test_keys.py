@@ -199,7 +199,7 @@ def test_a_v2_store_is_migrated_on_open(tmp_path):
         assert s.add("c2", key="new", embedding=vecs[2]) == k
         assert s.search(vecs[0], k=1, mode="flat", where={"x": 1})[0].memory_id == ids[0]
     con = sqlite3.connect(path / "memories.db")
-    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert con.execute("SELECT name FROM sqlite_master WHERE name='memories_key'").fetchone()
     con.close()
 

@@ -278,3 +278,25 @@ def test_add_many_takes_one_namespace_for_the_batch(backend, ns):
     with pytest.raises(ValueError, match="not both"):
         backend.add_many(["d"], embeddings=v[:1], namespace=ns, namespaces=[ns])
     assert backend.stats()["memories"] == n
+
+
+def test_conversations_through_every_backend(backend, ns):
+    """Threads, turns, speakers and updates are written and read back alike through the store
+    and the service; a hit carries its neighbouring turns and its newer version."""
+    v = vecs(5, seed=21)
+    ids = backend.add_many([f"turn {i} of the talk" for i in range(4)], embeddings=v[:4], namespace=ns,
+                           thread="talk", turns=[1, 2, 3, 4], speakers=["Ann", "Bob", "Ann", "Bob"])
+    new = backend.add("turn 2, corrected", embedding=v[4], namespace=ns, thread="talk", turn=5, supersedes=ids[1])
+    m = backend.get(ids[1])
+    assert (m.thread, m.turn, m.speaker, m.superseded_by) == ("talk", 2.0, "Bob", new)
+    hits = backend.search(v[1], k=5, namespace=ns, context=1)
+    by_id = {h.memory_id: h for h in hits}
+    assert [h.memory_id for h in hits].index(new) < [h.memory_id for h in hits].index(ids[1])
+    assert by_id[ids[1]].superseded_by == new
+    assert [(t.offset, t.memory_id, t.speaker) for t in by_id[ids[2]].context] == [(-1, ids[1], "Bob"), (1, ids[3], "Bob")]
+    past = backend.search(v[1], k=5, namespace=ns, as_of=backend.get(ids[3]).created_at)
+    assert new not in [h.memory_id for h in past]
+    with pytest.raises((ValueError, clag_fast.ServiceError), match="turns|turn"):
+        backend.add_many(["x"], embeddings=v[:1], namespace=ns, turns=[float("nan")])
+    with pytest.raises((KeyError, clag_fast.ServiceError), match="supersedes"):
+        backend.add("y", embedding=v[0], namespace=ns, supersedes=10 ** 9)

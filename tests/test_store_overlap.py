@@ -133,12 +133,13 @@ def _slow_insert(monkeypatch, done: threading.Event, pause: float = 0.3,
     when the caller moves on."""
     real = Catalog.insert_memories
 
-    def slow(self, ids, texts, kinds, namespaces, metadata, now, rows, keys=None):
+    def slow(self, ids, texts, kinds, namespaces, metadata, now, rows, keys=None, conversation=None):
         h = len(ids) // 2
 
         def part(a, b):
             real(self, ids[a:b], texts[a:b], kinds[a:b], namespaces[a:b], metadata[a:b], now,
-                 rows[a:b], None if keys is None else keys[a:b])
+                 rows[a:b], None if keys is None else keys[a:b],
+                 {name: values[a:b] for name, values in (conversation or {}).items()})
 
         part(0, h)
         if at_pause is not None:

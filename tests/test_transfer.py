@@ -496,37 +496,61 @@ def test_a_record_clashing_with_a_stored_memory_stops_there(tmp_path):
 
 
 def test_a_new_field_is_one_line_in_fields(tmp_path, monkeypatch):
-    """A store column added later (a conversation's thread, its turn) travels through export
-    and import in both formats once ``FIELDS`` names it, nothing else changed."""
+    """A store column added later travels through export and import in both formats once
+    ``FIELDS`` names it, nothing else changed."""
     from clag_fast.store.transfer import fields as fields_mod
     from clag_fast.store.transfer.fields import Field
 
     monkeypatch.setattr(fields_mod, "FIELDS", fields_mod.FIELDS + (
-        Field("thread", "thread", "str", nullable=True), Field("turn", "turn", "int", nullable=True)))
+        Field("mood", "mood", "str", nullable=True), Field("weight", "weight", "int", nullable=True)))
     build(tmp_path / "a", n=60)
     with open_store(tmp_path / "a") as a:
-        db = a._catalog.db  # the column the other change would add, added here by hand
-        db.execute("ALTER TABLE memories ADD COLUMN thread TEXT")
-        db.execute("ALTER TABLE memories ADD COLUMN turn INTEGER")
-        db.execute("UPDATE memories SET thread = 't' || (id % 3), turn = id WHERE id % 2 = 0")
+        db = a._catalog.db  # the column another change would add, added here by hand
+        db.execute("ALTER TABLE memories ADD COLUMN mood TEXT")
+        db.execute("ALTER TABLE memories ADD COLUMN weight INTEGER")
+        db.execute("UPDATE memories SET mood = 'm' || (id % 3), weight = id WHERE id % 2 = 0")
         for fmt in ("jsonl", "parquet"):
             a.export(tmp_path / f"a.{fmt}")
-        want = sorted(db.execute("SELECT id, thread, turn FROM memories").fetchall())
+        want = sorted(db.execute("SELECT id, mood, weight FROM memories").fetchall())
     first = json.loads((tmp_path / "a.jsonl").read_text(encoding="utf-8").splitlines()[-1])
-    assert "thread" in first and "turn" in first
+    assert "mood" in first and "weight" in first
     for fmt in ("jsonl", "parquet"):
         with open_store(tmp_path / f"b_{fmt}") as b:
-            b._catalog.db.execute("ALTER TABLE memories ADD COLUMN thread TEXT")
-            b._catalog.db.execute("ALTER TABLE memories ADD COLUMN turn INTEGER")
+            b._catalog.db.execute("ALTER TABLE memories ADD COLUMN mood TEXT")
+            b._catalog.db.execute("ALTER TABLE memories ADD COLUMN weight INTEGER")
             b.import_(tmp_path / f"a.{fmt}")
-            assert sorted(b._catalog.db.execute("SELECT id, thread, turn FROM memories").fetchall()) == want
+            assert sorted(b._catalog.db.execute("SELECT id, mood, weight FROM memories").fetchall()) == want
             assert any(t is None for _, t, _ in want) and any(t is not None for _, t, _ in want)
-    bad = [{"text": "x", "vector": [1.0, 0.0], "turn": -2}]
+    bad = [{"text": "x", "vector": [1.0, 0.0], "weight": -2}]
     with open_store(tmp_path / "c") as c:
-        c._catalog.db.execute("ALTER TABLE memories ADD COLUMN thread TEXT")
-        c._catalog.db.execute("ALTER TABLE memories ADD COLUMN turn INTEGER")
-        with pytest.raises(MalformedRecordError, match="item 1: turn must be a non-negative integer"):
+        c._catalog.db.execute("ALTER TABLE memories ADD COLUMN mood TEXT")
+        c._catalog.db.execute("ALTER TABLE memories ADD COLUMN weight INTEGER")
+        with pytest.raises(MalformedRecordError, match="item 1: weight must be a non-negative integer"):
             c.import_(bad)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_conversations_travel_with_their_memories(tmp_path, fmt):
+    """Threads, turns, speakers and updates round-trip; the imported store links the threads
+    again; into a store that gives new ids, an update's older id is left out."""
+    rng = np.random.default_rng(4)
+    vecs = rng.standard_normal((6, 2)).astype(np.float32)
+    with MemoryStore.open(tmp_path / "a", config=StoreConfig(dim=2), embedder=False, llm=False) as a:
+        ids = a.add_many([f"turn {i}" for i in range(5)], embeddings=vecs[:5], thread="trip",
+                         turns=[5, 1, 2, 3, 4], speakers=["Ann", "Bob", "Ann", "Bob", "Ann"])
+        new = a.add("turn 0, changed", embedding=vecs[5], thread="trip", turn=6, supersedes=ids[0])
+        a.export(tmp_path / f"a.{fmt}")
+        want = [(m.thread, m.turn, m.speaker, m.superseded_by) for m in a.get_many(ids + [new])]
+    with MemoryStore.open(tmp_path / "b", embedder=False, llm=False) as b:
+        b.import_(tmp_path / f"a.{fmt}")
+        assert [(m.thread, m.turn, m.speaker, m.superseded_by) for m in b.get_many(ids + [new])] == want
+        hit = b.search(vecs[2], k=1, context=1)[0]
+        assert hit.memory_id == ids[2] and [t.memory_id for t in hit.context] == [ids[1], ids[3]]
+    with MemoryStore.open(tmp_path / "c", config=StoreConfig(dim=2), embedder=False, llm=False) as c:
+        c.add("already here", embedding=vecs[0])
+        c.import_(tmp_path / f"a.{fmt}")
+        assert all(m.superseded_by is None for m in c.memories(limit=10).items)
+        assert {m.thread for m in c.memories(limit=10).items} == {None, "trip"}
 
 
 def test_export_to_file_objects_text_or_binary(tmp_path):

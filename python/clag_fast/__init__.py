@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from clag_fast._clag_fast import __version__
-from clag_fast.config import SLMConfig, StoreConfig
+from clag_fast.config import RankingConfig, SLMConfig, StoreConfig
 from clag_fast.decay import ForgettingPolicy
 from clag_fast.errors import (
     DimensionMismatchError,
@@ -38,7 +38,7 @@ from clag_fast.errors import (
     StoreLockedError,
 )
 from clag_fast.index import VectorIndex
-from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage
+from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage, Turn
 from clag_fast.store import MemoryStore
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ __all__ = [
     "ModelFilesError",
     "Organizer",
     "OrganizerConfig",
+    "RankingConfig",
     "SLMConfig",
     "SchemaError",
     "ServerUnavailable",
@@ -109,6 +110,7 @@ __all__ = [
     "StoreConfig",
     "StoreFormatError",
     "StoreLockedError",
+    "Turn",
     "VectorIndex",
     "__version__",
     "connect",

@@ -11,13 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-DEMO_QUERIES = (
-    "What can't the user eat?",
-    "When does the trip to Japan start now?",
-    "Which hotel are they staying at in Kyoto?",
-    "Is the JR Pass worth buying?",
-    "When is the work call with the Vancouver team?",
-)
+#: Hits shown per demo question: what an agent would put in its prompt.
+DEMO_K = 3
 DEMO_CONTEXT = "an agent planning a two-week trip to Japan for a user and their partner"
 
 
@@ -156,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    from clag_fast.locomo import load_dataset
+    from clag_fast.locomo import conversation, load_dataset
 
     data_path = resources.files("clag_fast") / "data" / "demo_trip.json"
     with resources.as_file(data_path) as p:
@@ -170,28 +165,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
             texts = [t.memory_text() for t in sample.turns]
             meta = [t.metadata() for t in sample.turns]
             kinds = [_turn_kind(t.text) for t in sample.turns]
-            _add_with_progress(store, texts, kinds, meta, "default")
+            _add_with_progress(store, texts, kinds, meta, "default", conversation(sample.turns))
             print(f"ingested {len(texts)} turns in {time.perf_counter() - t0:.1f} s")
             t0 = time.perf_counter()
             report = store.organize(task_context=DEMO_CONTEXT)
             print(f"organised in {time.perf_counter() - t0:.1f} s: {_short_report(report)}")
             print()
             _print_clusters(store)
-            for q in DEMO_QUERIES:
-                print(f"\n? {q}")
-                hits = store.search(q, k=3)
-                for h in hits:
-                    label = h.cluster_summary or "(unlabelled)"
-                    tags = ", ".join(h.cluster_tags)
-                    print(f"  {h.score:.3f}  [{h.cluster_id}: {_clip(label, 60)} | {tags}]")
-                    print(f"         {_clip(h.text, 110)}")
-                print(f"  (scanned {hits.scanned} of {hits.candidates} memories, {hits.latency_s * 1000:.1f} ms)")
+            answered = sum(_ask_demo(store, sample, q) for q in sample.qa)
+            print(f"\nthe turns holding the answer are in the top {DEMO_K} for {answered} of {len(sample.qa)} "
+                  "questions (marked *)")
             print()
             _print_stats(store.stats())
             _print_label_quality(store.label_quality())
             plot = Path(args.plot) if args.plot else Path.cwd() / "clag_fast_demo_clusters.png"
             _plot(store, plot)
     return 0
+
+
+def _ask_demo(store, sample, q) -> bool:
+    """Search one of the demo's questions and print its hits, marking those that hold the
+    answer (its evidence turns); whether any does."""
+    evidence = sample.resolve_evidence(q)
+    print(f"\n? {q.question}")
+    hits = store.search(q.question, k=DEMO_K)
+    found = False
+    for h in hits:
+        holds = (h.metadata or {}).get("dia_id") in evidence
+        found |= holds
+        label = h.cluster_summary or "(unlabelled)"
+        tags = ", ".join(h.cluster_tags)
+        print(f"  {'*' if holds else ' '} {h.score:.3f}  [{h.cluster_id}: {_clip(label, 60)} | {tags}]")
+        print(f"           {_clip(h.text, 110)}")
+    print(f"  (scanned {hits.scanned} of {hits.candidates} memories, {hits.latency_s * 1000:.1f} ms)")
+    return found
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -437,14 +444,16 @@ class _store_dir:
             self._tmp.cleanup()
 
 
-def _add_with_progress(store, texts, kinds, meta, namespace, batch: int = 32) -> None:
+def _add_with_progress(store, texts, kinds, meta, namespace, turns: dict | None = None, batch: int = 32) -> None:
+    """Add in batches with a progress bar; ``turns``: ``add_many``'s per-item conversation
+    arguments (threads, speakers), or None."""
     from tqdm import tqdm
 
     with tqdm(total=len(texts), unit="mem", desc="ingest", file=sys.stderr, disable=None) as bar:
         for start in range(0, len(texts), batch):
             end = start + batch
             store.add_many(texts[start:end], kinds=kinds[start:end], namespaces=namespace,
-                           metadata=meta[start:end])
+                           metadata=meta[start:end], **{k: v[start:end] for k, v in (turns or {}).items()})
             bar.update(len(texts[start:end]))
         store.flush()
 

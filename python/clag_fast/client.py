@@ -14,6 +14,7 @@ KeyError (404); and as ``ServiceUnauthorized`` / ``ServiceForbidden`` (Permissio
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
@@ -21,9 +22,9 @@ from typing import Any, Callable, Sequence
 import httpx
 import numpy as np
 
-from clag_fast.arguments import batch_namespaces
+from clag_fast.arguments import batch_namespaces, check_conversation
 from clag_fast.errors import ServiceBusy, ServiceError, ServiceForbidden, ServiceUnauthorized
-from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage
+from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage, Turn
 
 __all__ = ["AsyncClient", "Client", "connect", "connect_async"]
 
@@ -47,9 +48,11 @@ class _Requests:
     """Argument checks that need no server (so the exceptions match ``MemoryStore``'s) and the
     request each method sends."""
 
-    def _req_add_many(self, texts, embeddings, kinds, namespaces, metadata, keys, namespace=None) -> _Req | None:
+    def _req_add_many(self, texts, embeddings, kinds, namespaces, metadata, keys, namespace=None,
+                      turns: dict[str, Any] | None = None) -> _Req | None:
         """``namespace``: the batch's one namespace, sent once for the batch (``namespaces``
-        is then None)."""
+        is then None). ``turns``: ``MemoryStore.add_many``'s conversation arguments (thread,
+        threads, turns, speaker, speakers, supersedes), checked as the store checks them."""
         if isinstance(texts, str):
             raise TypeError("add_many takes a list of texts, not one string (use add)")
         texts = list(texts)
@@ -78,11 +81,16 @@ class _Requests:
             if arr.ndim != 2 or arr.shape[0] != n:
                 raise ValueError(f"embeddings must have shape ({n}, dim), got {arr.shape}")
             vecs = _floats(arr)
+        conv = check_conversation(n, **(turns or {}))
         if n == 0:
             return None
         items = []
         for i in range(n):
             item: dict[str, Any] = {"text": texts[i], "kind": kinds_l[i]}
+            for name, values in (("thread", conv.threads), ("turn", conv.turns), ("speaker", conv.speakers),
+                                 ("supersedes", conv.supersedes)):
+                if values is not None and values[i] is not None:
+                    item[name] = values[i]
             if namespace is None:
                 item["namespace"] = ns_l[i]
             if meta[i] is not None:
@@ -235,39 +243,49 @@ class Client(_Requests):
 
     # MemoryStore's methods, same arguments and results
     def add(self, text: str, *, key: str | None = None, kind: str = "user_input", namespace: str = "default",
-            metadata: dict[str, Any] | None = None, embedding: np.ndarray | None = None) -> int:
+            metadata: dict[str, Any] | None = None, embedding: np.ndarray | None = None, thread: str | None = None,
+            turn: float | None = None, speaker: str | None = None, supersedes: int | None = None) -> int:
         """Store one memory and return its id (see ``MemoryStore.add``)."""
         emb = None if embedding is None else np.asarray(embedding)[None, ...]
         return self.add_many([text], embeddings=emb, kinds=[kind], namespaces=[namespace], metadata=[metadata],
-                             keys=[key])[0]
+                             keys=[key], **_one_turn(thread, turn, speaker, supersedes))[0]
 
     def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                  kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                  metadata: Sequence[dict[str, Any] | None] | None = None, *,
                  keys: Sequence[str | None] | None = None, defer_organize: bool = False,
-                 namespace: str | None = None) -> list[int]:
+                 namespace: str | None = None, thread: str | None = None, threads: Sequence[str | None] | None = None,
+                 turns: Sequence[float | None] | None = None, speaker: str | None = None,
+                 speakers: Sequence[str | None] | None = None, supersedes: Sequence[int | None] | None = None
+                 ) -> list[int]:
         """Store memories and return their ids; answered once they are durable.
-        ``namespace`` (the whole batch) or ``namespaces`` (one per item), as ``MemoryStore``.
-        ``defer_organize`` (``MemoryStore``'s bulk-load switch) is not offered by the service,
-        which organises on its own schedule: True is a ValueError, and nothing is sent."""
+        ``namespace`` (the whole batch) or ``namespaces`` (one per item), and the conversation
+        arguments, as ``MemoryStore``. ``defer_organize`` (``MemoryStore``'s bulk-load switch)
+        is not offered by the service, which organises on its own schedule: True is a
+        ValueError, and nothing is sent."""
         _no_defer(defer_organize)
         batch_namespaces(namespace, namespaces)
-        return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace), [])
+        turns_kw = dict(thread=thread, threads=threads, turns=turns, speaker=speaker, speakers=speakers,
+                        supersedes=supersedes)
+        return self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace, turns_kw),
+                        [])
 
     def search(self, query: str | np.ndarray, k: int = 5, *,
                namespace: str | None = None, kind: str | None = None, since: float | None = None,
                until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
-               lexical_weight: float | None = None, where: dict | None = None) -> Hits:
+               lexical_weight: float | None = None, where: dict | None = None, as_of: float | None = None,
+               context: int = 0) -> Hits:
         """The ``k`` memories most similar to ``query`` (options as ``MemoryStore.search``)."""
-        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where, as_of, context)
         return self._do(self._req_search(query, k, opts))
 
     def search_many(self, queries: Sequence[str] | np.ndarray, k: int = 5, *,
                     namespace: str | None = None, kind: str | None = None, since: float | None = None,
                     until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
-                    lexical_weight: float | None = None, where: dict | None = None) -> list[Hits]:
+                    lexical_weight: float | None = None, where: dict | None = None, as_of: float | None = None,
+                    context: int = 0) -> list[Hits]:
         """``search`` for a batch of queries with the same options."""
-        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where, as_of, context)
         return self._do(self._req_search_many(queries, k, opts), [])
 
     def get(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> Memory:
@@ -385,36 +403,46 @@ class AsyncClient(_Requests):
         return req.parse(_answer(r))
 
     async def add(self, text: str, *, key: str | None = None, kind: str = "user_input", namespace: str = "default",
-                  metadata: dict[str, Any] | None = None, embedding: np.ndarray | None = None) -> int:
+                  metadata: dict[str, Any] | None = None, embedding: np.ndarray | None = None,
+                  thread: str | None = None, turn: float | None = None, speaker: str | None = None,
+                  supersedes: int | None = None) -> int:
         """See ``Client.add``."""
         emb = None if embedding is None else np.asarray(embedding)[None, ...]
         return (await self.add_many([text], embeddings=emb, kinds=[kind], namespaces=[namespace],
-                                    metadata=[metadata], keys=[key]))[0]
+                                    metadata=[metadata], keys=[key], **_one_turn(thread, turn, speaker, supersedes)))[0]
 
     async def add_many(self, texts: Sequence[str], embeddings: np.ndarray | None = None,
                        kinds: Sequence[str] | str | None = None, namespaces: Sequence[str] | str | None = None,
                        metadata: Sequence[dict[str, Any] | None] | None = None, *,
                        keys: Sequence[str | None] | None = None, defer_organize: bool = False,
-                       namespace: str | None = None) -> list[int]:
+                       namespace: str | None = None, thread: str | None = None,
+                       threads: Sequence[str | None] | None = None, turns: Sequence[float | None] | None = None,
+                       speaker: str | None = None, speakers: Sequence[str | None] | None = None,
+                       supersedes: Sequence[int | None] | None = None) -> list[int]:
         """See ``Client.add_many``."""
         _no_defer(defer_organize)
         batch_namespaces(namespace, namespaces)
-        return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace), [])
+        turns_kw = dict(thread=thread, threads=threads, turns=turns, speaker=speaker, speakers=speakers,
+                        supersedes=supersedes)
+        return await self._do(self._req_add_many(texts, embeddings, kinds, namespaces, metadata, keys, namespace,
+                                                 turns_kw), [])
 
     async def search(self, query: str | np.ndarray, k: int = 5, *,
                      namespace: str | None = None, kind: str | None = None, since: float | None = None,
                      until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
-                     lexical_weight: float | None = None, where: dict | None = None) -> Hits:
+                     lexical_weight: float | None = None, where: dict | None = None, as_of: float | None = None,
+                     context: int = 0) -> Hits:
         """See ``Client.search``."""
-        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where, as_of, context)
         return await self._do(self._req_search(query, k, opts))
 
     async def search_many(self, queries: Sequence[str] | np.ndarray, k: int = 5, *,
                           namespace: str | None = None, kind: str | None = None, since: float | None = None,
                           until: float | None = None, mode: str = "two_stage", n_probe: int | None = None,
-                          lexical_weight: float | None = None, where: dict | None = None) -> list[Hits]:
+                          lexical_weight: float | None = None, where: dict | None = None,
+                          as_of: float | None = None, context: int = 0) -> list[Hits]:
         """See ``Client.search_many``."""
-        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where)
+        opts = _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where, as_of, context)
         return await self._do(self._req_search_many(queries, k, opts), [])
 
     async def get(self, memory_id: int | None = None, *, key: str | None = None, namespace: str = "default") -> Memory:
@@ -554,9 +582,19 @@ def _answer(r: httpx.Response) -> Any:
     raise ServiceError(s, code, message)
 
 
-def _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where) -> dict[str, Any]:
+def _options(namespace, kind, since, until, mode, n_probe, lexical_weight, where, as_of=None,
+             context=0) -> dict[str, Any]:
+    if as_of is not None and isinstance(as_of, datetime.datetime):
+        as_of = as_of.timestamp()
     return {"namespace": namespace, "kind": kind, "since": since, "until": until, "mode": mode,
-            "n_probe": n_probe, "lexical_weight": lexical_weight, "where": where}
+            "n_probe": n_probe, "lexical_weight": lexical_weight, "where": where, "as_of": as_of,
+            "context": context or None}
+
+
+def _one_turn(thread, turn, speaker, supersedes) -> dict[str, Any]:
+    """``add``'s conversation arguments as ``add_many``'s."""
+    return {"thread": thread, "turns": None if turn is None else [turn], "speaker": speaker,
+            "supersedes": None if supersedes is None else [supersedes]}
 
 
 def _search_body(k: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -600,8 +638,14 @@ def _quote(s: str) -> str:
     return quote(s, safe="")
 
 
+def _hit(h: dict[str, Any]) -> Hit:
+    values = {k: v for k, v in h.items() if k in _HIT_FIELDS}
+    values["context"] = tuple(Turn(**t) for t in h.get("context") or ())
+    return Hit(**values)
+
+
 def _hits(d: dict[str, Any]) -> Hits:
-    hits = [Hit(**{k: v for k, v in h.items() if k in _HIT_FIELDS}) for h in d["hits"]]
+    hits = [_hit(h) for h in d["hits"]]
     return Hits(hits, scanned=d["scanned"], candidates=d["candidates"], clusters_probed=list(d["clusters_probed"]),
                 mode=d["mode"], latency_s=d["latency_s"], cached=d["cached"])
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from clag_fast.decay import ForgettingPolicy
 
-__all__ = ["SLMConfig", "StoreConfig"]
+__all__ = ["RankingConfig", "SLMConfig", "StoreConfig"]
 
 
 def valid_embed_cache(value: object) -> bool:
@@ -76,6 +76,11 @@ class SLMConfig:
     Other:
       evolution: localized evolution (the paper's): the SLM links each new memory to related
         neighbours in its cluster and tags it (one call per memory; off for speed).
+      updates: the SLM judges, with a constrained yes/no, whether a new memory updates the most
+        similar older memory of its namespace in its cluster (a changed fact: "the flight moved
+        to April 10"); a yes marks the older one superseded, as ``add(supersedes=...)`` does.
+        Asked only when that older memory is at least ``update_similarity`` alike (one call
+        per such memory; off by default).
       select_clusters: query-time cluster selection by the SLM (one call per text search).
       max_note_chars / max_group_chars: memory texts / cluster descriptions are cut to this
         many characters in prompts (prompt evaluation is most of the SLM's time).
@@ -111,6 +116,8 @@ class SLMConfig:
     min_topics: int = 3
     max_topics: int = 5
     evolution: bool = False
+    updates: bool = False
+    update_similarity: float = 0.6
     select_clusters: bool = False
     max_note_chars: int = 160
     max_group_chars: int = 80
@@ -126,10 +133,66 @@ class SLMConfig:
             (self.min_topics <= self.max_topics, f"min_topics ({self.min_topics}) > max_topics ({self.max_topics})"),
             (0.0 < self.profile_drift_share <= 1.0, "profile_drift_share must be in (0, 1]"),
             (self.profile_budget_s >= 0, "profile_budget_s must be >= 0"),
+            (0 < self.update_similarity < 1, "update_similarity must be in (0, 1)"),
         ]
         _check("SLMConfig", checks)
 
     def replace(self, **changes: object) -> "SLMConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class RankingConfig:
+    """How hybrid text search ranks its candidates beyond the fused lexical + vector score
+    (``store.context``). Chosen on LoCoMo conversations 1-5 and checked on conversations 6-10,
+    the demo conversation and standard-library docstrings (BENCHMARKS.md, "Retrieval quality").
+
+      expand: the best this-many first-stage hits bring their thread neighbours into the
+        candidates (the turn that answers a question is often next to the one the query
+        matches; 0 = no neighbours join).
+      neighbour_weights: per distance in turns (1, 2, ...), the share of a neighbour's score a
+        candidate receives, from the turns both before and after it (() = none).
+      question_boost: a neighbour before the candidate that asks a question passes this many
+        times its share (its answer follows it).
+      question_weight: a candidate that asks a question keeps this share of its own score
+        (the query's own words asked back rank below the turns that answer them).
+      length_prior, length_cap: ``length_prior * log(1 + min(words, length_cap))`` is added to
+        every candidate: a few words ("Haha, yes!") rarely hold the fact asked for.
+      speaker_boost: added to the memories of the one speaker a query names (``speaker=``).
+      superseded_weight: a memory updated by a newer eligible one (``supersedes=``) keeps this
+        share of its score, and the newer one scores at least what the older one had.
+    """
+
+    expand: int = 5
+    neighbour_weights: tuple[float, ...] = (0.3, 0.1)
+    question_boost: float = 1.5
+    question_weight: float = 0.8
+    length_prior: float = 0.15
+    length_cap: int = 40
+    speaker_boost: float = 0.1
+    superseded_weight: float = 0.9
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "neighbour_weights", tuple(float(w) for w in self.neighbour_weights))
+        _check("RankingConfig", [
+            (isinstance(self.expand, int) and self.expand >= 0, f"expand must be an int >= 0, got {self.expand!r}"),
+            (all(math.isfinite(w) and w >= 0 for w in self.neighbour_weights),
+             "neighbour_weights must be finite and >= 0"),
+            (math.isfinite(self.question_boost) and self.question_boost >= 0, "question_boost must be >= 0"),
+            (0 <= self.question_weight <= 1, "question_weight must be in [0, 1]"),
+            (math.isfinite(self.length_prior) and self.length_prior >= 0, "length_prior must be >= 0"),
+            (isinstance(self.length_cap, int) and self.length_cap >= 1, "length_cap must be an int >= 1"),
+            (math.isfinite(self.speaker_boost) and self.speaker_boost >= 0, "speaker_boost must be >= 0"),
+            (0 <= self.superseded_weight <= 1, "superseded_weight must be in [0, 1]"),
+        ])
+
+    @classmethod
+    def plain(cls) -> "RankingConfig":
+        """The fused score alone: no neighbours, priors or boosts (newer memories still rank
+        above the ones they supersede)."""
+        return cls(expand=0, neighbour_weights=(), question_weight=1.0, length_prior=0.0, speaker_boost=0.0)
+
+    def replace(self, **changes: object) -> "RankingConfig":
         return dataclasses.replace(self, **changes)
 
 
@@ -157,7 +220,7 @@ class StoreConfig:
         score is within ``probe_gap`` of the best; None = always the full automatic count.
         Clustered data whose query stands out from all but its own clusters then scans only
         those (blob vectors: ~1-2 of 64), while close-together centre scores (conversation
-        stores) still probe up to the cap (BENCHMARKS.md, issue 11).
+        stores) still probe up to the cap (BENCHMARKS.md, Search).
       min_memories_to_cluster: the store stays flat (exact search) below this many memories,
         then clusters itself (the paper's cold start).
       target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.
@@ -181,6 +244,8 @@ class StoreConfig:
         (benches/eval_hybrid.py, BENCHMARKS.md "Hybrid retrieval").
       lexical_fusion: how the two scores are combined ("minmax", "zscore", "bound", "rrf";
         see ``store.lexical.fuse``).
+      ranking: what else ranks the candidates: thread neighbours, questions, length, speakers,
+        updates (``RankingConfig``; ``RankingConfig.plain()``: the fused score alone).
     Other:
       forgetting: decay / pruning policy (off by default).
       cache_size: retrieval cache entries (0 = off); invalidated by any write.
@@ -210,6 +275,7 @@ class StoreConfig:
     # 0.5 minmax won the tune half of LoCoMo and gains on every set (BENCHMARKS.md).
     lexical_weight: float = 0.5
     lexical_fusion: str = "minmax"
+    ranking: RankingConfig = field(default_factory=RankingConfig)
     forgetting: ForgettingPolicy = field(default_factory=ForgettingPolicy)
     cache_size: int = 1024
     embed_cache: int = 4096
@@ -244,6 +310,7 @@ class StoreConfig:
             (self.lexical_fusion in ("minmax", "zscore", "bound", "rrf"),
              f"lexical_fusion must be 'minmax', 'zscore', 'bound' or 'rrf', got {self.lexical_fusion!r}"),
             (isinstance(self.slm, SLMConfig), f"slm must be an SLMConfig or 'auto'/'off', got {self.slm!r}"),
+            (isinstance(self.ranking, RankingConfig), f"ranking must be a RankingConfig, got {self.ranking!r}"),
         ])
         if self.labels is not None:
             labels = tuple(self.labels)

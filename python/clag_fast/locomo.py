@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Turn", "QAItem", "Sample", "UNANSWERABLE", "load_dataset", "parse_samples", "normalize_evidence"]
+__all__ = ["Turn", "QAItem", "Sample", "UNANSWERABLE", "conversation", "load_dataset", "parse_samples", "normalize_evidence"]
 
 #: Gold answer used for questions that only have an ``adversarial_answer``. It is one of the two
 #: options the answer prompt offers for such a question (LoCoMo's protocol, see
@@ -53,6 +53,17 @@ class Turn:
     def metadata(self) -> dict:
         """Metadata stored with the memory; ``dia_id`` maps a search hit back to evidence."""
         return {"dia_id": self.dia_id, "speaker": self.speaker, "session": self.session, "date": self.date_time}
+
+    @property
+    def thread(self) -> str:
+        """The memory's thread: its session of the conversation."""
+        return f"session {self.session}"
+
+
+def conversation(turns: list[Turn]) -> dict[str, list[str]]:
+    """``add_many``'s conversation arguments for ``turns``: each turn in its session's thread,
+    said by its speaker (insertion order is turn order)."""
+    return {"threads": [t.thread for t in turns], "speakers": [t.speaker for t in turns]}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 use pyo3::prelude::*;
 
+mod context;
 mod errors;
 mod index;
 mod lexical;
@@ -14,5 +15,6 @@ fn _clag_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<lexical::PyLexical>()?;
     m.add_function(wrap_pyfunction!(lexical::tokenize, m)?)?;
     m.add_function(wrap_pyfunction!(index::committed_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(context::context_scores, m)?)?;
     Ok(())
 }

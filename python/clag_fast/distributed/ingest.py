@@ -15,7 +15,7 @@ wait for the owners overlap the other calls' embedding, one Ray worker fewer sta
 vectors are not copied through the object store to a writing actor. (One call at a time, the
 embedder sat idle during each write: 100k texts went from 1,285 to 878 texts/s. A separate
 writing actor, which fixed that, read a median 0.69x one process's rate against this design's
-0.72x, six pairs of 30k-text runs in turns; BENCHMARKS.md, seventeenth session.) With given
+0.72x, six pairs of 30k-text runs in turns; BENCHMARKS.md, Ray.) With given
 vectors, a writing actor that reserves no core does the writes.
 
 Idempotent and resumable by keys: every row has one (its ``key_column``, or a hash of its

@@ -30,6 +30,7 @@ from collections.abc import Collection, Sequence
 from typing import Hashable
 
 __all__ = [
+    "answer_containment",
     "normalize_answer",
     "answer_tokens",
     "token_f1",
@@ -60,6 +61,25 @@ def normalize_answer(text: object) -> str:
 def answer_tokens(text: object) -> list[str]:
     """Tokens of :func:`normalize_answer` (whitespace split)."""
     return normalize_answer(text).split()
+
+
+#: Words an answer shares with almost any context: left out of ``answer_containment``.
+_FUNCTION_WORDS = frozenset(
+    "and or but of in on at to for from by with as is are was were be been it its this that "
+    "these those he she they them his her their we our you your i my me not no yes do did does "
+    "so than then there here about into over after before".split())
+
+
+def answer_containment(gold: object, context: str) -> float | None:
+    """The share of the gold answer's distinct content words (normalised as for F1, function
+    words left out) found among the context's words: how much of the answer the retrieved
+    memories put in front of the model, whatever the model then makes of it. None when the
+    answer has no content word."""
+    want = {t for t in answer_tokens(gold) if t not in _FUNCTION_WORDS}
+    if not want:
+        return None
+    have = set(answer_tokens(context))
+    return len(want & have) / len(want)
 
 
 def token_f1(prediction: object, reference: object) -> float:

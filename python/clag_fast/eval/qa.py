@@ -1,14 +1,19 @@
-"""The paper's QA table, measured: does cluster-labelled context help a small model answer?
+"""The paper's QA table, measured: does organised memory help a small model answer?
 
-Three configurations answer the same questions with the same SLM and the same answer prompt
+The configurations answer the same questions with the same SLM and the same answer prompt
 (:mod:`clag_fast.eval.answer`), and differ only in the context:
 
   flat_vector   flat vector RAG: exact scan of every memory, vectors only (lexical_weight 0),
                 the top ``k`` as a plain dated list
-  clag          the store's default retrieval (two-stage, automatic n_probe, hybrid
-                lexical + vector at ``StoreConfig.lexical_weight``), the same plain list
+  flat_hybrid   exact scan, lexical + vector fusion alone (``RankingConfig.plain()``): hybrid
+                RAG without the store's organisation or conversation structure
+  clag          the store's default retrieval (two-stage, automatic n_probe, hybrid, ranked
+                with the conversation structure), the same plain list
   clag_labels   the same hits as ``clag``, grouped under their cluster's label (summary, else
-                tags): the CLAG context
+                tags): the cluster as context
+
+Two configurations that give a question the same context share one answer (the model answers
+at temperature 0).
 
 The questions are a fixed stratified subset (:func:`select_questions`): the same rule and seed
 choose the same questions on every run, so only the rule is stored, never the data. Every
@@ -28,6 +33,7 @@ other categories, the adversarial accuracy is reported beside them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -42,27 +48,34 @@ from typing import IO, Any
 
 import numpy as np
 
+from clag_fast.config import RankingConfig
 from clag_fast.eval.answer import (ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply, is_adversarial,
                                    question_prompt, score_answer)
 from clag_fast.eval.embedders import LookupEmbedder, embed_texts, make_embedder
 from clag_fast.eval.endpoint import llm_endpoint
+from clag_fast.eval.metrics import answer_containment
 from clag_fast.eval.settings import store_config
-from clag_fast.locomo import Sample, load_dataset
+from clag_fast.locomo import Sample, conversation, load_dataset
 
 __all__ = ["QA_CONFIGS", "DEFAULT_QA_CONFIGS", "BASELINE", "select_questions", "run_qa_table", "read_jsonl",
            "summarize", "to_markdown", "main"]
 
 #: name -> (search mode, lexical_weight (None = the store's default), grouping of the context:
-#: False = plain list, True = under the cluster label, "tags" = under the cluster's tags)
-QA_CONFIGS: dict[str, tuple[str, float | None, bool | str]] = {
-    "flat_vector": ("flat", 0.0, False),
-    "clag": ("two_stage", None, False),
-    "clag_labels": ("two_stage", None, True),
-    "clag_tags": ("two_stage", None, "tags"),
+#: False = plain list, True = under the cluster label, "tags" = under the cluster's tags, and
+#: whether the store ranks by the fused score alone: ``RankingConfig.plain()``)
+QA_CONFIGS: dict[str, tuple[str, float | None, bool | str, bool]] = {
+    "flat_vector": ("flat", 0.0, False, False),
+    "flat_hybrid": ("flat", None, False, True),
+    "clag": ("two_stage", None, False, False),
+    "clag_labels": ("two_stage", None, True, False),
+    "clag_tags": ("two_stage", None, "tags", False),
 }
-#: The paper's three configurations (clag_tags is an extra, on request).
-DEFAULT_QA_CONFIGS = ("flat_vector", "clag", "clag_labels")
+#: The table's configurations (clag_tags is an extra, on request).
+DEFAULT_QA_CONFIGS = ("flat_vector", "flat_hybrid", "clag", "clag_labels")
 BASELINE = "flat_vector"
+#: Memories in an answer prompt. 5 answers in half the time of 10, but on the same 100
+#: questions it scored F1 0.017 lower, an interval that does not exclude a real loss
+#: (BENCHMARKS.md, "Retrieval quality and QA"): the table keeps 10.
 QA_K = 10
 SELECTION_RULE = (
     "per category (sorted), the n_per_category questions with the smallest "
@@ -112,9 +125,10 @@ def run_qa_table(
     store_options: dict[str, Any] | None = None,
     progress: bool = True,
     configs: Sequence[str] = DEFAULT_QA_CONFIGS,
+    k: int = QA_K,
 ) -> dict:
     """Answer the stratified subset in every configuration of ``configs`` (names of
-    :data:`QA_CONFIGS`).
+    :data:`QA_CONFIGS`), with the top ``k`` memories in each prompt.
 
     Writes ``out_dir/qa.jsonl`` (appended line by line, so a stopped run resumes: pairs
     already in the file are not asked again), ``qa_run.json`` (the parameters and the
@@ -139,8 +153,9 @@ def run_qa_table(
         "seed": seed,
         "selection_rule": SELECTION_RULE,
         "selected": len(picked),
-        "configs": {k: {"mode": m, "lexical_weight": w, "grouped": g} for k, (m, w, g) in chosen.items()},
-        "k": QA_K,
+        "configs": {c: {"mode": m, "lexical_weight": w, "grouped": g, "plain_ranking": p}
+                    for c, (m, w, g, p) in chosen.items()},
+        "k": k,
         "embedder": emb_name,
         "answer_system_prompt": ANSWER_SYSTEM,
         "answer_max_tokens": ANSWER_MAX_TOKENS,
@@ -156,7 +171,7 @@ def run_qa_table(
         client = LLMClient(url)
         bar = tqdm(total=sum(len(v) for v in todo.values()), desc="qa", unit="q", disable=not progress)
         table = _QATable(chosen, done, cfg, emb, emb_name, Path(cache_dir) if cache_dir is not None else None,
-                         client, f, bar)
+                         client, f, bar, k)
         for si, qis in sorted(todo.items()):
             table.answer_sample(samples[si], qis)
         bar.close()
@@ -169,7 +184,7 @@ def run_qa_table(
     return summary
 
 
-_Config = tuple[str, float | None, bool | str]
+_Config = tuple[str, float | None, bool | str, bool]
 
 
 def _chosen_configs(configs: Sequence[str]) -> dict[str, _Config]:
@@ -217,43 +232,52 @@ class _QATable:
     client: Any
     jsonl: IO[str]
     bar: Any
+    k: int = QA_K
 
     def answer_sample(self, s: Sample, qis: list[int]) -> None:
-        """One store for sample ``s`` (organised without an SLM), questions ``qis`` answered
-        in every configuration not done yet."""
+        """The stores for sample ``s`` (organised without an SLM; one per ranking the
+        configurations use), questions ``qis`` answered in every configuration not done yet."""
         from clag_fast.store import MemoryStore
 
         texts = [t.memory_text() for t in s.turns]
         tv = embed_texts(self.emb, texts, self.emb_name, self.cache, progress=False)
         questions = [s.qa[qi].question for qi in qis]
         qv = embed_texts(self.emb, questions, self.emb_name, self.cache, progress=False)
-        with tempfile.TemporaryDirectory(prefix="clag-qa-") as tmp:
-            store = MemoryStore.open(tmp, config=self.cfg, embedder=LookupEmbedder(questions, qv), llm=False)
-            try:
-                ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns])
+        with contextlib.ExitStack() as stack:
+            stores = {}  # plain ranking or not -> the sample's store
+            for plain in sorted({c[3] for c in self.chosen.values()}):
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="clag-qa-"))
+                config = self.cfg.replace(ranking=RankingConfig.plain()) if plain else self.cfg
+                store = stores[plain] = MemoryStore.open(tmp, config=config, embedder=LookupEmbedder(questions, qv),
+                                                         llm=False)
+                stack.callback(store.close)
+                ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns],
+                                     **conversation(s.turns))
                 store.organize()
-                dia = {int(m): t.dia_id for m, t in zip(ids, s.turns)}
-                for qi in qis:
-                    self.answer_question(store, s, qi, dia)
-                    self.bar.update(1)
-            finally:
-                store.close()
+            dia = {int(m): t.dia_id for m, t in zip(ids, s.turns)}
+            for qi in qis:
+                self.answer_question(stores, s, qi, dia)
+                self.bar.update(1)
 
-    def answer_question(self, store: Any, s: Sample, qi: int, dia: dict[int, str]) -> None:
+    def answer_question(self, stores: dict[bool, Any], s: Sample, qi: int, dia: dict[int, str]) -> None:
         """Question ``qi`` of ``s`` in every configuration not done yet, one JSON line each
-        (configurations that search alike share one search)."""
+        (configurations that search alike share one search, and one context one answer)."""
         q = s.qa[qi]
         searches: dict[tuple, Any] = {}
-        for name, (mode, lw, grouped) in self.chosen.items():
+        answered: dict[str, tuple[str, str]] = {}  # context -> (answer, reply)
+        for name, (mode, lw, grouped, plain) in self.chosen.items():
             if (s.sample_id, qi, name) in self.done:
                 continue
-            hits = searches.get((mode, lw))
+            hits = searches.get((mode, lw, plain))
             if hits is None:
-                hits = searches[(mode, lw)] = store.search(q.question, k=QA_K, mode=mode, lexical_weight=lw)
+                hits = searches[(mode, lw, plain)] = stores[plain].search(q.question, k=self.k, mode=mode,
+                                                                          lexical_weight=lw)
             context = answer_context(hits, grouped)
             t0 = time.perf_counter()
             asked = question_prompt(q.question, q.category, q.adversarial_answer, q.adversarial)
-            pred, reply = ask_with_reply(self.client, asked, context)
+            if context not in answered:
+                answered[context] = ask_with_reply(self.client, asked, context)
+            pred, reply = answered[context]
             f1, b1 = score_answer(pred, q.answer, q.category, q.adversarial)
             rec = {
                 "config": name, "sample_id": s.sample_id, "qa_index": qi,
@@ -263,6 +287,7 @@ class _QATable:
                 "retrieved": [_hit_record(h, dia) for h in hits],
                 "context": context, "reply": reply, "answer": pred,
                 "f1": f1, "bleu1": b1,
+                "containment": answer_containment(q.answer, context),
                 "answer_s": round(time.perf_counter() - t0, 3),
             }
             self.jsonl.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -307,9 +332,12 @@ def summarize(records: Iterable[dict], *, baseline: str = BASELINE, n_boot: int 
     (LoCoMo categories 1-4); ``adversarial`` holds the adversarial ones (accuracy as F1).
     """
     scores: dict[str, dict[tuple, tuple[float, float]]] = defaultdict(dict)
+    contained: dict[str, dict[tuple, float]] = defaultdict(dict)
     cats: dict[tuple, str] = {}
     adversarial: set[tuple] = set()
     for r in records:
+        if r.get("containment") is not None:
+            contained[r["config"]][(str(r["sample_id"]), int(r["qa_index"]))] = float(r["containment"])
         key = (str(r["sample_id"]), int(r["qa_index"]))
         adv = is_adversarial(r["category"], bool(r.get("adversarial", False)))
         f1, b1 = score_answer(r["answer"], r["gold"], r["category"], adv) if rescore else (
@@ -328,7 +356,9 @@ def summarize(records: Iterable[dict], *, baseline: str = BASELINE, n_boot: int 
     for name in sorted(scores, key=lambda c: (c != baseline, list(QA_CONFIGS).index(c) if c in QA_CONFIGS else 99, c)):
         table = scores[name]
         keys = sorted(table)
+        held = [v for key, v in contained[name].items() if key not in adversarial]
         configs[name] = block([k for k in keys if k not in adversarial], table) | {
+            "containment": float(np.mean(held)) if held else None,
             "adversarial": (block(adv_keys, table) if (adv_keys := [k for k in keys if k in adversarial])
                             else {"n": 0, "f1": None, "bleu1": None}),
             "by_category": {c: block([k for k in keys if cats[k] == c], table)
@@ -358,15 +388,16 @@ def to_markdown(summary: dict) -> str:
     """The QA table: per configuration and category (F1 / BLEU-1 / n), then the differences."""
     configs = summary["configs"]
     cats = sorted({c for v in configs.values() for c in v["by_category"]})
-    lines = ["| configuration | n (cat 1-4) | F1 (cat 1-4) | BLEU-1 (cat 1-4) | adversarial accuracy (n) | "
-             + " | ".join(f"cat {c} F1 / BLEU-1 (n)" for c in cats) + " |",
-             "|---|---:|---:|---:|---:|" + "---|" * len(cats)]
+    lines = ["| configuration | n (cat 1-4) | F1 (cat 1-4) | BLEU-1 (cat 1-4) | answer in context (cat 1-4) "
+             "| adversarial accuracy (n) | " + " | ".join(f"cat {c} F1 / BLEU-1 (n)" for c in cats) + " |",
+             "|---|---:|---:|---:|---:|---:|" + "---|" * len(cats)]
     for name, v in configs.items():
         per = " | ".join(
             f"{_f(b['f1'])} / {_f(b['bleu1'])} ({b['n']})" if (b := v["by_category"].get(c)) else "n/a"
             for c in cats)
         adv = v.get("adversarial", {"n": 0, "f1": float("nan")})
-        lines.append(f"| {name} | {v['n']} | {_f(v['f1'])} | {_f(v['bleu1'])} | {_f(adv['f1'])} ({adv['n']}) | {per} |")
+        lines.append(f"| {name} | {v['n']} | {_f(v['f1'])} | {_f(v['bleu1'])} | {_f(v.get('containment'))} "
+                     f"| {_f(adv['f1'])} ({adv['n']}) | {per} |")
     if summary["differences"]:
         lines += ["", "| difference (paired, bootstrap 95% CI) | group | n | ΔF1 [CI] | ΔBLEU-1 [CI] |",
                   "|---|---|---:|---|---|"]

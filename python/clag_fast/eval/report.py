@@ -31,14 +31,15 @@ def to_markdown(report: dict) -> str:
         f"embedding {report['embedding']['texts']} texts took {report['embedding']['seconds']:.1f} s; "
         f"whole run {report.get('total_s', float('nan')):.1f} s.",
         "",
-        "| configuration | questions | Recall@5 | Recall@10 | Precision@5 | nDCG@10 | scanned | fell back to flat "
-        "| p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| configuration | questions | Recall@5 | Recall@10 | Precision@5 | nDCG@10 | answer in top 5 "
+        "| answer in top 10 | scanned | fell back to flat | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in report["retrieval"].items():
         lines.append(
             f"| {name} | {r['questions']} | {_fmt(r['recall@5'])} | {_fmt(r['recall@10'])} | "
-            f"{_fmt(r['precision@5'])} | {_fmt(r['ndcg@10'])} | {_pct(r['search_fraction'])} | "
+            f"{_fmt(r['precision@5'])} | {_fmt(r['ndcg@10'])} | {_fmt(r.get('containment@5', float('nan')))} | "
+            f"{_fmt(r.get('containment@10', float('nan')))} | {_pct(r['search_fraction'])} | "
             f"{_pct(r.get('fallback_flat', float('nan')))} | {_fmt(r['latency_ms_p50'], 2)} | {_fmt(r['latency_ms_p99'], 2)} |"
         )
     lines += _scan_notes(report["retrieval"])
@@ -50,7 +51,10 @@ def to_markdown(report: dict) -> str:
         "over the eligible memories, as the store counts them (Hits.scanned: the members of the "
         "probed clusters; hybrid search adds its lexical candidates, a memory among both may be "
         "counted twice); a two-stage search whose probed clusters hold fewer than k rows falls "
-        "back to flat and scans them all (column 'fell back to flat').",
+        "back to flat and scans them all (column 'fell back to flat'). Answer in top k = answer "
+        "containment: the share of the gold answer's content words found in the top k hits as the "
+        "answer prompt shows them (dated lines), over the questions with a gold answer (not the "
+        "adversarial ones): what retrieval puts before the model, whatever the model makes of it.",
         "",
         "| organisation | memories | ingest s | organize s | ms/memory | clusters per sample | size min/p50/p90/max "
         "| LLM calls/memory | LLM tokens/memory | LLM calls/question (search) | answer calls/question "

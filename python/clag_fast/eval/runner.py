@@ -66,7 +66,12 @@ def _retrieval_summary(acc: Tally) -> dict:
         "fallback_flat": _mean(v["fallback_flat"]),
         "latency_ms_p50": percentile(lat_ms, 50),
         "latency_ms_p99": percentile(lat_ms, 99),
+        "containment@5": _mean(v["containment@5"]),
+        "containment@10": _mean(v["containment@10"]),
+        "containment_questions": len(v["containment@10"]),
         "recall@10_by_category": {c: _mean(d["recall@10"]) for c, d in sorted(acc.by_cat.items())},
+        "containment@10_by_category": {c: _mean(d["containment@10"]) for c, d in sorted(acc.by_cat.items())
+                                       if d["containment@10"]},
     }
 
 
@@ -437,7 +442,8 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
                         "cluster labels, a fixed stratified question subset; see clag_fast.eval.qa)")
     p.add_argument("--qa-n", type=int, default=200, help="--qa-table: questions in the subset (default 200)")
     p.add_argument("--qa-seed", type=int, default=0, help="--qa-table: seed of the subset (default 0)")
-    p.add_argument("--qa-configs", default="flat_vector,clag,clag_labels",
+    p.add_argument("--qa-k", type=int, default=None, help="--qa-table: memories per answer prompt (default 10)")
+    p.add_argument("--qa-configs", default="flat_vector,flat_hybrid,clag,clag_labels",
                    help="--qa-table: configurations, comma-separated (flat_vector, clag, clag_labels, clag_tags)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -477,6 +483,7 @@ def _qa_table_from_args(args: argparse.Namespace) -> int:
             embedder=args.embedder, precision=args.precision, threads=args.threads, cache_dir=args.cache,
             store_options=dict(args.store_option), progress=not args.no_progress,
             configs=[c.strip() for c in args.qa_configs.split(",") if c.strip()],
+            **({"k": args.qa_k} if args.qa_k is not None else {}),
         )
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"clag-fast eval: error: {exc}", file=sys.stderr)

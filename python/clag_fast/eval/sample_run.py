@@ -19,9 +19,9 @@ import numpy as np
 from clag_fast.eval.answer import answer_context, ask, is_adversarial, question_prompt, score_answer
 from clag_fast.eval.embedders import LookupEmbedder
 from clag_fast.eval.endpoint import counts_since, llm_counts
-from clag_fast.eval.metrics import ndcg_at_k, precision_at_k, recall_at_k
+from clag_fast.eval.metrics import answer_containment, ndcg_at_k, precision_at_k, recall_at_k
 from clag_fast.eval.settings import SEARCH_K, RunSettings, SearchConfig
-from clag_fast.locomo import QAItem, Sample
+from clag_fast.locomo import QAItem, Sample, conversation
 
 __all__ = ["Tally", "Tallies", "SampleInput", "run_sample"]
 
@@ -135,7 +135,7 @@ class _SampleRun:
         before = llm_counts(self.store_client)
         t0 = time.perf_counter()
         ids = store.add_many([t.memory_text() for t in s.turns], embeddings=self.data.turn_vecs,
-                             metadata=[t.metadata() for t in s.turns])
+                             metadata=[t.metadata() for t in s.turns], **conversation(s.turns))
         ingest_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         # The SLM organisation gets a task context so that it can propose topics (the
@@ -190,7 +190,14 @@ class _SampleRun:
         # falls back to flat and scans every eligible memory.
         frac = hits.scanned / hits.candidates if hits.candidates else 0.0
         fell_back = float(sc.mode == "two_stage" and hits.mode == "flat")
-        self.tallies.retrieval[f"{self.org}/{sc.name}"].add(
+        tally = self.tallies.retrieval[f"{self.org}/{sc.name}"]
+        if not is_adversarial(q.category, q.adversarial):
+            # The share of the answer in the context the model would see (top 5, top 10).
+            for k in (5, 10):
+                share = answer_containment(q.answer, answer_context(hits[:k], grouped=False))
+                if share is not None:
+                    tally.add(q.category, **{f"containment@{k}": share})
+        tally.add(
             q.category,
             **{
                 "recall@5": recall_at_k(got, rel, 5),

@@ -41,18 +41,27 @@ def store_config(organisation: str, overrides: dict[str, Any] | None):
     """StoreConfig for one organisation: the retrieval cache and the cache of texts' vectors
     are off so that every search is measured, and the SLM is off for the vector-only
     organisation. ``overrides``: StoreConfig fields ("slm.route_batch" sets a field of the
-    nested SLMConfig); ValueError naming an unknown one."""
-    from clag_fast.config import SLMConfig, StoreConfig
+    nested SLMConfig, "ranking.expand" one of the RankingConfig, "ranking" = "plain" ranks by
+    the fused score alone); ValueError naming an unknown one."""
+    from clag_fast.config import RankingConfig, SLMConfig, StoreConfig
 
     changes: dict[str, Any] = {"cache_size": 0, "embed_cache": 0}
     slm: dict[str, Any] = {"mode": "auto" if organisation == "slm" else "off"}
+    ranking: dict[str, Any] = {}
+    base_ranking = RankingConfig()
     for name, value in (overrides or {}).items():
         if name.startswith("slm."):
             slm[name[4:]] = value
+        elif name.startswith("ranking."):
+            ranking[name[8:]] = value
+        elif name == "ranking":
+            if value != "plain":
+                raise ValueError(f"store option ranking: only 'plain' is a named ranking, got {value!r}")
+            base_ranking = RankingConfig.plain()
         else:
             changes[name] = value
     try:
-        return StoreConfig(slm=SLMConfig(**slm), **changes)
+        return StoreConfig(slm=SLMConfig(**slm), ranking=base_ranking.replace(**ranking), **changes)
     except TypeError as exc:  # unknown field name
         raise ValueError(f"store option: {exc}") from None
 

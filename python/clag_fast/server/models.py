@@ -12,6 +12,7 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 Vector = Annotated[list[Finite], Field(min_length=1, description="the memory's embedding (the store's dim)")]
 Namespace = Annotated[str, Field(min_length=1, max_length=256)]
 Key = Annotated[str, Field(min_length=1, max_length=512, description="user-chosen id, unique in its namespace")]
+Name = Annotated[str, Field(min_length=1, max_length=512)]
 Filter = Annotated[dict[str, Any], Field(description="metadata filter (Mongo-like: $eq $ne $gt $gte $lt $lte $in $nin $and $or)")]
 
 
@@ -29,6 +30,10 @@ class NewMemory(_Body):
     kind: Annotated[str, Field(min_length=1, max_length=64)] = "user_input"
     metadata: dict[str, Any] | None = None
     key: Key | None = None
+    thread: Name | None = Field(default=None, description="the conversation it belongs to in its namespace")
+    turn: Finite | None = Field(default=None, description="its place in the thread (default: insertion order)")
+    speaker: Name | None = Field(default=None, description="who said or wrote it")
+    supersedes: int | None = Field(default=None, ge=0, description="the id of an older memory it updates")
 
 
 class NewMemories(_Body):
@@ -74,6 +79,8 @@ class _SearchOptions(_Body):
     n_probe: int | None = Field(default=None, ge=1, le=100_000)
     lexical_weight: float | None = Field(default=None, ge=0, le=1)
     where: Filter | None = None
+    as_of: Finite | None = Field(default=None, ge=0, description="answer as of this time (seconds since the epoch)")
+    context: int = Field(default=0, ge=0, le=16, description="neighbouring turns each hit carries, each side")
 
 
 class SearchRequest(_SearchOptions):
@@ -90,6 +97,13 @@ class SearchBatchRequest(_SearchOptions):
     vectors: list[Vector] | None = None
 
 
+class TurnOut(BaseModel):
+    memory_id: int
+    offset: int
+    text: str
+    speaker: str | None = None
+
+
 class HitOut(BaseModel):
     memory_id: int
     text: str
@@ -102,6 +116,8 @@ class HitOut(BaseModel):
     created_at: float
     metadata: dict[str, Any] | None
     key: str | None = None
+    superseded_by: int | None = None
+    context: list[TurnOut] = []
 
 
 class HitsOut(BaseModel):
@@ -132,6 +148,10 @@ class MemoryOut(BaseModel):
     archived: bool
     clusters: list[tuple[int, float]]
     key: str | None = None
+    thread: str | None = None
+    turn: float | None = None
+    speaker: str | None = None
+    superseded_by: int | None = None
 
 
 class MemoriesOut(BaseModel):

@@ -37,6 +37,7 @@ from clag_fast.server.models import (
     SearchBatchRequest,
     SearchBatchResult,
     SearchRequest,
+    TurnOut,
 )
 from clag_fast.server.service import StoreService, as_payload
 from clag_fast.server.settings import Limits
@@ -158,7 +159,8 @@ def _check_k(k: int, lim: Limits) -> None:
 def _memory_out(m: Any) -> MemoryOut:
     return MemoryOut(memory_id=m.memory_id, text=m.text, kind=m.kind, namespace=m.namespace, metadata=m.metadata,
                      created_at=m.created_at, last_accessed=m.last_accessed, access_count=m.access_count,
-                     strength=m.strength, archived=m.archived, clusters=list(m.clusters), key=getattr(m, "key", None))
+                     strength=m.strength, archived=m.archived, clusters=list(m.clusters), key=getattr(m, "key", None),
+                     thread=m.thread, turn=m.turn, speaker=m.speaker, superseded_by=m.superseded_by)
 
 
 def _hits_out(hits: Any, visible: Callable[[int | None], bool]) -> HitsOut:
@@ -170,7 +172,9 @@ def _hits_out(hits: Any, visible: Callable[[int | None], bool]) -> HitsOut:
                           cluster_summary=h.cluster_summary if shown else "",
                           cluster_tags=list(h.cluster_tags) if shown else [],
                           kind=h.kind, namespace=h.namespace, created_at=h.created_at, metadata=h.metadata,
-                          key=getattr(h, "key", None)))
+                          key=getattr(h, "key", None), superseded_by=h.superseded_by,
+                          context=[TurnOut(memory_id=t.memory_id, offset=t.offset, text=t.text, speaker=t.speaker)
+                                   for t in h.context]))
     return HitsOut(hits=out, scanned=hits.scanned, candidates=hits.candidates,
                    clusters_probed=[c for c in hits.clusters_probed if visible(c)], mode=hits.mode,
                    latency_s=hits.latency_s, cached=hits.cached)
@@ -216,9 +220,12 @@ async def handle_add(body: NewMemory | NewMemories, svc: StoreService, who: Prin
         _check_metadata(it.metadata, lim, f"items[{i}].metadata")
         _check_dim(it.vector, svc, f"items[{i}].vector")
         _write_ns(who, it.namespace)
+    turns = {name: [getattr(it, field) for it in items] for name, field in
+             (("threads", "thread"), ("turns", "turn"), ("speakers", "speaker"), ("supersedes", "supersedes"))}
     payload = as_payload([it.text for it in items], [it.vector for it in items] if all(with_vec) else None,
                          [it.kind for it in items], [it.namespace for it in items],
-                         [it.metadata for it in items], [it.key for it in items])
+                         [it.metadata for it in items], [it.key for it in items],
+                         {name: values for name, values in turns.items() if any(v is not None for v in values)})
     return AddResult(ids=await svc.add(payload))
 
 
@@ -351,7 +358,7 @@ def _search_options(body: Any, who: Principal, lim: Limits) -> dict[str, Any]:
     _check_k(body.k, lim)
     return {"k": body.k, "namespace": _read_ns(who, body.namespace), "kind": body.kind, "since": body.since,
             "until": body.until, "mode": body.mode, "n_probe": body.n_probe,
-            "lexical_weight": body.lexical_weight, "where": body.where}
+            "lexical_weight": body.lexical_weight, "where": body.where, "as_of": body.as_of, "context": body.context}
 
 
 @router.post("/search", response_model=HitsOut, summary="The k memories nearest a text or vector")

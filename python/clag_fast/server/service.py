@@ -37,12 +37,13 @@ log = logging.getLogger(__name__)
 class AddPayload:
     """One request's memories, checked and ready for ``add_many``."""
 
-    __slots__ = ("texts", "vectors", "kinds", "namespaces", "metadata", "keys")
+    __slots__ = ("texts", "vectors", "kinds", "namespaces", "metadata", "keys", "turns")
 
     def __init__(self, texts: list[str], vectors: np.ndarray | None, kinds: list[str], namespaces: list[str],
-                 metadata: list[dict | None], keys: list[str | None]) -> None:
+                 metadata: list[dict | None], keys: list[str | None], turns: dict[str, list] | None = None) -> None:
         self.texts, self.vectors, self.kinds = texts, vectors, kinds
         self.namespaces, self.metadata, self.keys = namespaces, metadata, keys
+        self.turns = turns or {}  # add_many's per-item conversation arguments: threads, turns, speakers, supersedes
 
 
 class StoreService:
@@ -178,7 +179,9 @@ class StoreService:
         if payloads[0].vectors is not None:
             vectors = np.concatenate([p.vectors for p in payloads]) if len(payloads) > 1 else payloads[0].vectors
         keys = [k for p in payloads for k in p.keys]
-        extra = {"keys": keys} if any(k is not None for k in keys) else {}
+        extra: dict[str, Any] = {"keys": keys} if any(k is not None for k in keys) else {}
+        for name in {name for p in payloads for name in p.turns}:
+            extra[name] = [v for p in payloads for v in p.turns.get(name, [None] * len(p.texts))]
         ids = self.store.add_many(texts, embeddings=vectors, kinds=[k for p in payloads for k in p.kinds],
                                   namespaces=[n for p in payloads for n in p.namespaces],
                                   metadata=[m for p in payloads for m in p.metadata], **extra)
@@ -312,6 +315,7 @@ def _stored_dim(path: Any) -> int | None:
 
 
 def as_payload(texts: Sequence[str], vectors: list[list[float]] | None, kinds: Sequence[str],
-               namespaces: Sequence[str], metadata: Sequence[dict | None], keys: Sequence[str | None]) -> AddPayload:
+               namespaces: Sequence[str], metadata: Sequence[dict | None], keys: Sequence[str | None],
+               turns: dict[str, list] | None = None) -> AddPayload:
     arr = None if vectors is None else np.asarray(vectors, dtype=np.float32)
-    return AddPayload(list(texts), arr, list(kinds), list(namespaces), list(metadata), list(keys))
+    return AddPayload(list(texts), arr, list(kinds), list(namespaces), list(metadata), list(keys), turns)

@@ -517,6 +517,25 @@ class Organizer:
         self._count("select_slm")
         return picked
 
+    # ------------------------------------------------------------------ updates
+
+    def judge_update(self, older: str, newer: str) -> bool | None:
+        """Whether ``newer`` updates a fact ``older`` states (a constrained yes/no). None when
+        judging is off, there is no SLM, or the SLM failed or answered out of its schema: the
+        caller then changes nothing."""
+        if not self.config.updates or self.llm is None:
+            return None
+        cfg = self.config
+        user = (f"Older note: {prompts.note(older, cfg.max_note_chars)}\n"
+                f"Newer note: {prompts.note(newer, cfg.max_note_chars)}\n"
+                "Does the newer note change or correct a fact of the older note?")
+        answer = self._ask("update", prompts.UPDATE_SYSTEM, user, prompts.update_schema(), max_tokens=12)
+        verdict = None if answer is None else answer.get("updates")
+        if verdict not in ("yes", "no"):
+            return None
+        self._count("update_yes" if verdict == "yes" else "update_no")
+        return verdict == "yes"
+
     # ------------------------------------------------------------------ evolution
 
     def evolve(self, text: str, neighbours: Sequence[tuple[int, str]]) -> Evolution | None:

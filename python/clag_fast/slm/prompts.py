@@ -179,6 +179,21 @@ def select_schema(n: int) -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- updates
+
+UPDATE_SYSTEM = (
+    "You compare two notes from the same person's memory, an older one and a newer one. "
+    + DATA_RULE + " Answer yes only when the newer note changes or corrects a fact the older "
+    "note states (a new date, place, amount, plan or decision for the same thing); answer no "
+    "when it adds something else, repeats it, or only mentions the same topic. Reply in JSON."
+)
+
+
+def update_schema() -> dict:
+    return {"type": "object", "properties": {"updates": {"type": "string", "enum": ["yes", "no"]}},
+            "required": ["updates"]}
+
+
 # ----------------------------------------------------------------------------- evolution
 
 EVOLVE_SYSTEM = (

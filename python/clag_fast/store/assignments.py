@@ -4,7 +4,7 @@ best first, in ``index/assignments.bin``, memory-mapped and written in place.
 Why a file and not a database table: every add writes its rows' assignments and every split,
 merge and drift re-assignment rewrites its members' ones (about two records per added memory
 into a 300k-1M store of blob vectors). As SQLite upserts of packed blobs they were a fifth of
-ingest's CPU (BENCHMARKS.md, tenth session); here a wave is two numpy stores into the mapping.
+ingest's CPU (BENCHMARKS.md, Ingest); here a wave is two numpy stores into the mapping.
 
 Who reads it: ``get``/``get_many``/``memories`` (a memory's clusters and affinities), and
 recovery, which rebuilds a lost cluster file from it. It is synced with the cluster state

@@ -8,6 +8,7 @@ call :class:`Catalog`'s methods, so a schema change touches this file only.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sqlite3
@@ -22,16 +23,31 @@ import numpy as np
 from clag_fast.errors import StoreFormatError
 
 APP_ID = "clag_fast"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Memory states. Archived memories are kept but never searched; deleted ones keep their row
 # only so that their vector row is never reused.
 LIVE, ARCHIVED, DELETED = 0, 1, 2
 
-# Catalog.row_columns' record: a NULL last_accessed (never accessed) becomes NaN.
+# Catalog.row_columns' record: a NULL last_accessed (never accessed) or turn becomes NaN, a
+# NULL superseded_by -1; ``words`` and ``asks`` are read off the text (``text_shapes``).
 _ROW_COLUMNS = np.dtype([("id", np.int64), ("vector_row", np.int64), ("namespace", object), ("kind", object),
                          ("created_at", np.float64), ("last_accessed", np.float64), ("access_count", np.float64),
-                         ("strength", np.float32), ("state", np.int64)])
+                         ("strength", np.float32), ("state", np.int64), ("thread", object), ("turn", np.float64),
+                         ("speaker", object), ("superseded_by", np.int64), ("words", np.int64), ("asks", np.int64)])
+
+#: The conversation columns an insert may give per memory (None: not given).
+CONVERSATION = ("thread", "turn", "speaker")
+
+
+def text_shapes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(words, asks) of memory texts: spaces + 1, and whether each holds a question mark. The
+    row table reads them at open with the same definition in SQL (``row_columns``), so both
+    agree to the word. Two C-level passes: no Python frame per text."""
+    n = len(texts)
+    words = np.fromiter(map(str.count, texts, itertools.repeat(" ")), np.int32, n) + 1
+    asks = np.fromiter(map(str.__contains__, texts, itertools.repeat("?")), bool, n)
+    return words, asks
 
 # The assignments table as schemas 1-3 had it (one row per memory and rank; v4 packs it, and
 # the store now keeps assignments in index/assignments.bin: ``Catalog.legacy_assignments``).
@@ -136,9 +152,22 @@ def _migrate_v4(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE assignments_v4 RENAME TO assignments")
 
 
+# v5: conversation structure. A memory may name its thread (a conversation or session within
+# its namespace), its turn (order within the thread; NULL: insertion order) and its speaker;
+# ``superseded_by`` holds the id of a newer memory that updates it (``store.threads``).
+_V5_COLUMNS = (("thread", "TEXT"), ("turn", "REAL"), ("speaker", "TEXT"), ("superseded_by", "INTEGER"))
+
+
+def _migrate_v5(conn: sqlite3.Connection) -> None:
+    have = {r[1] for r in conn.execute("PRAGMA table_info(memories)")}
+    for name, kind in _V5_COLUMNS:
+        if name not in have:  # a database whose version was set back by hand has them
+            conn.execute(f"ALTER TABLE memories ADD COLUMN {name} {kind}")
+
+
 # MIGRATIONS[v] upgrades a database at version v to v + 1 (SQL, or a function of the
 # connection run inside the migration's transaction). Version 0 is an empty file.
-MIGRATIONS: dict[int, Any] = {0: _V1, 1: _V2, 2: _V3, 3: _migrate_v4}
+MIGRATIONS: dict[int, Any] = {0: _V1, 1: _V2, 2: _V3, 3: _migrate_v4, 4: _migrate_v5}
 
 # An assignments blob: (cluster id, affinity) pairs, best first; -1 ids are padding.
 _PAIR = np.dtype([("cluster", "<i8"), ("affinity", "<f4")])
@@ -233,7 +262,7 @@ def _check_and_migrate(conn: sqlite3.Connection, path: Path, read_only: bool) ->
 
 def join(future: Future) -> None:
     """Wait until ``future`` is done, through any interruption (KeyboardInterrupt, a signal
-    handler's exception): a transaction rolled back while a helper's statement still runs
+    handler's exception): a transaction rolled back while a writer thread's statement still runs
     would leave that statement's later rows committed on their own. The interruption is
     raised once the future is done; the future's own outcome is left in it."""
     interrupted: BaseException | None = None
@@ -315,8 +344,9 @@ def _literals(columns: dict[str, Sequence[Any]]) -> dict[str, str | None]:
     """Per column of an insert, the SQL literal standing for all its values (``_batch_literal``),
     or None where it is bound or read per row; ids, texts and vector rows always vary."""
     sql: dict[str, str | None] = {name: None for name in columns}
-    for name in ("kind", "namespace", "metadata", "key"):
-        sql[name] = _batch_literal(columns[name])
+    for name in ("kind", "namespace", "metadata", "key", *CONVERSATION):
+        if name in columns:
+            sql[name] = _batch_literal(columns[name])
     return sql
 
 
@@ -426,8 +456,8 @@ class Catalog:
             return self._readers
 
     def aside(self, write: Callable[[], None]) -> Future | None:
-        """Run ``write`` (statements of the caller's open transaction) on the catalog's helper
-        thread and return its future, or None when no helper can run it (the catalog closed,
+        """Run ``write`` (statements of the caller's open transaction) on the catalog's writer
+        thread and return its future, or None when that thread cannot run it (the catalog closed,
         the interpreter shutting down): the caller then runs it itself. Until the future is
         done the caller must not use the connection, and must wait for it even when
         interrupted (``join``) before it commits or rolls back. Readers under the store's lock
@@ -473,8 +503,9 @@ class Catalog:
         from. Read straight from the cursor into the array: a list of tuples split into
         columns cost 3.4 s for 1M memories, this 1.9 s."""
         cur = self.db.execute(
-            "SELECT id, vector_row, namespace, kind, created_at, last_accessed, access_count, "
-            "strength, state FROM memories")
+            "SELECT id, vector_row, namespace, kind, created_at, last_accessed, access_count, strength, state, "
+            "thread, turn, speaker, IFNULL(superseded_by, -1), "
+            "length(text) - length(replace(text, ' ', '')) + 1, instr(text, '?') > 0 FROM memories")
         return np.fromiter(cur, _ROW_COLUMNS)
 
     def live_texts(self) -> list[tuple[int, str]]:
@@ -493,7 +524,10 @@ class Catalog:
 
     def insert_memories(self, ids: Sequence[int] | range, texts: Sequence[str], kinds: Sequence[str],
                         namespaces: Sequence[str], metadata: Sequence[str | None], now: float,
-                        rows: Sequence[int] | np.ndarray, keys: Sequence[str | None] | None = None) -> None:
+                        rows: Sequence[int] | np.ndarray, keys: Sequence[str | None] | None = None,
+                        conversation: dict[str, Sequence[Any]] | None = None) -> None:
+        """Insert new memories. ``conversation``: per memory its thread, turn and speaker
+        (``CONVERSATION``; a column left out is NULL for every memory)."""
         # ``ids`` as a range and ``rows`` as the index's array where the caller has them: the
         # JSON path reads only their first value and whether they count up, which a range and
         # an array answer in microseconds and a 10k-element list in 239 us.
@@ -504,6 +538,9 @@ class Catalog:
         columns: dict[str, Sequence[Any]] = {
             "id": ids, "text": texts, "kind": kinds, "namespace": namespaces, "metadata": metadata,
             "key": keys if keys is not None else [None] * n, "vector_row": rows}
+        for name in CONVERSATION:
+            if conversation and conversation.get(name) is not None:
+                columns[name] = conversation[name]
         # A column holding one plain value for the whole batch (the usual add_many: one kind,
         # one namespace, no metadata, no keys) is a literal in the statement, not bound per
         # row: the per-value binding was a third of the insert (10k rows: 3.4-4.8 -> 2.5-3.2 us
@@ -516,7 +553,7 @@ class Catalog:
             # The texts as one JSON document that SQLite unpacks itself (json_each): the insert
             # steps without binding each row under the GIL, which add_many's routing wants
             # meanwhile (8-30-word texts in calls of 10k: 2.7-3.0 against 4.2-4.7 us a row;
-            # BENCHMARKS.md, twentieth session).
+            # BENCHMARKS.md, Ingest).
             values = ", ".join(sql[name] or exprs[name] for name in columns)
             self.db.execute(f"INSERT INTO memories ({names}, created_at) SELECT {values}, ? FROM json_each(?)",
                             (now, doc))
@@ -528,14 +565,37 @@ class Catalog:
                             zip(*(columns[name] for name in bound), [now] * n))
 
     def replace_memories(self, ids: Sequence[int], texts: Sequence[str], kinds: Sequence[str],
-                         metadata: Sequence[str | None], rows: Sequence[int]) -> None:
+                         metadata: Sequence[str | None], rows: Sequence[int],
+                         conversation: dict[str, Sequence[Any]] | None = None) -> None:
         """Upserts by key: new text, kind, metadata and vector row for existing memories, which
-        become live again if they were archived (id, key, created_at and access counts stay)."""
+        become live again if they were archived (id, key, created_at and access counts stay).
+        ``conversation``: their thread, turn and speaker, where given (others keep theirs)."""
         self.forget_cached(ids)
         self.db.executemany(
             "UPDATE memories SET text=?, kind=?, metadata=?, vector_row=?, state=? WHERE id=?",
             zip(texts, kinds, metadata, rows, [LIVE] * len(ids), ids),
         )
+        for name in CONVERSATION:
+            values = (conversation or {}).get(name)
+            if values is not None:
+                self.db.executemany(f"UPDATE memories SET {name}=? WHERE id=? AND ? IS NOT NULL",
+                                    [(v, m, v) for v, m in zip(values, ids)])
+
+    def set_superseded(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """(older memory id, newer memory id): the newer one updates the older one."""
+        self.forget_cached([old for old, _ in pairs])
+        self.db.executemany("UPDATE memories SET superseded_by=? WHERE id=?", [(new, old) for old, new in pairs])
+
+    def conversation_of(self, memory_ids: Sequence[int]) -> dict[int, tuple[str | None, float | None, str | None, int | None]]:
+        """memory id -> (thread, turn, speaker, superseded_by) of those that exist."""
+        out = {}
+        ids = list(memory_ids)
+        for i in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[i:i + _IN_CHUNK]
+            for r in self.db.execute("SELECT id, thread, turn, speaker, superseded_by FROM memories "
+                                     f"WHERE id IN ({_ids(len(chunk))})", chunk):
+                out[int(r[0])] = tuple(r[1:])
+        return out
 
     def ids_of_keys(self, namespace: str, keys: Sequence[str]) -> dict[str, tuple[int, int, int]]:
         """key -> (memory id, vector row, state) for the keys of ``namespace`` that exist."""
@@ -580,15 +640,16 @@ class Catalog:
 
     def memories(self, memory_ids: Sequence[int]) -> list[tuple]:
         """(id, text, kind, namespace, metadata, created_at, last_accessed, access_count,
-        strength, state, vector row, key) of the memories that exist, in the order asked, in
-        one statement per 10,000."""
+        strength, state, vector row, key, thread, turn, speaker, superseded_by) of the memories
+        that exist, in the order asked, in one statement per 10,000."""
         rows: dict[int, tuple] = {}
         ids = list(dict.fromkeys(memory_ids))
         for i in range(0, len(ids), _IN_CHUNK):
             chunk = ids[i:i + _IN_CHUNK]
             for r in self.db.execute(
                     "SELECT id, text, kind, namespace, metadata, created_at, last_accessed, access_count, "
-                    f"strength, state, vector_row, key FROM memories WHERE id IN ({_ids(len(chunk))})", chunk):
+                    "strength, state, vector_row, key, thread, turn, speaker, superseded_by "
+                    f"FROM memories WHERE id IN ({_ids(len(chunk))})", chunk):
                 rows[r[0]] = r
         return [(*r[:4], _loads(r[4]), *r[5:]) for m in memory_ids if (r := rows.get(m)) is not None]
 
@@ -600,6 +661,10 @@ class Catalog:
             chunk = ids[i:i + _IN_CHUNK]
             listed.update(c for (c,) in self.db.execute(f"SELECT id FROM clusters WHERE id IN ({_ids(len(chunk))})", chunk))
         return listed
+
+    def namespace_of(self, memory_id: int) -> str | None:
+        r = self.db.execute("SELECT namespace FROM memories WHERE id=?", (memory_id,)).fetchone()
+        return None if r is None else str(r[0])
 
     def id_of_key(self, namespace: str, key: str) -> int | None:
         r = self.db.execute("SELECT id FROM memories WHERE namespace=? AND key=?", (namespace, key)).fetchone()

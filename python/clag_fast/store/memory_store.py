@@ -15,8 +15,10 @@ saved cluster state does not cover, so SQLite and the index always agree after a
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -31,7 +33,8 @@ from clag_fast.index import VectorIndex
 from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage
 from clag_fast.store.slm_scheduler import SLMScheduler
 from clag_fast.store import catalog as catalog_mod
-from clag_fast.store import dimension, filters, forgetting, organize, placement, recovery, topics
+from clag_fast.store import conversation, dimension, filters, forgetting, organize, placement, recovery, topics
+from clag_fast.store import threads as threads_mod
 from clag_fast.store.catalog import Catalog
 from clag_fast.store.fields import FieldTable
 from clag_fast.store.rowtable import RowTable
@@ -48,9 +51,9 @@ _F32 = np.dtype(np.float32)  # numpy's float32 descriptor is a singleton: `is` c
 #: Longest key ``add(key=...)`` accepts, in characters.
 MAX_KEY_CHARS = 512
 
-# Batches from this size on write their SQLite rows on the catalog's helper thread while they
+# Batches from this size on write their SQLite rows on the catalog's writer thread while they
 # are routed (``_route_while``); smaller ones stay on one thread: the overlap gains them
-# nothing measurable (BENCHMARKS.md, nineteenth session).
+# nothing measurable (BENCHMARKS.md, Ingest).
 OVERLAP_ROWS = 1024
 
 
@@ -229,6 +232,18 @@ class MemoryStore:
                 strength=data["strength"],
                 live=data["state"] == catalog_mod.LIVE,
             )
+            turns = data["turn"]
+            state.rows.set_conversation(
+                rows_a,
+                [threads_mod.group_key(ns, th) for ns, th in zip(data["namespace"].tolist(), data["thread"].tolist())],
+                np.where(np.isnan(turns), data["id"], turns),
+                data["speaker"].tolist(),
+                data["words"],
+                data["asks"].astype(bool),
+                data["superseded_by"],
+                link=False,
+            )
+            threads_mod.link_all(state.rows)
         state.profiles = self._catalog.profiles()
 
     def close(self) -> None:
@@ -278,13 +293,20 @@ class MemoryStore:
         namespace: str = "default",
         metadata: dict[str, Any] | None = None,
         embedding: np.ndarray | None = None,
+        thread: str | None = None,
+        turn: float | None = None,
+        speaker: str | None = None,
+        supersedes: int | None = None,
     ) -> int:
         """Store one memory and return its id. With a ``key`` already in ``namespace``, replace
-        that memory instead (same id). See ``add_many``."""
+        that memory instead (same id). ``thread``, ``turn``, ``speaker`` and ``supersedes``:
+        its place in a conversation and the older memory it updates (see ``add_many``)."""
         _check_keys([key], 1, single=True)
         emb = None if embedding is None else np.asarray(embedding)[None, ...]
         return self.add_many([text], embeddings=emb, kinds=[kind], namespaces=[namespace],
-                             metadata=[metadata], keys=[key])[0]
+                             metadata=[metadata], keys=[key], thread=thread,
+                             turns=None if turn is None else [turn], speaker=speaker,
+                             supersedes=None if supersedes is None else [supersedes])[0]
 
     def add_many(
         self,
@@ -297,11 +319,28 @@ class MemoryStore:
         keys: Sequence[str | None] | None = None,
         defer_organize: bool = False,
         namespace: str | None = None,
+        thread: str | None = None,
+        threads: Sequence[str | None] | None = None,
+        turns: Sequence[float | None] | None = None,
+        speaker: str | None = None,
+        speakers: Sequence[str | None] | None = None,
+        supersedes: Sequence[int | None] | None = None,
     ) -> list[int]:
         """Store memories (embedding them unless ``embeddings`` is given) and return their ids.
 
         ``namespace``: one namespace for the whole batch (as ``add`` spells it);
         ``namespaces``: one per item (or one string for all). Giving both is a ValueError.
+
+        Conversation structure (all optional): ``thread`` (the whole batch) or ``threads``
+        (per memory) names the conversation or session a memory belongs to within its
+        namespace (None: the namespace's own thread); ``turns`` orders memories within their
+        thread (None: insertion order; give turns for all of a thread's memories or for none);
+        ``speaker``/``speakers`` say who said it. Text search uses them: a turn that asks a
+        question passes score to the turns after it, a question naming a speaker favours that
+        speaker's memories, and ``search(..., context=n)`` returns a hit's adjacent turns.
+        ``supersedes``: per memory the id of an older memory of its namespace that it updates
+        (a changed fact): searches then rank the newer one first and mark the older hit with
+        ``superseded_by`` (``search(..., as_of=t)`` answers as of a time).
 
         ``keys``: an optional user-chosen key per memory (None = no key), unique within its
         namespace. A key already present in the namespace is an upsert: that memory's text,
@@ -321,13 +360,11 @@ class MemoryStore:
         start still runs when due (labelling at most ``LABELS_PER_PASS`` clusters: they are
         the first batch's, soon grown and split), but a periodic, drift or confusion
         re-organisation that falls due is put off (and recorded in the database) until
-        ``organize_deferred()``, the next write without it, or an ``organize()``. Why:
-        loading 100k memories in batches of 2,048, the periodic passes (every 5% of growth,
-        so at every batch up to ~41k memories) took 12 of the writes' 15.5 s of CPU; deferred,
-        the writes took 2.3 s and the one pass at the end 0.7 s, leaving every row assigned
-        and as many clusters of the same sizes (888 against 861), of which fewer labelled (32
-        against 533: each pass labels at most ``LABELS_PER_PASS``; later passes, or an
-        explicit ``organize()``, label the rest).
+        ``organize_deferred()``, the next write without it, or an ``organize()``. A load in
+        many batches then pays for one re-organisation at the end instead of one every few
+        batches, and ends with every row assigned and clusters of the same sizes; fewer of
+        them are labelled until later passes or an explicit ``organize()`` label the rest
+        (BENCHMARKS.md, Ingest).
         """
         self._check_open(write=True)
         t0 = time.perf_counter()
@@ -337,6 +374,8 @@ class MemoryStore:
         namespaces_l = _per_item(batch_namespaces(namespace, namespaces), n, "default", "namespaces")
         meta_json = _metadata_json(metadata, n)
         keys_l = _check_keys(keys, n)
+        conv = conversation.check(n, thread=thread, threads=threads, turns=turns, speaker=speaker,
+                                  speakers=speakers, supersedes=supersedes)
         vectors = self._vectors(texts, embeddings, remember=False, any_width=self._dim_pending)
         if n == 0:
             return []
@@ -344,18 +383,20 @@ class MemoryStore:
             self.set_label_vectors(self._label_vectors())
         state = self._state
         with state.lock.write():
+            superseded = conversation.check_superseded(self._catalog, conv, namespaces_l)
             if vectors.shape[1] != self._dim or self._dim_pending:
                 self._fix_width(vectors.shape[1])
             if keys_l is None:
-                ids = self._insert(texts, vectors, kinds_l, namespaces_l, meta_json)
+                ids = self._insert(texts, vectors, kinds_l, namespaces_l, meta_json, conv=conv,
+                                   superseded=superseded)
             else:
-                ids = self._upsert(texts, vectors, kinds_l, namespaces_l, meta_json, keys_l)
+                ids = self._upsert(texts, vectors, kinds_l, namespaces_l, meta_json, keys_l, conv, superseded)
             state.count("adds", n)
             state.count("add_s", time.perf_counter() - t0)
         self._slm.after_add(defer=defer_organize)
         return ids
 
-    def _upsert(self, texts, vectors, kinds, namespaces, meta_json, keys) -> list[int]:
+    def _upsert(self, texts, vectors, kinds, namespaces, meta_json, keys, conv, superseded) -> list[int]:
         """``_insert`` for a batch with keys: the last occurrence of each (namespace, key) is
         written, as a new memory or over the memory holding that key."""
         last = {(ns, k): i for i, (ns, k) in enumerate(zip(namespaces, keys)) if k is not None}
@@ -368,15 +409,19 @@ class MemoryStore:
         if len(write) < len(texts):
             vectors = vectors[write]
         replaces = [existing.get((namespaces[i], keys[i])) if keys[i] is not None else None for i in write]
+        position = {i: j for j, i in enumerate(write)}
         ids = self._insert(_take(texts, write), vectors, _take(kinds, write), _take(namespaces, write),
-                           _take(meta_json, write), _take(keys, write), replaces)
+                           _take(meta_json, write), _take(keys, write), replaces, conv.take(write),
+                           {position[i]: row for i, row in superseded.items() if i in position})
         id_of = dict(zip(write, ids))
         return [id_of[i] if k is None else id_of[last[(ns, k)]] for i, (ns, k) in enumerate(zip(namespaces, keys))]
 
-    def _insert(self, texts, vectors, kinds, namespaces, meta_json, keys=None, replaces=None) -> list[int]:
+    def _insert(self, texts, vectors, kinds, namespaces, meta_json, keys=None, replaces=None,
+                conv: conversation.Conversation = conversation.NONE, superseded: dict[int, int] | None = None) -> list[int]:
         """Write a batch: vectors first (durable), then one SQLite transaction, then the
         in-memory state. ``replaces[i]``: (memory id, old vector row, state) of the memory
-        that item ``i`` replaces (an upsert by key), or None for a new memory."""
+        that item ``i`` replaces (an upsert by key), or None for a new memory. ``conv``: the
+        batch's conversation arguments; ``superseded``: item -> row of the memory it updates."""
         state = self._state
         now = time.time()
         rows = state.index.append(vectors)  # validated + durable before SQLite references it
@@ -392,13 +437,15 @@ class MemoryStore:
         def write_rows() -> None:
             if len(fresh) == len(texts):  # ids are first, first + 1, ...: say so with a range
                 self._catalog.insert_memories(range(first, first + len(texts)), texts, kinds, namespaces,
-                                              meta_json, now, rows, keys)
-                return
-            self._catalog.insert_memories(_take(ids, fresh), _take(texts, fresh), _take(kinds, fresh),
-                                          _take(namespaces, fresh), _take(meta_json, fresh), now,
-                                          rows[fresh], _take(keys, fresh))
-            self._catalog.replace_memories(_take(ids, old), _take(texts, old), _take(kinds, old),
-                                           _take(meta_json, old), rows[old].tolist())
+                                              meta_json, now, rows, keys, conv.columns())
+            else:
+                self._catalog.insert_memories(_take(ids, fresh), _take(texts, fresh), _take(kinds, fresh),
+                                              _take(namespaces, fresh), _take(meta_json, fresh), now,
+                                              rows[fresh], _take(keys, fresh), conv.columns(fresh))
+                self._catalog.replace_memories(_take(ids, old), _take(texts, old), _take(kinds, old),
+                                               _take(meta_json, old), rows[old].tolist(), conv.columns(old))
+            if superseded:
+                self._catalog.set_superseded([(int(state.rows.memory_id[row]), ids[i]) for i, row in superseded.items()])
 
         with self._catalog.transaction():
             placed = self._route_while(write_rows, rows)
@@ -418,6 +465,12 @@ class MemoryStore:
             last_accessed[old] = r.last_accessed[old_rows]
         r.set_rows(rows, np.asarray(ids, np.int64), namespaces, kinds, created,
                    last_accessed=last_accessed, access_count=counts)
+        self._set_conversation(rows, ids, texts, namespaces, conv, old, old_rows)
+        if superseded:
+            at = np.fromiter(superseded.values(), np.int64, len(superseded))
+            r.superseded_by[at] = [ids[i] for i in superseded]
+            r.successor_rows.update((ids[i], int(rows[i])) for i in superseded)
+            r.touch(at)
         state.fields.set(rows, meta_json)
         if len(old):
             r.carry_access(old_rows, rows[old])
@@ -436,15 +489,56 @@ class MemoryStore:
             state.flush_index(durable=False)
         return ids
 
+    def _set_conversation(self, rows: np.ndarray, ids: list[int], texts: list[str], namespaces: list[str],
+                          conv: conversation.Conversation, old: list[int], old_rows: np.ndarray) -> None:
+        """The row table's conversation columns of a written batch, linked into their threads:
+        new memories join their threads; a replaced memory's new row takes its old row's place
+        (keeping its thread, turn and speaker where the batch gives none)."""
+        r = self._state.rows
+        n = len(ids)
+        orders = np.asarray(ids, np.float64)
+        if conv.turns is not None:
+            given = [i for i, t in enumerate(conv.turns) if t is not None]
+            orders[given] = [conv.turns[i] for i in given]
+        words, asks = catalog_mod.text_shapes(texts)
+        if conv.threads is None and not old and len(set(namespaces)) == 1:
+            # The usual add (one namespace, no threads, nothing replaced): C-level passes only,
+            # as this runs for every add, at 10k-row batches too.
+            r.set_conversation(rows, threads_mod.group_key(namespaces[0], None), orders, conv.speakers, words,
+                               asks, link=False)
+            threads_mod.link_new(r, rows)
+            return
+        threads_l = conv.threads or [None] * n
+        speakers_l = conv.speakers or [None] * n
+        groups = [threads_mod.group_key(ns, th) for ns, th in zip(namespaces, threads_l)]
+        speaker_names = r.names("speaker")
+        carried = np.full(n, -1, np.int64)
+        for j, i in enumerate(old):  # a replaced memory keeps what the batch does not give
+            o = int(old_rows[j])
+            if threads_l[i] is None and r.group[o] >= 0:
+                groups[i] = r.names("group")[int(r.group[o])]
+            if conv.turns is None or conv.turns[i] is None:
+                orders[i] = r.order[o]
+            if speakers_l[i] is None and r.speaker[o] >= 0:
+                speakers_l = list(speakers_l)
+                speakers_l[i] = speaker_names[int(r.speaker[o])]
+            carried[i] = r.superseded_by[o]
+        fresh = np.ones(n, bool)
+        fresh[old] = False
+        r.set_conversation(rows, groups, orders, speakers_l, words, asks, carried, link=False)
+        threads_mod.link_new(r, rows[fresh])
+        if len(old):
+            threads_mod.take_place(r, old_rows, rows[old])
+
     def _route_while(self, write_rows: Callable[[], None], rows: np.ndarray) -> "placement.Placement":
         """Route fresh ``rows`` while ``write_rows`` (their SQLite rows, inside the caller's
         transaction) runs. From ``OVERLAP_ROWS`` rows on, the write runs on the catalog's
-        helper thread meanwhile: both sides spend most of their time without the GIL
+        writer thread meanwhile: both sides spend most of their time without the GIL
         (``sqlite3_step``, the native soft assignment), and routing touches no SQL
-        (measured: BENCHMARKS.md, eighteenth and nineteenth sessions)."""
+        (measured: BENCHMARKS.md, Ingest)."""
         state = self._state
         vectors = state.index.vectors()[rows]
-        # None: a small batch, or no helper thread (closing, interpreter shutdown).
+        # None: a small batch, or no writer thread (closing, interpreter shutdown).
         written = self._catalog.aside(write_rows) if len(rows) >= OVERLAP_ROWS else None
         if written is None:
             write_rows()
@@ -453,7 +547,7 @@ class MemoryStore:
             placed = placement.route_new_rows(state, rows, vectors)
         finally:
             # Whatever happened here (a routing error, Ctrl-C), the caller's transaction ends
-            # only once the helper's statements have: the connection is the caller's again.
+            # only once the writer thread's statements have: the connection is the caller's again.
             catalog_mod.join(written)
         written.result()  # a failed write raises here, and the caller's transaction rolls back
         return placed
@@ -492,6 +586,8 @@ class MemoryStore:
                 r.set_rows(new_row, np.asarray([memory_id]), [r.name("namespace", old_row)], [r.name("kind", old_row)],
                            r.created_at[[old_row]], last_accessed=r.last_accessed[[old_row]],
                            access_count=r.access_count[[old_row]])
+                self._set_conversation(new_row, [memory_id], [text], [r.name("namespace", old_row)],
+                                       conversation.NONE, [0], np.asarray([old_row]))
                 r.carry_access(np.asarray([old_row]), new_row)
                 r.kill(np.asarray([old_row]))
                 r.memory_id[old_row] = -1
@@ -678,6 +774,8 @@ class MemoryStore:
         n_probe: int | None = None,
         lexical_weight: float | None = None,
         where: dict[str, Any] | None = None,
+        as_of: float | None = None,
+        context: int = 0,
     ) -> Hits:
         """The ``k`` memories most similar to ``query`` (a text, or a vector of ``dim``).
 
@@ -694,10 +792,20 @@ class MemoryStore:
         store's ``StoreConfig.lexical_weight``; 0 = vectors only). Two-stage hybrid search also
         probes the clusters whose members match the query's words. Hit scores are then fused
         scores. A vector query, or a text with no indexable word, is searched by vectors only.
+        Text search also ranks by conversation structure (``StoreConfig.ranking``; see
+        ``add_many``'s thread, turn, speaker and supersedes).
+
+        as_of: answer as of this time (seconds since the epoch, or a ``datetime``): only memories
+        created by then, and an update counts only if it was made by then. context: each hit
+        carries its neighbouring turns, up to this many before and after it in its thread
+        (``Hit.context``), outside the ``k`` hits.
         """
         self._check_open()
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
+        if as_of is not None or context:
+            until = _until_as_of(until, as_of)
+            context = _check_context(context)
         lw = self.config.lexical_weight if lexical_weight is None else self._lexical_weight(lexical_weight)
         cond = None if where is None else filters.parse(where)
         state = self._state
@@ -718,7 +826,7 @@ class MemoryStore:
                 qvec = self._query_vector(query, core_checks_finite=True)
             nested = state.lock.acquire_read()
             try:
-                hits = self._searcher.search_vector(qvec, k, filt, mode, n_probe)
+                hits = self._searcher.search_vector(qvec, k, filt, mode, n_probe, context)
             finally:
                 state.lock.release_read(nested)
             return self._searched(hits, t0)
@@ -726,7 +834,7 @@ class MemoryStore:
             raise ValueError("query text is empty")
         key = None
         if self.config.cache_size:
-            key = _cache_key(query, k, namespace, kind, since, until, mode, n_probe, lw, cond)
+            key = _cache_key(query, k, namespace, kind, since, until, mode, n_probe, lw, cond, context)
             cached = state.cache.get(key)
             if cached is not None:
                 state.count("cache_hits")
@@ -738,7 +846,7 @@ class MemoryStore:
         nested = state.lock.acquire_read()
         try:
             generation = state.cache.generation  # no write clears the cache while we read
-            hits = self._searcher.search(qvec[None, :], k, filt, mode, n_probe, selected, [query], lw)[0]
+            hits = self._searcher.search(qvec[None, :], k, filt, mode, n_probe, selected, [query], lw, context)[0]
         finally:
             state.lock.release_read(nested)
         self._searched(hits, t0)
@@ -768,15 +876,20 @@ class MemoryStore:
         n_probe: int | None = None,
         lexical_weight: float | None = None,
         where: dict[str, Any] | None = None,
+        as_of: float | None = None,
+        context: int = 0,
     ) -> list[Hits]:
         """``search`` for a batch of queries (texts, embedded in one call, or a (q, dim)
         array) with the same filters (``where`` included): one native call that spreads the queries over the
         cores. Returns one ``Hits`` per query, in order. Text queries are hybrid as in
-        ``search`` (``lexical_weight``) and share its retrieval cache: a text asked before
-        since the last write is answered from it (``cached=True``), not embedded again."""
+        ``search`` (``lexical_weight``, ``as_of``, ``context``) and share its retrieval cache:
+        a text asked before since the last write is answered from it (``cached=True``), not
+        embedded again."""
         self._check_open()
         t0 = time.perf_counter()
         k, n_probe = _check_search_args(k, mode, n_probe)
+        until = _until_as_of(until, as_of)
+        context = _check_context(context)
         lw = self._lexical_weight(lexical_weight)
         cond = filters.parse(where)
         texts = None
@@ -799,7 +912,8 @@ class MemoryStore:
         # Text queries go through search()'s cache (same key), unless the SLM picks clusters
         # per query (search() does, search_many does not: their results differ).
         use_cache = texts is not None and bool(self.config.cache_size) and not self.config.slm.select_clusters
-        keys = [_cache_key(t, k, namespace, kind, since, until, mode, n_probe, lw, cond) for t in texts] if use_cache else []
+        keys = [_cache_key(t, k, namespace, kind, since, until, mode, n_probe, lw, cond, context)
+                for t in texts] if use_cache else []
         found: dict[int, Hits] = {}
         if use_cache:
             for i, key in enumerate(keys):
@@ -821,7 +935,7 @@ class MemoryStore:
         with state.lock.read():
             generation = state.cache.generation  # no write clears the cache while we read
             fresh = self._searcher.search(qvecs, k, (namespace, kind, since, until, cond), mode, n_probe,
-                                          texts=fresh_texts, lexical_weight=lw)
+                                          texts=fresh_texts, lexical_weight=lw, context=context)
         latency = time.perf_counter() - t0
         for i, hits in zip(todo, fresh):
             hits.latency_s = latency / len(fresh)
@@ -1147,10 +1261,11 @@ def _warm(index: VectorIndex) -> None:
 
 
 def _cache_key(text: str | None, k: int, namespace: str | None, kind: str | None, since: float | None,
-               until: float | None, mode: str, n_probe: int | None, lexical_weight: float, cond: Any) -> tuple:
+               until: float | None, mode: str, n_probe: int | None, lexical_weight: float, cond: Any,
+               context: int = 0) -> tuple:
     """The retrieval cache's key: the query text and every argument that changes the result,
     checked and normalised; ``search`` and ``search_many`` share entries through it."""
-    return (text, k, namespace, kind, since, until, mode, n_probe, lexical_weight, cond)
+    return (text, k, namespace, kind, since, until, mode, n_probe, lexical_weight, cond, context)
 
 
 def _from_cache(cached: Hits) -> Hits:
@@ -1170,6 +1285,32 @@ def _check_search_args(k: Any, mode: str, n_probe: Any) -> tuple[int, int | None
                                 or n_probe < 1):
         raise ValueError(f"n_probe must be a positive integer, got {n_probe!r}")
     return int(k), None if n_probe is None else int(n_probe)
+
+
+#: Most neighbouring turns a hit may carry on each side (``search(context=...)``).
+MAX_CONTEXT = 16
+
+
+def _check_context(context: Any) -> int:
+    if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or not 0 <= context <= MAX_CONTEXT:
+        raise ValueError(f"context must be an integer from 0 to {MAX_CONTEXT} (turns each side), got {context!r}")
+    return int(context)
+
+
+def _until_as_of(until: float | None, as_of: Any) -> float | None:
+    """The search's ``until`` bound once ``as_of`` (inclusive: memories created at ``as_of``
+    count) is applied; ValueError naming ``as_of`` when it is not a time."""
+    if as_of is None:
+        return until
+    if isinstance(as_of, datetime.datetime):
+        as_of = as_of.timestamp()
+    if isinstance(as_of, bool) or not isinstance(as_of, (int, float, np.integer, np.floating)):
+        raise ValueError(f"as_of must be a time (seconds since the epoch, or a datetime), got {type(as_of).__name__}")
+    as_of = float(as_of)
+    if not math.isfinite(as_of) or as_of < 0:
+        raise ValueError(f"as_of must be a finite time at or after the epoch, got {as_of!r}")
+    bound = math.nextafter(as_of, math.inf)
+    return bound if until is None else min(until, bound)
 
 
 def _check_store_dir(path: Path, read_only: bool) -> None:
@@ -1281,7 +1422,7 @@ def _take(items: Sequence[Any], at: Sequence[int]) -> list[Any]:
 
 def _memory(r: tuple, clusters: list[tuple[int, float]]) -> Memory:
     """A ``Memory`` from ``Catalog.memories``' tuple and its (cluster, affinity) pairs."""
-    return Memory(*r[:9], r[9] != catalog_mod.LIVE, clusters, r[11])
+    return Memory(*r[:9], r[9] != catalog_mod.LIVE, clusters, *r[11:16])
 
 
 def _make_cursor(memory_id: int) -> str:

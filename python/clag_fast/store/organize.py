@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from clag_fast.store import routing
+from clag_fast.store.catalog import LIVE
 from clag_fast.store.placement import add_clusters
 from clag_fast.store.state import StoreState
 
@@ -297,6 +298,50 @@ def cluster_neighbours(state: StoreState, row: int, n: int) -> list[tuple[int, s
     mids = state.rows.memory_id[top].tolist()
     texts = state.catalog.texts(mids)
     return [(m, texts[m]) for m in mids if m in texts]
+
+
+def update_candidate(state: StoreState, row: int, least: float) -> tuple[int, str] | None:
+    """(memory id, text) of the older live memory of ``row``'s namespace, in its cluster, most
+    similar to it, if at least ``least`` alike and not a copy; else None. Call under a lock."""
+    idx, rows = state.index, state.rows
+    cid = int(idx.cluster_of(np.asarray([row]))[0])
+    if cid < 0:
+        return None
+    members = np.concatenate([idx.members(cid), idx.secondary_members(cid)])
+    own = int(rows.memory_id[row])
+    keep = (rows.live[members] & (rows.namespace[members] == rows.namespace[row])
+            & (rows.memory_id[members] < own) & (rows.memory_id[members] >= 0))
+    members = np.unique(members[keep])
+    if len(members) == 0:
+        return None
+    sims = idx.vectors()[members] @ idx.vectors()[row]
+    sims[sims >= 0.995] = -1.0  # the same words again is a repeat, not an update
+    best = int(np.argmax(sims))
+    if sims[best] < least:
+        return None
+    mid = int(rows.memory_id[members[best]])
+    text = state.catalog.texts([mid]).get(mid)
+    return None if text is None else (mid, text)
+
+
+def apply_superseded(state: StoreState, pairs: list[tuple[int, int]]) -> None:
+    """(older memory id, newer memory id): the newer updates the older (database, then the
+    row table). Pairs whose memories died meanwhile are skipped. Call under the write lock."""
+    rows = state.rows
+    live = []
+    for old, new in pairs:
+        at_old, at_new = state.catalog.row_of(old), state.catalog.row_of(new)
+        if at_old is not None and at_new is not None and at_old[1] == at_new[1] == LIVE:
+            live.append((old, new, at_old[0], at_new[0]))
+    if not live:
+        return
+    with state.catalog.transaction():
+        state.catalog.set_superseded([(old, new) for old, new, _, _ in live])
+    for old, new, old_row, new_row in live:
+        rows.superseded_by[old_row] = new
+        rows.successor_rows[new] = new_row
+    rows.touch(np.asarray([o for _, _, o, _ in live], np.int64))
+    state.cache.clear()
 
 
 def apply_evolution(state: StoreState, memory_id: int, links: list[int], tags: list[str]) -> None:

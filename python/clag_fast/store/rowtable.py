@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from clag_fast.decay import ForgettingPolicy
+from clag_fast.store import threads
 
 
 #: Searches recorded before their accesses are applied to the columns in one batch.
@@ -40,7 +41,23 @@ class RowTable:
         # Searches' accesses not yet written to SQLite (``state.AccessLog``).
         self.unflushed = np.empty(0, np.int32)
         self.strength = np.empty(0, np.float32)
-        self._codes: dict[str, dict[str, int]] = {"namespace": {}, "kind": {}}
+        # Conversation structure (``store.threads``): the memory's thread (a code of its
+        # namespace and thread), its place in the thread, its neighbours there (-1: none), its
+        # speaker (-1: none), its text's words and whether it asks a question, and the id of a
+        # newer memory that updates it (-1: none).
+        self.group = np.empty(0, np.int32)
+        self.order = np.empty(0, np.float64)
+        self.prev = np.empty(0, np.int64)
+        self.next = np.empty(0, np.int64)
+        self.speaker = np.empty(0, np.int32)
+        self.words = np.empty(0, np.int32)
+        self.asks = np.empty(0, bool)
+        self.superseded_by = np.empty(0, np.int64)
+        self.tails: dict[int, int] = {}  # thread code -> its last linked row
+        # memory id -> row of the memories that supersede others (search checks the newer
+        # memory of a superseded hit; only these few ids need their row found).
+        self.successor_rows: dict[int, int] = {}
+        self._codes: dict[str, dict[str, int]] = {"namespace": {}, "kind": {}, "group": {}, "speaker": {}}
         self.version = 0
         self.n_live = 0  # live rows, kept by set_rows and kill (a count per write was O(rows))
         # (version, rows that write changed) of the last writes: derived per-row state (decay
@@ -64,6 +81,14 @@ class RowTable:
                 ("access_count", 0.0),
                 ("unflushed", 0),
                 ("strength", 1.0),
+                ("group", -1),
+                ("order", np.nan),
+                ("prev", -1),
+                ("next", -1),
+                ("speaker", -1),
+                ("words", 0),
+                ("asks", False),
+                ("superseded_by", -1),
             ):
                 old = getattr(self, name)
                 new = np.full(cap, fill, dtype=old.dtype)
@@ -153,10 +178,46 @@ class RowTable:
         self.strength[rows] = 1.0 if strength is None else strength
         self.live[rows] = True if live is None else live
         self.n_live += self._count_live(rows) - was_live
+        if self.successor_rows:  # a superseding memory written anew (update, upsert): its new row
+            moved = self.successor_rows.keys() & set(np.asarray(memory_ids).tolist())
+            for mid in moved:
+                self.successor_rows[mid] = int(np.asarray(rows)[np.asarray(memory_ids) == mid][-1])
         self.touch(np.asarray(rows, np.int64))
+
+    def set_conversation(self, rows: np.ndarray, groups: Sequence[str] | str, orders: np.ndarray,
+                         speakers: Sequence[str | None] | None, words: np.ndarray, asks: np.ndarray,
+                         superseded_by: np.ndarray | None = None, *, link: bool = True) -> None:
+        """The conversation columns of ``rows`` (already set by ``set_rows``): thread keys
+        (``threads.group_key``; one string: the same for every row), places in the thread,
+        speakers (None: none, for one row or all), words and question flags of their texts;
+        ``link``: join them to their threads' neighbours."""
+        rows = np.asarray(rows, np.int64)
+        # One thread for the whole batch (the usual add: one namespace, no thread given) is
+        # one code, not a lookup per row.
+        self.group[rows] = self.code("group", groups) if isinstance(groups, str) else self._encode("group", groups)
+        self.order[rows] = orders
+        codes = np.full(len(rows), -1, np.int32)
+        named = [] if speakers is None else [i for i, s in enumerate(speakers) if s is not None]
+        if named:
+            codes[named] = self._encode("speaker", [speakers[i] for i in named])
+        self.speaker[rows] = codes
+        self.words[rows] = words
+        self.asks[rows] = asks
+        self.superseded_by[rows] = -1 if superseded_by is None else superseded_by
+        if superseded_by is not None and (superseded_by >= 0).any():
+            self.find_successors(np.unique(superseded_by[superseded_by >= 0]))
+        if link:
+            threads.link_new(self, rows)
+
+    def find_successors(self, memory_ids: np.ndarray) -> None:
+        """Record the live rows of these superseding memories (``successor_rows``)."""
+        n = self.n
+        at = np.flatnonzero(np.isin(self.memory_id[:n], memory_ids) & self.live[:n])
+        self.successor_rows.update(zip(self.memory_id[at].tolist(), at.tolist()))
 
     def kill(self, rows: np.ndarray) -> None:
         self.n_live -= self._count_live(rows)
+        threads.unlink(self, rows)
         self.live[rows] = False
         self.touch(np.asarray(rows, np.int64))
 

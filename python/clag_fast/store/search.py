@@ -16,16 +16,20 @@ with no indexable word (punctuation, emoji, stopwords) is searched by vectors on
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from clag_fast.index import SearchResult
-from clag_fast.results import Hit, Hits, make_hit
+from clag_fast.results import Hit, Hits, Turn, make_hit
+from clag_fast.store import context as context_mod
 from clag_fast.store import filters as filters_mod
-from clag_fast.store.lexical import LexicalIndex, fuse
+from clag_fast.store import threads
+from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.rowtable import RowTable
 from clag_fast.store.state import StoreState
 
@@ -74,6 +78,7 @@ class Searcher:
         # probe_plan's answers by (n_probe, hybrid, cluster count): a pure function of them
         # (the config is frozen), asked on every search.
         self._plans: dict[tuple, tuple[int, dict]] = {}
+        self._speakers = context_mod.SpeakerNames()
 
     def eligible(self, filters: tuple) -> tuple[np.ndarray | None, int]:
         """(row mask or None, eligible count) for (namespace, kind, since, until, where), the
@@ -184,19 +189,21 @@ class Searcher:
 
     def search(self, qvecs: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None,
                selected: list[int] | None = None, texts: list[str] | None = None,
-               lexical_weight: float = 0.0) -> list[Hits]:
+               lexical_weight: float = 0.0, context: int = 0) -> list[Hits]:
         """One ``Hits`` per query row of ``qvecs`` (q, dim). Call under the read lock.
 
         ``texts`` (the query texts, or None for vector queries) with ``lexical_weight`` > 0
-        make it a hybrid search (module docstring)."""
+        make it a hybrid search (module docstring). ``context``: each hit carries its
+        neighbours up to this many turns away in its thread."""
         state = self.state
         entry = self._entry(filters)
         mask, candidates = entry.mask, entry.count
         if candidates == 0:
             return [Hits([], candidates=0, scanned=0, mode=mode) for _ in range(len(qvecs))]
         weights = self._decay_weights()
+        shown = _Shown(mask, context)
         if selected:
-            return [self._search_selected(qvecs, k, mask, candidates, selected, weights)]
+            return [self._search_selected(qvecs, k, mask, candidates, selected, weights, shown)]
         idx = state.index
         n_clusters = idx.n_clusters()
         eff_mode = mode if n_clusters else "flat"
@@ -207,16 +214,16 @@ class Searcher:
         hybrid = texts is not None and lexical_weight > 0
         if eff_mode == "flat" and mask is not None and candidates <= SUBSET_ROWS and not hybrid:
             res = self._subset_search(qvecs, k, entry, weights)
-            return [Hits(self._hits(res, q), scanned=candidates, candidates=candidates, mode="flat")
+            return [Hits(self._hits(res, q, shown), scanned=candidates, candidates=candidates, mode="flat")
                     for q in range(len(qvecs))]
         probe, adaptive = self.probe_plan(n_probe, hybrid, n_clusters)
         if hybrid:
             out = []
             for q, text in enumerate(texts):
                 hits = self._hybrid(qvecs[q], text, k, filters, mask, candidates, eff_mode, probe, weights,
-                                    lexical_weight, adaptive)
+                                    lexical_weight, adaptive, shown)
                 out.append(hits if hits is not None else
-                           self.search(qvecs[q:q + 1], k, filters, mode, n_probe)[0])
+                           self.search(qvecs[q:q + 1], k, filters, mode, n_probe, context=context)[0])
             return out
         res = idx.search(qvecs, k=k, n_probe=probe, mode=eff_mode, mask=mask, weights=weights, **adaptive)
         out = []
@@ -233,15 +240,16 @@ class Searcher:
         for q in range(len(qvecs)):
             if q in where:
                 i = where[q]
-                out.append(Hits(self._hits(flat, i), scanned=int(flat.scanned[i]), candidates=candidates,
+                out.append(Hits(self._hits(flat, i, shown), scanned=int(flat.scanned[i]), candidates=candidates,
                                 mode="flat"))
                 continue
             probed = _probed(res.probed[q].tolist()) if eff_mode == "two_stage" else []
-            out.append(Hits(self._hits(res, q), scanned=scanned[q], candidates=candidates,
+            out.append(Hits(self._hits(res, q, shown), scanned=scanned[q], candidates=candidates,
                             clusters_probed=probed, mode=eff_mode))
         return out
 
-    def search_vector(self, q: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None) -> Hits:
+    def search_vector(self, q: np.ndarray, k: int, filters: tuple, mode: str, n_probe: int | None,
+                      context: int = 0) -> Hits:
         """``search`` of one vector query (float32[dim], its shape checked; NaN and infinity
         are refused here: by the native search on the fast path). Call under the read lock.
 
@@ -260,14 +268,14 @@ class Searcher:
                 rows, scores, clusters, mids, scanned, probed = state.index.search_one(
                     q, state.rows.memory_id, k, probe, mode, entry.mask, self._decay_weights(), **adaptive)
                 if len(rows) >= min(k, candidates):
-                    return Hits(self._hit_list(rows, scores, clusters, mids), scanned=scanned,
-                                candidates=candidates, clusters_probed=probed, mode=mode)
+                    return Hits(self._hit_list(rows, scores, clusters, mids, _Shown(entry.mask, context)),
+                                scanned=scanned, candidates=candidates, clusters_probed=probed, mode=mode)
         check_finite_query(q)  # an empty filter or store answers without the native check
-        return self.search(q[None, :], k, filters, mode, n_probe)[0]
+        return self.search(q[None, :], k, filters, mode, n_probe, context=context)[0]
 
     def _hybrid(self, q: np.ndarray, text: str, k: int, filters: tuple, mask: np.ndarray | None,
                 candidates: int, mode: str, probe: int, weights: np.ndarray | None,
-                weight: float, adaptive: dict | None = None) -> Hits | None:
+                weight: float, adaptive: dict | None, shown: "_Shown") -> Hits | None:
         """Hybrid search of one query; None when the query has no word in scope (vectors only).
         ``adaptive``: the probe rule's arguments for the native two-stage search."""
         state = self.state
@@ -288,7 +296,8 @@ class Searcher:
         lexical.sync(rows.live[: rows.n], rows.version)  # a no-op unless rows died since the last sync
         # Term statistics are the namespace's (kept per namespace in the core: no mask, no
         # counting); the row mask is passed only when kind/time filters narrow the rows further.
-        m = lexical.score(text, filters[0], None if all(f is None for f in filters[1:]) else mask, pool, v_rows)
+        narrowed = any(f is not None for f in filters[1:])
+        m = lexical.score(text, filters[0], mask if narrowed else None, pool, v_rows)
         if m.terms == 0 or len(m.rows) == 0:
             return None
         scanned = int(res.scanned[0])
@@ -324,14 +333,18 @@ class Searcher:
         if weights is not None:
             cos[count:] *= weights[others]
             bm *= weights[cand]
-        fused = fuse(cos, bm, weight, state.config.lexical_fusion, m.max_possible)
-        top = np.argsort(-fused, kind="stable")[:k]
-        hit_rows = cand[top]
-        res = SearchResult(hit_rows[None, :], fused[top][None, :].astype(np.float32),
+        query = context_mod.Query(q, text, filters[0], mask, narrowed, weights, weight, state.config.lexical_fusion,
+                                  m.max_possible)
+        ranked = context_mod.rank(state.config.ranking, rows, idx.vectors(), lexical, query, cand, cos, bm,
+                                  self._speakers)
+        scanned += ranked.scored
+        top = np.argsort(-ranked.scores, kind="stable")[:k]
+        hit_rows = ranked.rows[top]
+        res = SearchResult(hit_rows[None, :], ranked.scores[top][None, :],
                            idx.cluster_of(hit_rows)[None, :], np.asarray([len(top)]),
                            np.asarray([scanned]), np.asarray([probed], np.int64).reshape(1, -1))
-        return Hits(self._hits(res, 0), scanned=min(scanned, candidates), candidates=candidates,
-                    clusters_probed=probed, mode=mode)
+        return Hits(self._hits(res, 0, _Shown(shown.mask, shown.context, ranked.superseded)), scanned=min(scanned, candidates),
+                    candidates=candidates, clusters_probed=probed, mode=mode)
 
     def _subset(self, entry: _FilterEntry) -> tuple[np.ndarray, np.ndarray]:
         """The eligible rows of a filter cache entry (uint32, ascending) and their vectors
@@ -369,7 +382,7 @@ class Searcher:
                     break
         return out
 
-    def _search_selected(self, qvecs, k, mask, candidates, selected: list[int], weights) -> Hits:
+    def _search_selected(self, qvecs, k, mask, candidates, selected: list[int], weights, shown: "_Shown") -> Hits:
         """Stage 2 over the clusters the SLM selected (query-time cluster selection)."""
         idx = self.state.index
         live = set(idx.cluster_ids().tolist())
@@ -379,10 +392,10 @@ class Searcher:
             in_clusters[np.concatenate(members)] = True
         sub = in_clusters if mask is None else mask & in_clusters
         res = idx.search(qvecs[:1], k=k, mode="flat", mask=sub, weights=weights)
-        return Hits(self._hits(res, 0), scanned=int(sub.sum()), candidates=candidates,
+        return Hits(self._hits(res, 0, shown), scanned=int(sub.sum()), candidates=candidates,
                     clusters_probed=list(selected), mode="two_stage")
 
-    def _hits(self, res, q: int) -> list[Hit]:
+    def _hits(self, res, q: int, shown: "_Shown") -> list[Hit]:
         """Hits for query ``q`` of a native result, with texts and labels; records the access."""
         state = self.state
         count = int(res.counts[q])
@@ -390,11 +403,12 @@ class Searcher:
             return []
         hit_rows = res.ids[q, :count]
         return self._hit_list(hit_rows.tolist(), res.scores[q, :count].tolist(), res.clusters[q, :count].tolist(),
-                              state.rows.memory_id[hit_rows].tolist())
+                              state.rows.memory_id[hit_rows].tolist(), shown)
 
-    def _hit_list(self, rows: list[int], scores: list[float], clusters: list[int], mids: list[int]) -> list[Hit]:
+    def _hit_list(self, rows: list[int], scores: list[float], clusters: list[int], mids: list[int],
+                  shown: "_Shown") -> list[Hit]:
         """Hits of one query from its hit rows, scores, primary clusters (-1: none) and memory
-        ids, with texts and cluster labels; records the access."""
+        ids, with texts and cluster labels (and what ``shown`` adds); records the access."""
         state = self.state
         label = state.profiles.get
         unlabelled = ("", ())
@@ -403,7 +417,71 @@ class Searcher:
                 for mid, score, cid, (text, kind_, ns, created, meta, key)
                 in zip(mids, scores, clusters, state.catalog.details_list(mids))]
         state.access.record(state.rows, rows, clusters, time.time())
+        r = state.rows
+        if r.successor_rows or shown.context:
+            hits = self._with_context(hits, rows, shown)
         return hits
+
+    def _with_context(self, hits: list[Hit], rows: list[int], shown: "_Shown") -> list[Hit]:
+        """The hits with their ``superseded_by`` (where the newer memory is eligible) and, when
+        ``shown.context`` > 0, their neighbouring turns."""
+        r = self.state.rows
+        eligible = r.live if shown.mask is None else shown.mask
+        superseded = shown.superseded
+        if superseded is None:
+            found = context_mod.successors_in_effect(r, np.asarray(rows, np.int64), r.successor_rows, eligible)
+            superseded = {row: int(r.memory_id[new]) for row, new in found.items()}
+            if found:
+                hits, rows = self._newer_first(hits, rows, found, shown)
+        turns: list[tuple[Turn, ...]] = [()] * len(rows)
+        if shown.context:
+            turns = self._turns(np.asarray(rows, np.int64), shown.context, eligible)
+        return [dataclasses.replace(h, superseded_by=superseded.get(row), context=t) if (row in superseded or t) else h
+                for h, row, t in zip(hits, rows, turns)]
+
+    def _newer_first(self, hits: list[Hit], rows: list[int], found: dict[int, int],
+                     shown: "_Shown") -> tuple[list[Hit], list[int]]:
+        """Hits (and their rows) with each newer memory ahead of the one it supersedes: moved
+        up when it is a hit too, else put in its place with its score, the list kept at its
+        length. Hybrid search ranks them so already; this orders the other searches."""
+        hits, rows = list(hits), list(rows)
+        for old_row, new_row in found.items():
+            if old_row not in rows:
+                continue  # dropped off the end by an earlier insertion
+            i = rows.index(old_row)
+            if new_row in rows:
+                j = rows.index(new_row)
+                if j > i:
+                    hits.insert(i, hits.pop(j))
+                    rows.insert(i, rows.pop(j))
+                continue
+            cid = int(self.state.index.cluster_of(np.asarray([new_row]))[0])
+            newer = self._hit_list([new_row], [hits[i].score], [cid], [int(self.state.rows.memory_id[new_row])],
+                                   _Shown(shown.mask, 0, {}))
+            hits.insert(i, newer[0])
+            rows.insert(i, new_row)
+            hits.pop()
+            rows.pop()
+        return hits, rows
+
+    def _turns(self, rows: np.ndarray, n: int, eligible: np.ndarray) -> list[tuple[Turn, ...]]:
+        """Per hit row, its live neighbours up to ``n`` turns before and after, in thread order."""
+        r = self.state.rows
+        around = threads.neighbours(r, rows, n)
+        picked = []
+        for i in range(len(rows)):
+            before = [(-(d + 1), int(around[2 * d][i])) for d in range(n)]
+            after = [(d + 1, int(around[2 * d + 1][i])) for d in range(n)]
+            picked.append([(off, row) for off, row in sorted(before) + after if row >= 0 and eligible[row]])
+        mids = sorted({int(r.memory_id[row]) for p in picked for _, row in p})
+        details = self.state.catalog.details(mids) if mids else {}
+        speakers = r.names("speaker")
+        out = []
+        for p in picked:
+            out.append(tuple(Turn(int(r.memory_id[row]), off, details[int(r.memory_id[row])][0],
+                                  speakers.get(int(r.speaker[row])))
+                             for off, row in p if int(r.memory_id[row]) in details))
+        return out
 
     def _decay_weights(self) -> np.ndarray | None:
         """Per-row decay weights: every row's once a minute, and in between those of the rows
@@ -441,6 +519,16 @@ class Searcher:
 
 
 _NO_FILTER = (None, None, None, None, None)  # (namespace, kind, since, until, where)
+
+
+class _Shown(NamedTuple):
+    """What a search's hits show besides their text and labels: the eligible rows (None: every
+    live row), how many neighbouring turns (``context``), and the superseded hits already
+    found (row -> newer memory id; None: look them up)."""
+
+    mask: np.ndarray | None
+    context: int = 0
+    superseded: dict[int, int] | None = None
 
 
 def _carried(entry: _FilterEntry, rows: RowTable, filters: tuple, changed: np.ndarray) -> _FilterEntry:

@@ -67,6 +67,7 @@ class SLMScheduler:
         self._pending: list[tuple[int, int, str, list[int], list[float]]] = []
         self._pending_lock = threading.Lock()
         self._evolve: list[tuple[int, int, str]] = []  # (memory id, row, text) awaiting evolution
+        self._updates: list[tuple[int, int, str]] = []  # (memory id, row, text) awaiting the update judge
         self._deferred: str | None = None  # a re-organisation a search asked for
         # A re-organisation that fell due during deferred adds
         # (``add_many(defer_organize=True)``) and has not run yet. Kept in the database too
@@ -153,6 +154,9 @@ class SLMScheduler:
         if self.config.evolution:
             with self._pending_lock:
                 self._evolve.extend((ids[i], int(rows[i]), texts[i]) for i in range(n))
+        if self.config.updates:
+            with self._pending_lock:
+                self._updates.extend((ids[i], int(rows[i]), texts[i]) for i in range(n))
         # The vector rule, not ``needs_slm``: the organiser connects to the SLM lazily, so
         # before its first call (a reopened store that needs no cold start) it has no client
         # yet, and ``needs_slm`` would turn SLM routing off until then.
@@ -181,7 +185,7 @@ class SLMScheduler:
             self._submit(("organize", None, "cold_start", LABELS_PER_PASS if defer else None))
             return
         with self._pending_lock:
-            n_pending = len(self._pending)
+            n_pending = max(len(self._pending), len(self._updates))
         if n_pending >= self.config.route_batch:
             self._submit(("route",))
         reason = self._triggers.due() or self._deferred or self._owed
@@ -293,6 +297,7 @@ class SLMScheduler:
         if pending:
             self._route(pending)
         self._run_evolution()
+        self._run_updates()
 
     def _route(self, pending: list) -> None:
         state = self._state
@@ -313,6 +318,25 @@ class SLMScheduler:
                 _, rows, targets = zip(*moves)
                 place_ops.move_rows(state, np.asarray(rows, np.int64), list(targets))
                 state.cache.clear()
+
+    def _run_updates(self) -> None:
+        """The update judge: each new memory against the most similar older memory of its
+        namespace in its cluster; a yes marks the older one superseded by it."""
+        with self._pending_lock:
+            todo, self._updates = self._updates, []
+        if not todo:
+            return
+        state = self._state
+        org = self.organizer()
+        for mid, row, text in todo:
+            with state.lock.read():
+                older = org_ops.update_candidate(state, row, self.config.update_similarity) \
+                    if state.rows.memory_id[row] == mid and state.rows.live[row] else None
+            if older is None:
+                continue
+            if org.judge_update(older[1], text):
+                with state.lock.write():
+                    org_ops.apply_superseded(state, [(older[0], mid)])
 
     def _run_evolution(self) -> None:
         """Localized evolution: the SLM links each new memory to neighbours in its cluster and

@@ -62,11 +62,10 @@ NOW = object()
 #: How each field type is written: the stricter types are written as the plain ones.
 WRITTEN_AS = {"id": "int", "key": "str", "text": "str"}
 
-#: The memory fields, in record order. A new memories-table column is one more line here
-#: (a conversation's thread, say: ``Field("thread", "thread", "str", nullable=True)``); its
-#: check, both file forms and the insert follow from its type. A field holding another
-#: memory's id keeps its meaning when the import keeps ids (into an empty store); into a
-#: store holding memories it would need the import's map from exported to new ids.
+#: The memory fields, in record order. A new memories-table column is one more line here; its
+#: check, both file forms and the insert follow from its type. ``superseded_by`` holds another
+#: memory's id: it keeps its meaning when the import keeps ids (into an empty store), and an
+#: import that gives new ids leaves it out (``Import``).
 FIELDS: tuple[Field, ...] = (
     Field("id", "id", "id", nullable=True),
     Field("key", "key", "key", nullable=True),
@@ -79,6 +78,10 @@ FIELDS: tuple[Field, ...] = (
     Field("access_count", "access_count", "int", default=0),
     Field("strength", "strength", "float", default=1.0),
     Field("archived", "state", "archived", default=False),
+    Field("thread", "thread", "str", nullable=True),
+    Field("turn", "turn", "float", nullable=True),
+    Field("speaker", "speaker", "str", nullable=True),
+    Field("superseded_by", "superseded_by", "id", nullable=True),
 )
 #: Record members that are not memories-table columns.
 VECTOR, CLUSTERS = "vector", "clusters"

@@ -47,7 +47,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from clag_fast.errors import DimensionMismatchError, MalformedRecordError
-from clag_fast.store import placement, routing
+from clag_fast.store import catalog as catalog_mod
+from clag_fast.store import placement, routing, threads
 from clag_fast.store.catalog import join
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.state import CHECKPOINT_ROWS, StoreState
@@ -310,7 +311,9 @@ class Import:
             first = catalog.next_memory_id()
             mids = np.arange(first, first + c.n, dtype=np.int64)
         columns = [f.column for f in record.FIELDS] + ["vector_row"]
-        values = [mids.tolist() if f.name == "id" else c.column(f) for f in record.FIELDS] + [rows.tolist()]
+        superseded = self._superseded(c)
+        values = [mids.tolist() if f.name == "id" else superseded if f.name == "superseded_by" else c.column(f)
+                  for f in record.FIELDS] + [rows.tolist()]
         live = ~c.archived
         ids_k, aff_k = self._local_pairs(c, cfg.soft_k)
         placed = ids_k[:, 0] >= 0
@@ -353,6 +356,7 @@ class Import:
         before = r.version
         r.set_rows(rows, mids, c.namespaces, c.kinds, c.created_at, last_accessed=c.last_accessed,
                    access_count=c.access_count.astype(np.float64), strength=c.strength, live=live)
+        self._set_conversation(c, rows, mids, superseded)
         state.fields.set(rows, c.metadata)
         if live.all():
             self.lexical.add(rows, c.texts, c.namespaces)
@@ -361,6 +365,29 @@ class Import:
             self.lexical.add(rows[at], [c.texts[i] for i in at.tolist()], [c.namespaces[i] for i in at.tolist()])
         self.lexical.mark_synced(before, r.version)
         state.cache.clear()
+
+    def _superseded(self, c: Checked) -> list[int | None]:
+        """The records' ``superseded_by`` as stored: the ids they name where the import keeps
+        ids, else none (new ids would leave them naming other memories)."""
+        value = c.values.get("superseded_by")
+        if value is None or not self.keep_ids:
+            return [None] * c.n
+        return [None if x < 0 else x for x in np.asarray(value).tolist()]
+
+    def _set_conversation(self, c: Checked, rows: np.ndarray, mids: np.ndarray, superseded: list[int | None]) -> None:
+        """The row table's conversation columns of the imported rows, linked into their threads."""
+        r = self.state.rows
+        threads_col = c.values.get("thread") or [None] * c.n
+        turns = c.values.get("turn")
+        orders = mids.astype(np.float64)
+        if turns is not None:
+            turns = np.asarray(turns, np.float64)
+            orders = np.where(np.isnan(turns), orders, turns)
+        words, asks = catalog_mod.text_shapes(c.texts)
+        groups = [threads.group_key(ns, t) for ns, t in zip(c.namespaces, threads_col)]
+        by = np.asarray([-1 if s is None else s for s in superseded], np.int64)
+        r.set_conversation(rows, groups, orders, c.values.get("speaker"), words, asks, by, link=False)
+        threads.link_new(r, rows)
 
     # -- clusters -------------------------------------------------------------------------
     def _ensure_clusters(self, exported: list[int]) -> None:

@@ -1,0 +1,150 @@
+"""The last step of hybrid text search: candidates ranked by more than their fused score.
+
+The fused lexical + vector score (``store.lexical.fuse``) ranks each memory on its own words.
+In a conversation that misses the turn that answers: the query matches the turn that asked
+("What's the total for both of us?"), and the answer ("We said around 9,000") shares few of
+its words. So, with the store's ``RankingConfig``:
+
+* the best first-stage hits bring their thread neighbours (``store.threads``) into the
+  candidates, scored like the others;
+* each candidate receives a share of its neighbours' scores, more from a turn before it that
+  asks a question, and a candidate that asks a question keeps only part of its own;
+* a length prior favours memories with content over acknowledgements;
+* a query that names one speaker favours that speaker's memories;
+* a memory updated by a newer eligible one (``add(supersedes=...)``) ranks below it.
+
+Chosen on LoCoMo conversations 1-5 and checked on 6-10, the demo conversation and
+standard-library docstrings (BENCHMARKS.md, "Retrieval quality").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clag_fast import _clag_fast as _native
+from clag_fast.config import RankingConfig
+from clag_fast.store import threads
+from clag_fast.store.lexical import LexicalIndex, fuse
+from clag_fast.store.rowtable import RowTable
+
+
+@dataclass(frozen=True)
+class Query:
+    """One hybrid query as its candidates were scored: the query vector and text, the
+    namespace its term statistics come from, the eligible rows (``mask``; None: every live
+    row), whether kind, time or metadata filters narrow the namespace (``narrowed``: lexical
+    lookups then take the mask), the decay weights (None: no decay) and the fusion (``weight``,
+    ``method``, BM25's ``max_possible``)."""
+
+    vector: np.ndarray
+    text: str
+    namespace: str | None
+    mask: np.ndarray | None
+    narrowed: bool
+    weights: np.ndarray | None
+    weight: float
+    method: str
+    max_possible: float
+
+
+@dataclass
+class Ranked:
+    """Candidates (vector rows) with their final scores, how many rows this step scored on top
+    of the first stage, and the superseded candidates whose newer memory is eligible too
+    (row -> the newer memory's id)."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+    scored: int = 0
+    superseded: dict[int, int] = field(default_factory=dict)
+
+
+_WORD = re.compile(r"\w+")
+
+
+class SpeakerNames:
+    """The words of each speaker's name, so a query can name a speaker ("What did Caroline
+    research?" names "Caroline"). Words match as written, capitals included: a name is
+    written with its capitals, while a role spelt in lower case ("what can the user eat?")
+    names nobody in particular."""
+
+    def __init__(self) -> None:
+        self._words: list[tuple[int, frozenset[str]]] = []
+        self._known = 0
+
+    def named(self, rows: RowTable, query: str) -> list[int]:
+        """Codes of the speakers all of whose name words appear in ``query``."""
+        names = rows.names("speaker")
+        if len(names) != self._known:  # codes only grow: rebuild when a speaker was added
+            self._words = [(c, frozenset(_WORD.findall(n))) for c, n in names.items()]
+            self._known = len(names)
+        words = set(_WORD.findall(query))
+        return [c for c, name in self._words if name and name <= words]
+
+
+def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: LexicalIndex, query: Query,
+         cand: np.ndarray, cos: np.ndarray, bm: np.ndarray, speakers: SpeakerNames) -> Ranked:
+    """Final scores of the candidates ``cand`` (vector rows) of one hybrid ``query``, whose
+    cosines and BM25 scores (decay-weighted) are ``cos`` and ``bm``; rows may join them
+    (neighbours, newer versions)."""
+    fused = _fuse(query, cos, bm)
+    eligible = rows.live if query.mask is None else query.mask
+    hops = len(cfg.neighbour_weights)
+    succ = successors_in_effect(rows, cand, rows.successor_rows, eligible)
+    joining: set[int] = set(succ.values())
+    if cfg.expand and hops:
+        top = cand[np.argsort(-fused, kind="stable")[: cfg.expand]]
+        for near in threads.neighbours(rows, top, hops):
+            joining.update(near.tolist())
+    scored = 0
+    # A few dozen rows: Python sets beat numpy's set operations at this size.
+    extra = sorted(r for r in joining - set(cand.tolist()) if r >= 0 and eligible[r])
+    if extra:
+        extra = np.asarray(extra, np.int64)
+        scored = len(extra)
+        e_cos = np.einsum("ij,j->i", vectors[extra], query.vector).astype(np.float32)
+        e_bm = lexical.score(query.text, query.namespace, query.mask if query.narrowed else None, 0,
+                             extra).looked.astype(np.float32)
+        if query.weights is not None:
+            e_cos *= query.weights[extra]
+            e_bm *= query.weights[extra]
+        cand = np.concatenate([cand, extra])
+        fused = _fuse(query, np.concatenate([cos, e_cos]), np.concatenate([bm, e_bm]))
+    named = speakers.named(rows, query.text) if cfg.speaker_boost else []
+    n = rows.n
+    scores = _native.context_scores(
+        cand, np.ascontiguousarray(fused, np.float32), rows.prev[:n], rows.next[:n], rows.asks[:n], rows.words[:n],
+        rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
+        cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
+    in_effect = {}
+    if succ:
+        pos = {r: i for i, r in enumerate(cand.tolist())}
+        for old, new_row in succ.items():
+            o, new = pos.get(old), pos.get(new_row)
+            if o is not None and new is not None:
+                scores[new] = max(scores[new], scores[o])
+                scores[o] *= cfg.superseded_weight
+                in_effect[old] = int(rows.memory_id[new_row])
+    return Ranked(cand, scores, scored, in_effect)
+
+
+def _fuse(query: Query, cos: np.ndarray, bm: np.ndarray) -> np.ndarray:
+    return fuse(cos, bm, query.weight, query.method, query.max_possible)
+
+
+def successors_in_effect(rows: RowTable, cand: np.ndarray, successors: dict[int, int],
+                         eligible: np.ndarray) -> dict[int, int]:
+    """Candidate row -> the row of the newer memory that supersedes it, where that memory is
+    live, still holds its row and is eligible (as of the search's time filter too)."""
+    if not successors:
+        return {}
+    ids = rows.superseded_by[cand]
+    out = {}
+    for row, mid in zip(cand[ids >= 0].tolist(), ids[ids >= 0].tolist()):
+        new_row = successors.get(mid)
+        if new_row is not None and rows.memory_id[new_row] == mid and eligible[new_row]:
+            out[row] = new_row
+    return out
