@@ -274,12 +274,16 @@ def test_overlap_stores_what_one_thread_stores(tmp_path, monkeypatch):
 
 
 def test_close_stops_the_helper_thread(tmp_path):
+    def helpers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("clag-fast-sqlite")}
+
+    before = helpers()  # another test's store still open is not this one's to stop
     texts, vecs = _batch(N, 0, seed=8)
     s = _open(tmp_path / "s")
     s.add_many(texts, embeddings=vecs)
-    assert any(t.name.startswith("clag-fast-sqlite") for t in threading.enumerate())
+    assert helpers() - before
     s.close()
-    assert not any(t.name.startswith("clag-fast-sqlite") for t in threading.enumerate())
+    assert not helpers() - before
 
 
 def test_a_large_batch_at_interpreter_exit_is_written(tmp_path):
@@ -304,4 +308,26 @@ atexit.register(at_exit)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"stored {N}" in out.stdout
+    assert _rows_in_database(tmp_path / "s") == N
+
+
+def test_ctrl_c_while_the_write_is_handed_over_writes_nothing(tmp_path, monkeypatch):
+    """The writer thread can start before ``submit`` returns: a Ctrl-C at that moment must not
+    leave it writing into a transaction the caller rolls back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    real = ThreadPoolExecutor.submit
+
+    def submit_then_interrupt(self, fn, *args, **kwargs):
+        real(self, fn, *args, **kwargs)  # queued, and the thread may already have taken it
+        raise KeyboardInterrupt
+
+    with _clustered(tmp_path / "s", seed=11) as (s, texts, vecs):
+        monkeypatch.setattr(ThreadPoolExecutor, "submit", submit_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            s.add_many(texts[100:], embeddings=vecs[100:])
+        monkeypatch.undo()
+        assert len(s) == 100 and _rows_in_database(tmp_path / "s") == 100
+        s.add_many(texts[100:], embeddings=vecs[100:])
+        assert len(s) == N
     assert _rows_in_database(tmp_path / "s") == N

@@ -465,15 +465,39 @@ class Catalog:
         ``readers()``, another connection. Why a thread:
         ``sqlite3_step`` runs without the GIL, so a large batch's inserts overlap work the
         caller does meanwhile in native code (``MemoryStore`` routes the batch)."""
+        # The thread waits for ``go`` before it writes: a Ctrl-C that reaches the caller while
+        # the write is being handed over (the thread may start at once, before ``submit``
+        # returns) must leave either no write at all or a future the caller waits for.
+        go = threading.Event()
+        decided: list[bool | None] = [None]  # True: write; False: abandoned before it began
+
+        def run() -> None:
+            go.wait()
+            if decided[0]:
+                write()
+
         with self._aside_lock:
             if self._closed:
                 return None
             if self._aside is None:
                 self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clag-fast-sqlite")
+            future: Future | None = None
             try:
-                return self._aside.submit(write)
-            except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-                return None
+                future = self._aside.submit(run)
+                decided[0] = True
+                go.set()
+                return future
+            except BaseException as e:
+                if decided[0]:  # interrupted after the decision: the write runs, wait for it
+                    go.set()
+                    join(future)
+                else:
+                    decided[0] = False
+                    go.set()
+                if isinstance(e, RuntimeError) and future is None:
+                    # "cannot schedule new futures after interpreter shutdown"
+                    return None
+                raise
 
     def checkpoint(self) -> None:
         """Copy the write-ahead log into the database (not inside a transaction; readers in

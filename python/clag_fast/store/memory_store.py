@@ -538,17 +538,19 @@ class MemoryStore:
         (measured: BENCHMARKS.md, Ingest)."""
         state = self._state
         vectors = state.index.vectors()[rows]
-        # None: a small batch, or no writer thread (closing, interpreter shutdown).
-        written = self._catalog.aside(write_rows) if len(rows) >= OVERLAP_ROWS else None
-        if written is None:
-            write_rows()
-            return placement.route_new_rows(state, rows, vectors)
+        written = None
         try:
+            # None: a small batch, or no writer thread (closing, interpreter shutdown).
+            written = self._catalog.aside(write_rows) if len(rows) >= OVERLAP_ROWS else None
+            if written is None:
+                write_rows()
+                return placement.route_new_rows(state, rows, vectors)
             placed = placement.route_new_rows(state, rows, vectors)
         finally:
             # Whatever happened here (a routing error, Ctrl-C), the caller's transaction ends
             # only once the writer thread's statements have: the connection is the caller's again.
-            catalog_mod.join(written)
+            if written is not None:
+                catalog_mod.join(written)
         written.result()  # a failed write raises here, and the caller's transaction rolls back
         return placed
 
