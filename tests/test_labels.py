@@ -11,7 +11,7 @@ from llm_fixtures import completion, dead_url, fake_server, managed_server, real
 
 from clag_fast.cli import main
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.labels.measures import ClusterLabel, groundedness, is_copy, measure, self_misses
+from clag_fast.labels.measures import ClusterLabel, groundedness, is_copy, is_generic, measure, self_misses
 from clag_fast.slm.client import LLMClient
 from clag_fast.slm.organizer import ClusterBrief, Organizer
 from clag_fast.store import MemoryStore
@@ -97,6 +97,34 @@ def test_measure_on_hand_built_clusters():
     assert "self_at_1" not in measure(clusters, centres, None)
     with pytest.raises(ValueError, match="5 clusters but 2 centres"):
         measure(clusters, centres[:2], None)
+
+
+# Labels written by the keyphrase selection before it knew topic phrases, on the demo's trip
+# conversation; read one by one, the first list names no topic.
+TALK_LABELS = ["bring · tonight", "Perfect · card", "Ready", "morning", "pass", "Safe", "No worries", "Ready to",
+               "Can't wait to hear", "You rock", "Thanks so much", "Wednesday April 14", "2 years", "April", ""]
+TOPIC_LABELS = ["vegetarian kaiseki", "JPY · journeys", "forecast · weather", "Kamogawa Residence", "HK-220931",
+                "allergy · epinephrine · doctor's", "Ghibli Museum tickets · April 11", "passport renewal", "東京",
+                "Cash · JPY", "Riverside · Hotel"]
+
+
+def test_a_generic_label_is_one_whose_words_are_all_common_or_not_nouns():
+    assert [t for t in TALK_LABELS if not is_generic(t)] == []
+    assert [t for t in TOPIC_LABELS if is_generic(t)] == []
+    assert not any(is_generic(n) for n in kp.NEUTRAL_LABELS)  # no claim: counted as neutral
+    # The cut is a number of words: "hotel" (the 1,190th) is common among the first 2,000.
+    assert not is_generic("hotel") and is_generic("hotel", common=2000)
+    with pytest.raises(ValueError, match="5000"):
+        is_generic("hotel", common=6000)
+
+
+def test_measure_counts_generic_labels_of_clusters_with_two_members_or_more():
+    members = GROUPS["hotel"] + GROUPS["rail"] + GROUPS["food"]
+    clusters = [ClusterLabel(i, t, [], members) for i, t in enumerate(TALK_LABELS[:4] + TOPIC_LABELS[:4])]
+    clusters += [ClusterLabel(8, kp.NEUTRAL_SMALL_TALK, [], members), ClusterLabel(9, "morning", [], ["one"])]
+    q = measure(clusters, np.eye(len(clusters), DIM, dtype=np.float32), None)
+    assert q["clusters"] == 9 and q["neutral"] == 1
+    assert q["generic"] == 4 and q["generic_rate"] == pytest.approx(4 / 9)
 
 
 def test_self_misses_name_the_labels_nearer_another_centre():
