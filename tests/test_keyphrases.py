@@ -466,7 +466,7 @@ def small_talk_case():
     that name no topic, and one member says "rush", a topic phrase of one member that points at
     a rival cluster about rush hours."""
     rivals = ["Rush hour trains", "The morning rush", "Help desk open", "Help desk ticket"]
-    got = kp.rank([kp.extract(t) for t in SMALL_TALK], *background(SMALL_TALK, rivals))
+    got = kp.rank([kp.extract(t) for t in SMALL_TALK], *background(SMALL_TALK, rivals), texts=SMALL_TALK)
     embed = words_embed(["no", "problem", "help", "rush"])
     own = np.array([0.7, 0.7, 0.2, 0.0], np.float32)
     centres = np.stack([own / np.linalg.norm(own), embed(["rush"])[0], embed(["help desk"])[0]])
@@ -485,13 +485,19 @@ def test_a_cluster_whose_common_words_point_home_and_topic_phrases_elsewhere_is_
     assert got.margins["problem"] > 0 > got.margins["rush"]
 
 
-def test_a_topic_phrase_keeps_the_label_where_common_words_do_not_point_home_either():
-    """The same cluster with its centre beside the rival's "rush" rather than its own words:
-    "rush" is still the best it has, and it is a topic phrase."""
-    got, embed, centres = small_talk_case()
-    centres[0] = embed(["rush no"])[0]
-    kp.by_distinctness({1: got}, [1, 2, 3], centres, embed)
-    assert got.neutral is None and kp.phrases_label(got)[0] == "rush"
+def test_a_topic_phrase_keeps_the_label_where_talk_points_home_even_less():
+    """No label points home, but the topic phrase "lighthouse" points nearer than any common
+    word or clause opening: the cluster keeps its topic label."""
+    members = ["The lighthouse, no problem", "The lighthouse was closed, no problem", "No problem, help is here",
+               "help, problem"]
+    rivals = ["lighthouse keeper", "lighthouse tours", "help desk", "help desk ticket"]
+    got = kp.rank([kp.extract(t) for t in members], *background(members, rivals), texts=members)
+    embed = axes_embed(["lighthouse", "problem", "help"])
+    own = np.array([0.9, -0.1, 0.0], np.float32)
+    centres = np.stack([own / np.linalg.norm(own), embed(["lighthouse"])[0], embed(["help"])[0]])
+    best = kp.by_distinctness({1: got}, [1, 2, 3], centres, embed)
+    assert best[1] <= 0 and got.talk < best[1]
+    assert got.neutral is None and kp.phrases_label(got)[0] == "lighthouse"
 
 
 def test_without_an_embedder_a_cluster_without_topic_phrases_is_small_talk():

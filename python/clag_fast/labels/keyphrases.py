@@ -51,7 +51,7 @@ import numpy as np
 
 from clag_fast.labels import wordclass
 
-__all__ = ["Keyphrase", "ClusterPhrases", "PhraseCache", "extract", "rank", "label", "phrases_label", "texts_label",
+__all__ = ["Keyphrase", "ClusterPhrases", "PhraseCache", "extract", "openings", "rank", "label", "phrases_label", "texts_label",
            "by_distinctness", "margins", "content_words", "topic_phrase", "NEUTRAL_LABEL", "NEUTRAL_MIXED",
            "NEUTRAL_SMALL_TALK", "NEUTRAL_LABELS", "STOPWORDS"]
 
@@ -279,6 +279,39 @@ def extract(text: str) -> dict[str, str]:
     return out
 
 
+# An opening does not start with these: read from a conjunction, article or preposition it is a
+# clause's tail ("and the food", "of you means"), not how one begins.
+_OPENING_NOT_FIRST = _JOINERS | frozenset("a an the and or but so as with by from than that which".split())
+OPENING_WORDS = 4
+
+
+def openings(text: str) -> dict[str, str]:
+    """The clause openings of ``text`` that ``extract`` cannot give: two to ``OPENING_WORDS``
+    words from a clause's start (the text's start, or after punctuation) that begin with a
+    stopword and end with a content word: "No worries", "Can't wait to hear", "You rock",
+    "Let's keep movin". Casefolded key -> as written; spaced scripts only.
+
+    A chat cluster is often set apart by how its members say things more than by a topic
+    word (thanks, encouragement, goodbyes between the same two people): where these point at
+    a cluster and no topic phrase does, the cluster is small talk (``by_distinctness``). They
+    are never labels."""
+    toks = _tokens(text)
+    out: dict[str, str] = {}
+    n = len(toks)
+    for i in range(n):
+        w0, s0, joins0 = toks[i]
+        if joins0 or s0 or _content(w0, 0) or w0.casefold() in _OPENING_NOT_FIRST:
+            continue
+        for j in range(i + 1, min(i + OPENING_WORDS, n)):
+            wj, sj, joins = toks[j]
+            if not joins or sj:
+                break
+            if _content(wj, 0) and not _is_number(wj):
+                phrase = " ".join(t for t, _, _ in toks[i:j + 1])
+                out.setdefault(phrase.casefold(), phrase)
+    return out
+
+
 def content_words(text: str) -> list[str]:
     """Casefolded content words of ``text`` (the unit of the groundedness measure); for
     spaceless scripts, single characters that are not kana."""
@@ -339,6 +372,9 @@ class ClusterPhrases:
     # Each embedded phrase's margin alone (``by_distinctness``): > 0 when it points at this
     # cluster's centre rather than another.
     margins: dict[str, float] = field(default_factory=dict)
+    # The best margin of a label holding common words or clause openings (``by_distinctness``):
+    # how well the members' talk, rather than a topic, points at the cluster.
+    talk: float = -math.inf
     # Finds typical members' phrases when first asked (``rank`` sets it; arguments: how many
     # members, how many phrases each): only clusters no label points at need them, and
     # finding them for every cluster cost a fifth more than ranking.
@@ -346,6 +382,9 @@ class ClusterPhrases:
     # Finds every phrase of the members read (``rank`` sets it; argument: at most how many,
     # best document-count score first): for the wide look only.
     find_every: Callable[[int], list[Keyphrase]] | None = field(default=None, repr=False, compare=False)
+    # Finds the clause openings of the members read (``rank`` sets it when given their texts;
+    # argument: at most how many): to tell small talk only.
+    find_openings: Callable[[int], list[Keyphrase]] | None = field(default=None, repr=False, compare=False)
     _typical: list[Keyphrase] | None = field(default=None, init=False, repr=False, compare=False)
 
     def phrases(self, n: int | None = None) -> list[str]:
@@ -379,9 +418,15 @@ class ClusterPhrases:
         return self.find_typical(members, each) if self.find_typical is not None else []
 
     def every_phrase(self, limit: int) -> list[Keyphrase]:
-        """Every phrase of the members read, shared or one member's own, at most ``limit`` (best
-        document-count score first); empty for a cluster ranked without them."""
+        """Every topic phrase of the members read, shared or one member's own, at most
+        ``limit`` (best document-count score first); empty for a cluster ranked without them."""
         return self.find_every(limit) if self.find_every is not None else []
+
+    def opening_phrases(self, limit: int) -> list[Keyphrase]:
+        """The members' clause openings (``openings``), at most ``limit``: those more members
+        say first, then those of the more typical members; empty for a cluster ranked without
+        its members' texts."""
+        return self.find_openings(limit) if self.find_openings is not None else []
 
 
 class PhraseCache:
@@ -487,7 +532,7 @@ def _phrase_score(key: str, c: int, n: int, forms: dict[str, dict[str, int]], ba
 
 
 def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None, n_background: int = 0,
-         limit: int = 12) -> ClusterPhrases:
+         limit: int = 12, texts: Sequence[str] | None = None) -> ClusterPhrases:
     """Rank the phrases of one cluster's ``members`` (each ``extract``'s output).
 
     ``background_df``: in how many memories of the namespace each phrase key occurs (the
@@ -496,7 +541,11 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     cluster has two or more: one member's phrase says nothing about the rest. Topic phrases
     (``topic_phrase``) come first, so a common word ("card") never takes the idea of a topic
     phrase that holds it ("Suica card"); the other phrases follow, for clusters that have none.
+    ``texts``: the members' texts in the same order, for their clause openings
+    (``opening_phrases``).
     """
+    if texts is not None and len(texts) != len(members):
+        raise ValueError(f"{len(texts)} texts for {len(members)} members")
     n = len(members)
     if n == 0:
         return ClusterPhrases()
@@ -519,8 +568,9 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
         short = np.median([len(m) for m in members]) <= 3
         return ClusterPhrases(chosen, NEUTRAL_LABEL if short else NEUTRAL_MIXED)
     used = set().union(*(_idea_words(k.text.casefold()) for k in chosen if k.topical))
-    more = _MoreLooks(members, df, forms, single, used, n, N, background_df)
-    return ClusterPhrases(chosen, None, members=n, find_typical=more.typical, find_every=more.every)
+    more = _MoreLooks(members, texts, df, forms, single, used, n, N, background_df)
+    return ClusterPhrases(chosen, None, members=n, find_typical=more.typical, find_every=more.every,
+                          find_openings=more.openings if texts is not None else None)
 
 
 def _counts(members: Sequence[dict[str, str]]) -> tuple[Counter[str], dict[str, dict[str, int]]]:
@@ -569,6 +619,7 @@ class _MoreLooks:
     cluster whose shared phrases are too common to point at it ("help", "keep" in a chat)."""
 
     members: Sequence[dict[str, str]]  # nearest the centre first
+    texts: Sequence[str] | None
     df: Counter[str]
     forms: dict[str, dict[str, int]]
     single: dict[str, float]  # scores of the phrases one member holds
@@ -606,6 +657,21 @@ class _MoreLooks:
         keys = sorted((k for k in scores if scores[k] > 0), key=lambda k: (-scores[k], k))[:limit]
         return [Keyphrase(_surface(self.forms[k]), round(scores[k], 4), self.df[k], round(self.df[k] / self.n, 3))
                 for k in keys]
+
+    def openings(self, limit: int) -> list[Keyphrase]:
+        """The members' most said clause openings."""
+        said: Counter[str] = Counter()
+        form: dict[str, str] = {}
+        first: dict[str, int] = {}
+        for r, t in enumerate(self.texts or ()):
+            for key, phrase in openings(t).items():
+                said[key] += 1
+                form.setdefault(key, phrase)
+                first.setdefault(key, r)
+        # Members come nearest the centre first: a tie goes to the more typical member's.
+        keys = sorted(said, key=lambda k: (-said[k], first[k], k))[:limit]
+        n = self.n
+        return [Keyphrase(form[k], round(said[k] / n, 4), said[k], round(said[k] / n, 3)) for k in keys]
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
@@ -686,6 +752,12 @@ LAST_PHRASES = 4
 # (+19%); 10, all 0.991 (+36%); 12, all 0.994 (+59%).
 WIDE_PHRASES = 160
 WIDE_SHORTLIST = 10
+# The members' most said clause openings embedded for a cluster no topic label points at: if
+# they point at it better than its topic phrases, the cluster is small talk (thanks,
+# encouragement, goodbyes).
+SMALL_TALK_OPENINGS = 16
+# Talk phrases (common words, openings) a wide look combines, every pair and triple (28 + 56).
+WIDE_TALK = 8
 # Every pair and triple of the shortlist (45 + 120).
 WIDE_TRIES = WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) // 2 + WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) * (WIDE_SHORTLIST - 2) // 6
 # At most this many clusters get the wide look per call, the largest first: each costs up to
@@ -731,15 +803,17 @@ def _estimate(vecs: np.ndarray, weights: np.ndarray, combos: list[tuple[int, ...
 
 def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
             centres: np.ndarray, vectors: _Vectors, shortlist: int | None = None,
-            tries: int | None = None) -> dict[int, float]:
+            tries: int | None = None, talk: bool = False) -> dict[int, float]:
     """For each cluster: order its ``pools`` phrases by margin (``margins``) into its
     candidates and choose as ``head`` the label with the best margin among its single phrases
     and the ``tries`` pairs and triples of its ``shortlist`` best phrases whose estimated
-    margin (``_estimate``) is best. A pool holding topic phrases offers only those (``_topics``).
-    Returns that margin per cluster."""
+    margin (``_estimate``) is best. A pool holding topic phrases offers only those (``_topics``),
+    unless ``talk``: then common words and clause openings compete too, only to measure how well
+    the cluster's talk points at it (``ClusterPhrases.talk``); the head stays the best label of
+    topic phrases where there is one. Returns the head's margin per cluster."""
     shortlist = SHORTLIST if shortlist is None else shortlist
     tries = TRIES if tries is None else tries
-    pools = {c: _topics(pool) for c, pool in pools.items()}
+    pools = {c: pool if talk else _topics(pool) for c, pool in pools.items()}
     todo = [c for c in pools if pools[c]]
     texts = [k.text for c in todo for k in pools[c]]
     if not texts:
@@ -779,7 +853,8 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
         order, single = ranked[c]
         ranked_pool = [pool[j] for j in order]
         rest = [k for k in found[c].candidates if k not in ranked_pool]
-        found[c].candidates = ranked_pool + rest
+        # Clause openings measure the talk; they never become candidates (tags, SLM choices).
+        found[c].candidates = [k for k in ranked_pool if k.topical or k in rest or k in found[c].candidates] + rest
         phrases = found[c].phrases()
         tried: list[list[str]] = [[k.text] for k in ranked_pool]
         taken = 0
@@ -796,12 +871,16 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
     vm = margins(vectors([" · ".join(variants[j][1]) for j in need]), [slot[variants[j][0]] for j in need],
                  centres).tolist() if need else []
     got = dict(zip(need, vm))
-    best: dict[int, tuple[tuple[bool, float], float, int]] = {}
+    best: dict[int, tuple[tuple[bool, bool, float], float, int]] = {}
     for j, (c, h, single_m) in enumerate(variants):
         margin = single_m if single_m is not None else got[j]
-        # A label that points at its cluster beats one that does not; among those, longer
-        # labels say more: one more phrase wins unless it blurs the label (margin -0.01).
-        score = (margin > 0, margin + 0.01 * len(h))
+        topical = all(map(topic_phrase, h))
+        if not topical:
+            found[c].talk = max(found[c].talk, margin)
+        # A label of topic phrases beats one with talk in it; then a label that points at its
+        # cluster beats one that does not; among those, longer labels say more: one more
+        # phrase wins unless it blurs the label (margin -0.01).
+        score = (topical, margin > 0, margin + 0.01 * len(h))
         if c not in best or score > best[c][0]:
             best[c] = (score, margin, j)
     for c, (_, _, j) in best.items():
@@ -879,31 +958,79 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
             _look_again(live, got, pools, slot, centres, vectors, WIDE_SHORTLIST, WIDE_TRIES)
             for c in pools:
                 live[c].wide = (_topical(live[c]), got[c]) > before[c]
-    _small_talk(live, [c for c in got if not settled(c)], top, slot, centres, vectors)
+        still = [c for c in still if not settled(c)]
+        if still and WIDE_TALK:
+            _measure_talk(live, _talk_pools({c: live[c] for c in still}, top, slot, centres, vectors), slot,
+                          centres, vectors)
+    _small_talk(live, got, [c for c in got if not settled(c)], top, slot, centres, vectors)
     return got
 
 
-def _small_talk(live: dict[int, ClusterPhrases], unsettled: list[int], top: int, slot: dict[int, int],
-                centres: np.ndarray, vectors: "_Vectors") -> None:
+def _talk_phrases(ph: ClusterPhrases, top: int) -> list[Keyphrase]:
+    """How a cluster's members talk: its common-word candidates and their clause openings."""
+    return [k for k in ph.candidates[:top] if not k.topical] + ph.opening_phrases(SMALL_TALK_OPENINGS)
+
+
+def _talk_pools(found: dict[int, ClusterPhrases], top: int, slot: dict[int, int], centres: np.ndarray,
+                vectors: "_Vectors") -> dict[int, list[Keyphrase]]:
+    """Per cluster: its talk phrases (``_talk_phrases``) ordered by margin, one per idea, the
+    best ``WIDE_TALK``."""
+    every = {c: _talk_phrases(ph, top) for c, ph in found.items()}
+    todo = [c for c in every if every[c]]
+    if not todo:
+        return {}
+    m = margins(vectors([k.text for c in todo for k in every[c]]), [slot[c] for c in todo for _ in every[c]],
+                centres).tolist()
+    out: dict[int, list[Keyphrase]] = {}
+    at = 0
+    for c in todo:
+        pool = every[c]
+        mine = m[at:at + len(pool)]
+        at += len(pool)
+        taken: list[Keyphrase] = []
+        used: set[str] = set()
+        for j in sorted(range(len(pool)), key=lambda j: (-mine[j], j)):
+            words = _idea(pool[j].text)
+            if not words & used:
+                taken.append(pool[j])
+                used |= words
+            if len(taken) >= WIDE_TALK:
+                break
+        out[c] = taken
+    return out
+
+
+def _measure_talk(live: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
+                  centres: np.ndarray, vectors: "_Vectors") -> None:
+    """Every single, pair and triple of each cluster's talk ``pools`` embedded, for
+    ``ClusterPhrases.talk`` only: the clusters' labels and candidates are left as they were."""
+    kept = {c: (live[c].head, live[c].candidates) for c in pools}
+    n = max((len(p) for p in pools.values()), default=0)
+    _choose(live, pools, slot, centres, vectors, shortlist=n, tries=len(_combos(n)), talk=True)
+    for c, (head, candidates) in kept.items():
+        live[c].head, live[c].candidates = head, candidates
+
+
+def _small_talk(live: dict[int, ClusterPhrases], got: dict[int, float], unsettled: list[int], top: int,
+                slot: dict[int, int], centres: np.ndarray, vectors: "_Vectors") -> None:
     """Name small talk the ``unsettled`` clusters (no topic label points at them) whose label
-    holds no topic phrase, or whose common words point at them where no topic phrase does:
-    their members talk ("thanks", "help", "see you") more than they say what about, and a
-    member's stray noun would name a neighbour's topic."""
-    common = {c: [k.text for k in live[c].candidates[:top] if not k.topical] for c in unsettled}
-    todo = [c for c in unsettled if common[c]]
-    best: dict[int, float] = {}
+    holds no topic phrase, or whose talk (common words, clause openings: "Thanks for the
+    support", "Go Jon", alone or combined) points at them better than any label of topic
+    phrases does: their members talk ("thanks", "help", "see you") more than they say what
+    about, and a member's stray noun would name a neighbour's topic."""
+    talk = {c: [k.text for k in _talk_phrases(live[c], top)] for c in unsettled}
+    todo = [c for c in unsettled if talk[c]]
     if todo:
-        m = margins(vectors([t for c in todo for t in common[c]]), [slot[c] for c in todo for _ in common[c]],
+        m = margins(vectors([t for c in todo for t in talk[c]]), [slot[c] for c in todo for _ in talk[c]],
                     centres).tolist()
         at = 0
         for c in todo:
-            mine = m[at:at + len(common[c])]
-            at += len(common[c])
-            live[c].margins.update(zip(common[c], mine))
-            best[c] = max(mine)
+            mine = m[at:at + len(talk[c])]
+            at += len(talk[c])
+            live[c].talk = max(live[c].talk, max(mine))
     for c in unsettled:
         ph = live[c]
-        if not _topical(ph) or best.get(c, 0.0) > 0:
+        if not _topical(ph) or ph.talk > 0 or ph.talk > got[c]:
             ph.neutral, ph.head = NEUTRAL_SMALL_TALK, None
 
 

@@ -92,6 +92,6 @@ def cluster_phrases(state: StoreState, cids: Iterable[int], cache: PhraseCache,
     for c, m in members.items():
         df, n_bg = bg_df[ns_of[c]]
         read = [r for r in m.tolist() if r in phr]
-        out[c] = rank([phr[r] for r in read], df, n_bg, limit)
+        out[c] = rank([phr[r] for r in read], df, n_bg, limit, texts=[row_text[r] for r in read])
         out[c].members = sizes[c]
     return out
