@@ -220,7 +220,14 @@ class StoreConfig:
       target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.
         Many small clusters probed in numbers beat a few big ones on LoCoMo (BENCHMARKS.md);
         above ~1,000 memories both sizes grow with sqrt(memories) / 8 (``cluster_sizes_for``).
-      max_cluster_size: a cluster larger than this is split in two at the next organisation.
+      max_cluster_size: a cluster larger than this is split in two at the next organisation,
+        unless it is one coherent group (``coherence``).
+      coherence: two groups of vectors are one when the mean similarity between them is at
+        least this share of the mean similarity within them (``store.organize.cohesion``): an
+        oversized cluster whose halves are one stays whole (up to 8x max_cluster_size), and a
+        new or changed cluster merges with its nearest neighbour when the two are one, so
+        vectors drawn around 20 centres end in about 20 clusters. 1 = always split at the
+        cap, never merge on it.
       min_cluster_size: smaller clusters that survived an organisation are merged away.
       merge_threshold: clusters whose centres are at least this similar are merged.
       topic_weight: weight of an SLM topic's (or template label's) embedding in its cluster
@@ -262,6 +269,9 @@ class StoreConfig:
     max_cluster_size: int = 16
     min_cluster_size: int = 2
     merge_threshold: float = 0.92
+    # Pieces of one blob score 0.95-1.0, neighbouring clusters of conversation turns 0.55-0.93,
+    # of isotropic vectors 0.2-0.6 (BENCHMARKS.md, "Cluster labels").
+    coherence: float = 0.95
     topic_weight: float = 8.0
     labels: tuple[str, ...] | None = None
     organize_every: int = 50
@@ -294,6 +304,7 @@ class StoreConfig:
              "max_cluster_size must be > target_cluster_size"),
             (self.min_cluster_size >= 1, "min_cluster_size must be >= 1"),
             (0 < self.merge_threshold <= 1, "merge_threshold must be in (0, 1]"),
+            (0 < self.coherence <= 1, "coherence must be in (0, 1]"),
             (self.topic_weight >= 0, "topic_weight must be >= 0"),
             (self.organize_every >= 0, "organize_every must be >= 0"),
             (self.cache_size >= 0, "cache_size must be >= 0"),
