@@ -254,7 +254,6 @@ def _split_oversized(state: StoreState, report: dict, new: list) -> set[int]:
         parts = idx.split_many(wave, seed=0)
         now = dict(zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()))
         report["split"].extend(wave)
-        nxt = []
         for cid, pair in zip(wave, parts):
             for c in pair:
                 if c != cid:
