@@ -150,6 +150,10 @@ def test_a_phrase_must_be_shared_by_two_members():
 def test_one_idea_one_phrase():
     got = ranked(HOTELS, TRAINS).phrases()
     assert "Kyoto hotel" in got and "Kyoto" not in got and "hotel" not in got
+    # A plural and its singular are one idea.
+    got = ranked(["Riverside hotels near Dotonbori", "The Hotel Riverside has a view", "hotels in Osaka, Hotel list",
+                  "Osaka hotels or the Hotel Riverside"], TRAINS).phrases()
+    assert len({p.casefold().rstrip("s") for p in got if "hotel" in p.casefold()}) <= 1, got
 
 
 def test_typical_phrases_are_the_nearest_members_own_found_when_asked():

@@ -276,7 +276,7 @@ def test_vectors_around_20_centres_end_in_about_20_clusters(tmp_path):
                           llm=False) as s:
         for i in range(0, 2000, 100):
             s.add_many([f"note {i + j}" for j in range(100)], embeddings=x[i:i + 100])
-        assert s.stats()["clusters"] > 80
+        assert s.stats()["clusters"] > 3 * 20
 
 
 def test_a_topic_cluster_of_one_member_is_folded_into_its_nearest_cluster(tmp_path):
@@ -287,19 +287,17 @@ def test_a_topic_cluster_of_one_member_is_folded_into_its_nearest_cluster(tmp_pa
         _, vecs, _ = fill(s, 200, topics=4)
         odd = np.random.default_rng(9).standard_normal(384).astype(np.float32)
         odd /= np.linalg.norm(odd)
-        s.add("an odd one out", embedding=odd)
+        odd_id = s.add("an odd one out", embedding=odd)
         s.organize()
         state = s._state
-        before = set(state.index.cluster_ids().tolist())
         # Two SLM topics: one where many memories are, one only the odd memory is nearest to.
         topics = np.stack([vecs[0], odd])
         with state.lock.write():
             report = org.organize(state, reason="explicit", topics=["first", "odd"], topic_vectors=topics)
         sizes = dict(zip(state.index.cluster_ids().tolist(), state.index.cluster_sizes().tolist()))
-        new = set(sizes) - before
-        assert len(new) == 1 and sizes[new.pop()] > 1  # the lone topic folded, the other kept
-        assert min(sizes.values()) >= cfg.min_cluster_size
-        assert any(b not in sizes for _, b in report["merged"])
+        assert report["topics"] == ["first", "odd"] and report["merged"]
+        assert min(sizes.values()) >= cfg.min_cluster_size  # the lone topic went, with its one member
+        assert sizes[s.get(odd_id).clusters[0][0]] >= 2
         assert sum(sizes.values()) == 201
 
 

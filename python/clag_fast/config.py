@@ -218,8 +218,10 @@ class StoreConfig:
       min_memories_to_cluster: the store stays flat (exact search) below this many memories,
         then clusters itself (the paper's cold start).
       target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.
-        Many small clusters probed in numbers beat a few big ones on LoCoMo (BENCHMARKS.md);
-        above ~1,000 memories both sizes grow with sqrt(memories) / 8 (``cluster_sizes_for``).
+        Clusters of 8 (at most 32) keep hybrid search's LoCoMo Recall@10 where clusters of 4
+        (at most 16) had it, and a conversation reads as one cluster per subject rather than
+        per exchange (BENCHMARKS.md, "Retrieval quality and QA"); above ~4,000 memories both
+        sizes grow with sqrt(memories) / 8 (``cluster_sizes_for``).
       max_cluster_size: a cluster larger than this is split in two at the next organisation,
         unless it is one coherent group (``coherence``).
       coherence: two groups of vectors are one when the mean similarity between them is at
@@ -265,8 +267,8 @@ class StoreConfig:
     probe_gap: float | None = 0.4
     min_probe: int = 1
     min_memories_to_cluster: int = 100
-    target_cluster_size: int = 4
-    max_cluster_size: int = 16
+    target_cluster_size: int = 8
+    max_cluster_size: int = 32
     min_cluster_size: int = 2
     merge_threshold: float = 0.92
     # Pieces of one blob score 0.95-1.0, neighbouring clusters of conversation turns 0.55-0.93,

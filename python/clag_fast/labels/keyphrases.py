@@ -591,8 +591,11 @@ def _counts(members: Sequence[dict[str, str]]) -> tuple[Counter[str], dict[str, 
 
 
 def _idea_words(key: str) -> set[str]:
-    """The words that make a phrase's idea (the phrase itself in a script without spaces)."""
-    return {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+    """The words that make a phrase's idea, nouns in their singular ("hotels" and "Hotel" are
+    one idea); the phrase itself in a script without spaces."""
+    if _spaceless(key[0]):
+        return {key}
+    return {wordclass.singular(w) for w in key.split() if w not in STOPWORDS}
 
 
 def _one_per_idea(scored: list[tuple[float, str]], forms: dict[str, dict[str, int]], df: Counter[str], n: int,
@@ -1037,9 +1040,7 @@ def _small_talk(live: dict[int, ClusterPhrases], got: dict[int, float], unsettle
 def _idea(text: str) -> set[str]:
     """The words that make a phrase's idea ("virtual support group": virtual, support, group):
     two phrases sharing one say the same thing twice in a label."""
-    if _spaceless(text[0]):
-        return {text}
-    return {w for w in text.casefold().split() if w not in STOPWORDS}
+    return _idea_words(text.casefold())
 
 
 def _wide_pools(found: dict[int, ClusterPhrases], slot: dict[int, int], centres: np.ndarray,

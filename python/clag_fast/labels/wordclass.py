@@ -27,7 +27,7 @@ import functools
 import threading
 
 __all__ = ["COMMON_WORDS", "english_rank", "is_common", "noun_like", "opens_noun_phrase", "specific_word",
-           "function_word", "FUNCTION_WORDS", "CHAT_WORDS", "TIME_WORDS"]
+           "singular", "function_word", "FUNCTION_WORDS", "CHAT_WORDS", "TIME_WORDS"]
 
 #: A word among this many most frequent English words is common: it names no topic on its own.
 #: At 1,000 the list holds "work", "plan", "food", "card", "morning", "music" and stops before
@@ -139,9 +139,9 @@ def function_word(word: str) -> bool:
     return _bare(word) in FUNCTION_WORDS
 
 
-def _classes(word: str) -> frozenset[str]:
-    """The parts of speech (Universal POS tags) ``lemminflect``'s lexicon knows ``word`` (bare,
-    casefolded) as; empty for a word it does not know (names, foreign words, codes)."""
+def _lemmas(word: str) -> dict[str, tuple[str, ...]]:
+    """``lemminflect``'s lemmas of ``word`` (casefolded) by part of speech (Universal POS tags);
+    empty for a word its lexicon does not know (names, foreign words, codes)."""
     global _lexicon_ready
     try:
         from lemminflect import getAllLemmas
@@ -151,7 +151,12 @@ def _classes(word: str) -> frozenset[str]:
         with _lock:  # its lexicon loads on the first lookup: once, not by two threads at once
             getAllLemmas("word")
             _lexicon_ready = True
-    return frozenset(getAllLemmas(word))
+    return getAllLemmas(word)
+
+
+def _classes(word: str) -> frozenset[str]:
+    """The parts of speech ``word`` (bare, casefolded) may be; empty for an unknown word."""
+    return frozenset(_lemmas(word))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -172,6 +177,17 @@ def noun_like(word: str) -> bool:
     if len(w) > 4 and w.endswith("ed") and not w.endswith(("eed", "bed")) and w not in _ED_NOUNS:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def singular(word: str) -> str:
+    """``word`` casefolded, as a noun in the singular when the lexicon knows it as a plural
+    ("hotels" -> "hotel"); otherwise unchanged."""
+    w = word.casefold()
+    if not w.endswith("s") or not w.isalpha():
+        return w
+    lemmas = _lemmas(w).get("NOUN", ())
+    return lemmas[0] if lemmas else w
 
 
 @functools.lru_cache(maxsize=1 << 16)
