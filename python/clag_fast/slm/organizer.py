@@ -380,7 +380,7 @@ class Organizer:
 
     def write_profiles(self, clusters: Sequence[ClusterBrief]) -> dict[int, Profile]:
         """A profile per cluster (one SLM call each) chosen from its ``choices`` (default: its
-        ``candidates``): the SLM picks and orders one to three of them as the label, the tags
+        ``candidates``): the SLM picks and orders two or three of them as the label, the tags
         are the next candidates. Ids where the SLM failed, or with fewer than two choices
         (nothing to choose), are missing: the caller keeps their vector label.
         """
