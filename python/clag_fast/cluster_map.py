@@ -136,10 +136,11 @@ def _draw(store, title: str | None = None):
     ax.set_xticks([])
     ax.set_yticks([])
     n_members = sum(info[int(ids[i])].size for i in keep)
-    head = title or f"{len(keep)} clusters of {n_members} memories"
-    ax.set_title(f"{head}\nEach disc is a cluster: placed by the first two principal components of the cluster "
-                 "centres (PCA; the axes have no units, nearby discs hold similar memories),\nits area grows with "
-                 "its members, its colour says what kind of label it has.", fontsize=10, loc="left")
+    fig.suptitle(title or f"{len(keep)} clusters of {n_members} memories", x=0.02, y=0.975, ha="left",
+                 fontsize=13, weight="bold")
+    ax.set_title("Each disc is a cluster: placed by the first two principal components of the cluster centres "
+                 "(PCA; the axes have no units,\nnearby discs hold similar memories), its area grows with its "
+                 "members, its colour says what kind of label it has (legend).", fontsize=9.5, loc="left")
     if not keep:
         return fig, 0
     x = centres[keep].astype(np.float64)
