@@ -120,7 +120,8 @@ class SLMScheduler:
 
     def label_stats(self) -> dict[str, int]:
         """Profiles written so far by kind: "slm" (the SLM's pick of keyphrases), "vector"
-        (the top keyphrases), "neutral" (members share no content word); "slm_not_distinct":
+        (the top keyphrases), "neutral" (a "misc:" label: members share no content word, or
+        hold no topic phrase, small talk); "slm_not_distinct":
         SLM picks replaced by the vector label because they read as another cluster."""
         return dict(self._label_counts)
 
@@ -569,7 +570,7 @@ class SLMScheduler:
             if cid not in profiles and (cid in phrases or cid not in relabel):
                 ph = phrases.get(cid, keyphrases.ClusterPhrases(neutral=keyphrases.NEUTRAL_MIXED))
                 profiles[cid] = keyphrases.phrases_label(ph)
-                self._label_counts["neutral" if not ph.candidates else "vector"] += 1
+                self._label_counts["neutral" if ph.neutral is not None else "vector"] += 1
 
     def _stale_labels(self, skip: set[int]) -> list[int]:
         """Clusters (outside ``skip``) with a neutral label or one without a topic phrase, or
