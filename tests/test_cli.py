@@ -111,6 +111,12 @@ def _check_demo_output(out: str, slm_line: str) -> None:
     assert summary and int(summary.group(1)) == marked and int(summary.group(2)) == len(questions)
     assert marked >= len(questions) // 2, "most questions find their answer"
     assert re.search(r"^memories 346, clusters \d+", out, re.M)
+    # About one cluster per subject of the trip, not one per exchange; labels name topics.
+    assert n_clusters <= 30, n_clusters
+    quality = re.search(r"^labels: (\d+) clusters of 2\+ members, copies 0 \(0.00\), grounded (\S+), "
+                        r"self@1 (\S+), generic (\d+) \((\S+)\), neutral (\d+)$", out, re.M)
+    assert quality, out[-600:]
+    assert float(quality.group(2)) >= 0.95 and float(quality.group(3)) >= 0.95 and float(quality.group(5)) <= 0.05
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from llm_fixtures import completion, dead_url, fake_server, managed_server, real
 
 from clag_fast.cli import main
 from clag_fast.config import SLMConfig, StoreConfig
-from clag_fast.labels.measures import ClusterLabel, groundedness, is_copy, measure, self_misses
+from clag_fast.labels.measures import ClusterLabel, groundedness, is_copy, is_generic, measure, self_misses
 from clag_fast.slm.client import LLMClient
 from clag_fast.slm.organizer import ClusterBrief, Organizer
 from clag_fast.store import MemoryStore
@@ -97,6 +97,34 @@ def test_measure_on_hand_built_clusters():
     assert "self_at_1" not in measure(clusters, centres, None)
     with pytest.raises(ValueError, match="5 clusters but 2 centres"):
         measure(clusters, centres[:2], None)
+
+
+# Labels written by the keyphrase selection before it knew topic phrases, on the demo's trip
+# conversation; read one by one, the first list names no topic.
+TALK_LABELS = ["bring · tonight", "Perfect · card", "Ready", "morning", "pass", "Safe", "No worries", "Ready to",
+               "Can't wait to hear", "You rock", "Thanks so much", "Wednesday April 14", "2 years", "April", ""]
+TOPIC_LABELS = ["vegetarian kaiseki", "JPY · journeys", "forecast · weather", "Kamogawa Residence", "HK-220931",
+                "allergy · epinephrine · doctor's", "Ghibli Museum tickets · April 11", "passport renewal", "東京",
+                "Cash · JPY", "Riverside · Hotel"]
+
+
+def test_a_generic_label_is_one_whose_words_are_all_common_or_not_nouns():
+    assert [t for t in TALK_LABELS if not is_generic(t)] == []
+    assert [t for t in TOPIC_LABELS if is_generic(t)] == []
+    assert not any(is_generic(n) for n in kp.NEUTRAL_LABELS)  # no claim: counted as neutral
+    # The cut is a number of words: "hotel" (the 1,190th) is common among the first 2,000.
+    assert not is_generic("hotel") and is_generic("hotel", common=2000)
+    with pytest.raises(ValueError, match="5000"):
+        is_generic("hotel", common=6000)
+
+
+def test_measure_counts_generic_labels_of_clusters_with_two_members_or_more():
+    members = GROUPS["hotel"] + GROUPS["rail"] + GROUPS["food"]
+    clusters = [ClusterLabel(i, t, [], members) for i, t in enumerate(TALK_LABELS[:4] + TOPIC_LABELS[:4])]
+    clusters += [ClusterLabel(8, kp.NEUTRAL_SMALL_TALK, [], members), ClusterLabel(9, "morning", [], ["one"])]
+    q = measure(clusters, np.eye(len(clusters), DIM, dtype=np.float32), None)
+    assert q["clusters"] == 9 and q["neutral"] == 1
+    assert q["generic"] == 4 and q["generic_rate"] == pytest.approx(4 / 9)
 
 
 def test_self_misses_name_the_labels_nearer_another_centre():
@@ -231,6 +259,64 @@ def test_clusters_plot_and_quality(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert main(["clusters", "--store", store, "--plot", str(tmp_path / "map.jpg")]) == 2
     assert "does not end in .png" in capsys.readouterr().err
+
+
+def test_labels_are_placed_without_overlap_nearest_first():
+    from clag_fast.cluster_map import place_labels
+
+    rng = np.random.default_rng(0)
+    anchors = rng.uniform(0, 300, (60, 2))  # crowded: 60 labels in 300 x 300 pixels of 1000 x 800
+    boxes = np.column_stack([rng.uniform(30, 160, 60), np.full(60, 12.0)])
+    spots = place_labels(anchors, boxes, (0, 0, 1000, 800), clear=np.full(60, 6.0))
+    got = [(i, s) for i, s in enumerate(spots) if s is not None]
+    assert len(got) == 60
+    rects = [(x - boxes[i, 0] / 2, y - boxes[i, 1] / 2, x + boxes[i, 0] / 2, y + boxes[i, 1] / 2) for i, (x, y) in got]
+    for a0, b0, a1, b1 in rects:
+        assert 0 <= a0 and 0 <= b0 and a1 <= 1000 and b1 <= 800
+    for j, r in enumerate(rects):
+        for q in rects[j + 1:]:
+            assert not (r[0] < q[2] and q[0] < r[2] and r[1] < q[3] and q[1] < r[3]), (r, q)
+    # The first label sits on its anchor; later ones move away, but not beyond the crowd's reach.
+    assert spots[0] == tuple(anchors[0])
+    assert max(np.hypot(*(np.array(s) - anchors[i])) for i, s in got) < 700
+    # A box bigger than the bounds fits nowhere.
+    assert place_labels(np.array([[5.0, 5.0]]), np.array([[50.0, 5.0]]), (0, 0, 10, 10)) == [None]
+
+
+def test_the_cluster_map_of_crowded_clusters_has_no_overlapping_labels(tmp_path):
+    pytest.importorskip("matplotlib")
+    from clag_fast.cluster_map import draw_cluster_map
+
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal(DIM).astype(np.float32)
+    texts, vecs = [], []
+    words = ["Kamogawa Residence", "JR Pass", "vegetarian kaiseki", "Ghibli Museum", "Suica card", "ryokan dinner",
+             "passport renewal", "takkyubin luggage", "Fushimi Inari", "Osaka Castle", "eSIM plan", "Nishiki Market"]
+    for g, w in enumerate(words * 2):
+        axis = base + 0.6 * rng.standard_normal(DIM).astype(np.float32)  # every centre near the others
+        for k in range(4):
+            v = axis + 0.05 * rng.standard_normal(DIM).astype(np.float32)
+            texts.append(f"{w} note {g} {k}")
+            vecs.append(v / np.linalg.norm(v))
+    cfg = StoreConfig(dim=DIM, min_memories_to_cluster=20, organize_every=0, target_cluster_size=4, slm="off")
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+        s.add_many(texts, embeddings=np.stack(vecs))
+        s.organize()
+        fig = draw_cluster_map(s)
+        n_clusters = len(s.clusters())
+    import matplotlib.pyplot as plt
+
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(boxes) == n_clusters >= 12
+    for j, a in enumerate(boxes):
+        for b in boxes[j + 1:]:
+            assert not a.overlaps(b), (a, b)
+    title = ax.get_title(loc="left")
+    assert "principal components" in title and "area" in title and "colour" in title
+    assert ax.get_legend() is not None
+    plt.close(fig)
 
 
 @pytest.mark.slow

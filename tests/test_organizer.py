@@ -275,7 +275,7 @@ def test_profile_picks_among_candidates(fake_server):
     assert groups["minItems"] == groups["maxItems"] == 1
     schema = groups["prefixItems"][0]
     assert schema["items"]["enum"] == KYOTO.candidates and schema["uniqueItems"] is True
-    assert schema["minItems"] == 1 and schema["maxItems"] == 3
+    assert schema["minItems"] == 2 and schema["maxItems"] == 3
     assert "Phrases for group 1: Kyoto hotel; Kamogawa; kitchen; April 19; booked" in req["messages"][-1]["content"]
 
 
@@ -298,13 +298,13 @@ def test_profile_choices_restrict_the_picks_and_the_tags_follow_all_candidates(f
 def test_profiles_are_asked_in_batches(fake_server):
     def answer(body):
         lists = body["response_format"]["schema"]["properties"]["groups"]["prefixItems"]
-        return 200, completion(json.dumps({"groups": [[p["items"]["enum"][-1]] for p in lists]}))
+        return 200, completion(json.dumps({"groups": [p["items"]["enum"][::-1] for p in lists]}))
 
     fake_server.behaviour = answer
     org = org_for(fake_server, profile_batch=3)
     briefs = [ClusterBrief(i, examples=[f"note {i}"], size=8, candidates=[f"first {i}", f"last {i}"]) for i in range(4)]
     out = org.write_profiles(briefs)
-    assert {c: p.summary for c, p in out.items()} == {i: f"last {i}" for i in range(4)}
+    assert {c: p.summary for c, p in out.items()} == {i: f"last {i} · first {i}" for i in range(4)}
     sizes = [len(r["response_format"]["schema"]["properties"]["groups"]["prefixItems"])
              for r in fake_server.chat_requests()]
     assert sizes == [3, 1] and org.stats()["decisions"]["profile_calls"] == 2
@@ -313,7 +313,8 @@ def test_profiles_are_asked_in_batches(fake_server):
 
 @pytest.mark.parametrize("answer", [
     {"groups": [["Kyoto hotels and more"]]},         # not offered
-    {"groups": [[]]},                                 # fewer than one
+    {"groups": [[]]},                                 # none
+    {"groups": [["Kamogawa"]]},                       # fewer than two
     {"groups": []},                                   # no list for the group
     {"shared_topic": "We booked the Kyoto hotel near Kamogawa"},  # the old free-text form
     {"groups": [["Kyoto hotel", "Kamogawa", "kitchen", "April 19"]]},  # more than three

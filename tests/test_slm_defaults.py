@@ -22,7 +22,7 @@ from llm_fixtures import completion, fake_server  # noqa: F401
 from store_helpers import texts_for, topic_vectors
 
 # Memories read "memory 5 about topic 2": the vector label leads with "topic 2", the fake SLM
-# picks "memory" alone, so a cluster labelled SUMMARY was profiled by the SLM.
+# picks "memory" first, so a cluster labelled "memory · ..." was profiled by the SLM.
 SUMMARY = "memory"
 HOLD_S = 20.0  # the longest the fake server holds an answer (a safety net: tests open the gate)
 
@@ -48,7 +48,8 @@ def answer(body: dict):
     system = body["messages"][0]["content"]
     if "shared by a group" in system:
         groups = _find(body.get("response_format", {}), "prefixItems") or []
-        picks = [[SUMMARY if SUMMARY in g["items"]["enum"] else g["items"]["enum"][-1]] for g in groups]
+        picks = [[SUMMARY] + [p for p in g["items"]["enum"] if p != SUMMARY][:1] if SUMMARY in g["items"]["enum"]
+                 else g["items"]["enum"][::-1][:2] for g in groups]
         return 200, completion(json.dumps({"groups": picks}))
     if "sort notes into groups" in system:
         items = _find(body.get("response_format", {}), "prefixItems") or []
@@ -90,7 +91,7 @@ def config(**slm) -> StoreConfig:
 
 
 def slm_profiled(store: MemoryStore) -> int:
-    return sum(c.summary == SUMMARY for c in store.clusters())
+    return sum(c.summary.startswith(SUMMARY + " · ") for c in store.clusters())
 
 
 def test_background_is_the_default():

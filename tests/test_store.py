@@ -237,14 +237,84 @@ def test_kind_and_time_filters(store):
 
 # -- organisation -------------------------------------------------------------------------
 def test_oversized_clusters_are_split(tmp_path):
+    # coherence=1: split at the cap whatever the data (each topic here is one blob).
     cfg = StoreConfig(min_memories_to_cluster=40, target_cluster_size=30, max_cluster_size=40,
-                      organize_every=0, slm="off")
+                      organize_every=0, coherence=1.0, slm="off")
     with open_store(tmp_path / "s", cfg) as s:
         fill(s, 300, topics=3)
         report = s.organize()
         assert all(c.size <= 40 for c in s.clusters())
         assert sum(c.size for c in s.clusters()) == 300
         assert report["clusters"] == len(s.clusters())
+
+
+def test_vectors_around_20_centres_end_in_about_20_clusters(tmp_path):
+    """Blobs are coherent: a cluster of one is not split at the size cap, and the pieces a cold
+    start cut are merged back (2,000 vectors in calls of 100, the default configuration)."""
+    from clag_fast.store import organize as org
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((20, 384)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    blob = rng.integers(0, 20, 2000)
+    x = centres[blob] + 0.5 * rng.standard_normal((2000, 384)).astype(np.float32) / np.sqrt(384)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+        for i in range(0, 2000, 100):
+            s.add_many([f"topic {t} number {i + j} note" for j, t in enumerate(blob[i:i + 100])],
+                       embeddings=x[i:i + 100])
+        s.organize()
+        state = s._state
+        ids = state.index.cluster_ids().tolist()
+        assert 18 <= len(ids) <= 22, len(ids)
+        assert max(state.index.cluster_sizes()) <= org.COHERENT_CAP * s.config.cluster_sizes_for(2000)[1]
+        # Each cluster is (almost all) one blob.
+        purity = [np.bincount(blob[state.index.members(c)]).max() / len(state.index.members(c)) for c in ids]
+        assert min(purity) >= 0.95
+    # The same data with coherence off: tiled by the size cap, as every store was before.
+    with MemoryStore.open(tmp_path / "t", config=StoreConfig(slm="off", coherence=1.0), embedder=False,
+                          llm=False) as s:
+        for i in range(0, 2000, 100):
+            s.add_many([f"note {i + j}" for j in range(100)], embeddings=x[i:i + 100])
+        assert s.stats()["clusters"] > 3 * 20
+
+
+def test_a_topic_cluster_of_one_member_is_folded_into_its_nearest_cluster(tmp_path):
+    from clag_fast.store import organize as org
+
+    cfg = StoreConfig(min_memories_to_cluster=40, organize_every=0, slm="off")
+    with open_store(tmp_path / "s", cfg) as s:
+        _, vecs, _ = fill(s, 200, topics=4)
+        odd = np.random.default_rng(9).standard_normal(384).astype(np.float32)
+        odd /= np.linalg.norm(odd)
+        odd_id = s.add("an odd one out", embedding=odd)
+        s.organize()
+        state = s._state
+        # Two SLM topics: one where many memories are, one only the odd memory is nearest to.
+        topics = np.stack([vecs[0], odd])
+        with state.lock.write():
+            report = org.organize(state, reason="explicit", topics=["first", "odd"], topic_vectors=topics)
+        sizes = dict(zip(state.index.cluster_ids().tolist(), state.index.cluster_sizes().tolist()))
+        assert report["topics"] == ["first", "odd"] and report["merged"]
+        assert min(sizes.values()) >= cfg.min_cluster_size  # the lone topic went, with its one member
+        assert sizes[s.get(odd_id).clusters[0][0]] >= 2
+        assert sum(sizes.values()) == 201
+
+
+def test_cohesion_tells_one_group_from_two(tmp_path):
+    from clag_fast.store import organize as org
+
+    vecs, topic = topic_vectors(400, 2, seed=3)
+    with open_store(tmp_path / "s", StoreConfig(min_memories_to_cluster=10_000, slm="off")) as s:
+        s.add_many(texts_for(topic), embeddings=vecs)
+        rows = np.arange(400)  # the first vector rows, in order
+        one, two = rows[topic == 0], rows[topic == 1]
+        # Random halves of one topic: one group, whatever their sizes.
+        assert org.cohesion(s._state, one[::2], one[1::2]) > 0.97
+        assert org.cohesion(s._state, one[:10], one[10:]) > 0.9
+        # Two topics: far apart.
+        assert org.cohesion(s._state, one, two) < 0.5
+        assert org.cohesion(s._state, one[:1], two) == 0.0  # a group of one has no inner similarity
 
 
 def test_near_duplicate_clusters_are_merged(tmp_path):

@@ -9,8 +9,10 @@ import numpy as np
 from clag_fast import MemoryStore, StoreConfig
 from store_helpers import run_until_killed, texts_for, topic_vectors
 
+# coherence=1: every cluster over the cap is split, so a pass that ran is visible in the sizes
+# (each topic of topic_vectors is one coherent blob the default would keep whole).
 CFG = StoreConfig(min_memories_to_cluster=30, organize_every=20, target_cluster_size=4, max_cluster_size=8,
-                  slm="off")
+                  coherence=1.0, slm="off")
 
 
 def open_store(path, config=CFG):
@@ -91,7 +93,8 @@ import sys
 sys.path[:0] = {paths!r}
 from clag_fast import MemoryStore, StoreConfig
 from store_helpers import texts_for, topic_vectors
-cfg = StoreConfig(min_memories_to_cluster=30, organize_every=20, target_cluster_size=4, max_cluster_size=8, slm="off")
+cfg = StoreConfig(min_memories_to_cluster=30, organize_every=20, target_cluster_size=4, max_cluster_size=8,
+                  coherence=1.0, slm="off")
 vecs, top = topic_vectors(400, 6, seed=0)
 texts = texts_for(top)
 s = MemoryStore.open({path!r}, config=cfg, embedder=False, llm=False)

@@ -236,11 +236,12 @@ def test_profiles_lost_to_a_failing_server_are_asked_again(tmp_path, fake_server
         s.flush()
         asked = len(profile_requests())
         assert asked == 1, "a transient failure stops the batch"
-        # The SLM picks "memory" among the offered phrases; the vector label leads with "topic N".
+        # The SLM picks "memory" first among the offered phrases; the vector label leads with "topic N".
         def answer(body):
             groups = body["response_format"]["schema"]["properties"]["groups"]["prefixItems"]
-            return 200, completion(json.dumps({"groups": [["memory"] for _ in groups]}))
+            return 200, completion(json.dumps({"groups": [["memory"] + [p for p in g["items"]["enum"] if p != "memory"][:1]
+                                                          for g in groups]}))
         fake_server.behaviour = answer
         assert s._slm.write_profiles(use_slm=True)[0] > 0
         assert len(profile_requests()) > 1 + asked, "every cluster is asked again"
-        assert any(c.summary == "memory" for c in s.clusters())
+        assert any(c.summary.startswith("memory · ") for c in s.clusters())

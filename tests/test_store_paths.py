@@ -330,12 +330,13 @@ def _find(obj, key):
 
 
 def _profiles_only(body):
-    """Profiles: the SLM picks "memory" among each group's candidate phrases (the vector label
-    leads with "topic N", so a cluster labelled "memory" was profiled by the SLM); anything
-    else gets an unusable answer."""
+    """Profiles: the SLM picks "memory" first among each group's candidate phrases (the vector
+    label leads with "topic N", so a cluster labelled "memory · ..." was profiled by the SLM);
+    anything else gets an unusable answer."""
     if "shared by a group" in body["messages"][0]["content"]:
         groups = _find(body.get("response_format", {}), "prefixItems") or []
-        picks = [["memory" if "memory" in g["items"]["enum"] else g["items"]["enum"][-1]] for g in groups]
+        picks = [["memory"] + [p for p in g["items"]["enum"] if p != "memory"][:1] if "memory" in g["items"]["enum"]
+                 else g["items"]["enum"][::-1][:2] for g in groups]
         return 200, completion(json.dumps({"groups": picks}))
     return 200, completion("not json")
 
@@ -354,7 +355,7 @@ def test_background_and_inline_slm_work_apply_the_same_decisions(tmp_path, fake_
         st = s.stats()
         assert st["slm_pending"] == {"routes": 0, "jobs": 0}
         clusters = s.clusters()
-        assert clusters and all(c.summary == "memory" for c in clusters if c.size >= 2)
+        assert clusters and all(c.summary.startswith("memory · ") for c in clusters if c.size >= 2)
         assert st["llm"]["profiles"]["slm"] == st["llm"]["decisions"]["profile"] >= 1
         assert st["llm"]["unavailable"] is None
         assert sum(c.size for c in clusters) >= 120

@@ -249,6 +249,8 @@ def _print_label_quality(q: dict[str, Any]) -> None:
             f"({q['copy_rate']:.2f}), grounded {q['grounded']:.2f}")
     if "self_at_1" in q:
         line += f", self@1 {q['self_at_1']:.2f}"
+    if "generic" in q:
+        line += f", generic {q['generic']} ({q['generic_rate']:.2f})"
     print(line + f", neutral {q['neutral']}")
 
 

@@ -224,9 +224,18 @@ class StoreConfig:
       min_memories_to_cluster: the store stays flat (exact search) below this many memories,
         then clusters itself (the paper's cold start).
       target_cluster_size: k-means picks k = memories / target_cluster_size at cold start.
-        Many small clusters probed in numbers beat a few big ones on LoCoMo (BENCHMARKS.md);
-        above ~1,000 memories both sizes grow with sqrt(memories) / 8 (``cluster_sizes_for``).
-      max_cluster_size: a cluster larger than this is split in two at the next organisation.
+        Clusters of 8 (at most 32) keep hybrid search's LoCoMo Recall@10 where clusters of 4
+        (at most 16) had it, and a conversation reads as one cluster per subject rather than
+        per exchange (BENCHMARKS.md, "Retrieval quality and QA"); above ~4,000 memories both
+        sizes grow with sqrt(memories) / 8 (``cluster_sizes_for``).
+      max_cluster_size: a cluster larger than this is split in two at the next organisation,
+        unless it is one coherent group (``coherence``).
+      coherence: two groups of vectors are one when the mean similarity between them is at
+        least this share of the mean similarity within them (``store.organize.cohesion``): an
+        oversized cluster whose halves are one stays whole (up to 8x max_cluster_size), and a
+        new or changed cluster merges with its nearest neighbour when the two are one, so
+        vectors drawn around 20 centres end in about 20 clusters. 1 = always split at the
+        cap, never merge on it.
       min_cluster_size: smaller clusters that survived an organisation are merged away.
       merge_threshold: clusters whose centres are at least this similar are merged.
       topic_weight: weight of an SLM topic's (or template label's) embedding in its cluster
@@ -264,10 +273,13 @@ class StoreConfig:
     probe_gap: float | None = 0.4
     min_probe: int = 1
     min_memories_to_cluster: int = 100
-    target_cluster_size: int = 4
-    max_cluster_size: int = 16
+    target_cluster_size: int = 8
+    max_cluster_size: int = 32
     min_cluster_size: int = 2
     merge_threshold: float = 0.92
+    # Pieces of one blob score 0.95-1.0, neighbouring clusters of conversation turns 0.55-0.93,
+    # of isotropic vectors 0.2-0.6 (BENCHMARKS.md, "Cluster labels").
+    coherence: float = 0.95
     topic_weight: float = 8.0
     labels: tuple[str, ...] | None = None
     organize_every: int = 50
@@ -301,6 +313,7 @@ class StoreConfig:
              "max_cluster_size must be > target_cluster_size"),
             (self.min_cluster_size >= 1, "min_cluster_size must be >= 1"),
             (0 < self.merge_threshold <= 1, "merge_threshold must be in (0, 1]"),
+            (0 < self.coherence <= 1, "coherence must be in (0, 1]"),
             (self.topic_weight >= 0, "topic_weight must be >= 0"),
             (self.organize_every >= 0, "organize_every must be >= 0"),
             (self.cache_size >= 0, "cache_size must be >= 0"),

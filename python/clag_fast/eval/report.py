@@ -95,16 +95,19 @@ def _label_lines(per_sample: list) -> list[str]:
     rows = [r for r in rows if isinstance(r[2], dict)]
     if not rows:
         return []
-    out = ["", "| sample | organisation | clusters (2+ members) | copies | grounded | self@1 | neutral |",
-           "|---|---|---:|---:|---:|---:|---:|"]
+    out = ["", "| sample | organisation | clusters (2+ members) | copies | grounded | self@1 | generic | neutral |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
     for sid, org, q in rows:
+        generic = f"{q['generic']} ({_pct(q['generic_rate'])})" if "generic" in q else "n/a"
         out.append(f"| {sid} | {org} | {q['clusters']} | {q['copies']} | {_fmt(q['grounded'])} | "
-                   f"{_fmt(q.get('self_at_1', float('nan')))} | {q['neutral']} |")
+                   f"{_fmt(q.get('self_at_1', float('nan')))} | {generic} | {q['neutral']} |")
     out.append("")
     out.append("Labels: copies = summaries sharing an 8-word run with a member; grounded = share of "
                "label words found in the members; self@1 = the embedded summary is nearest its own "
-               "cluster's centre; neutral = 'misc' labels of clusters whose members share no topic "
-               "(left out of grounded and self@1).")
+               "cluster's centre; generic = labels naming no topic (every content word among the "
+               "1,000 most frequent English words or unable to be a noun), their share of the "
+               "clusters; neutral = 'misc' labels of clusters whose members share no topic "
+               "(left out of grounded, self@1 and generic).")
     return out
 
 

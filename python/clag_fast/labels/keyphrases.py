@@ -7,14 +7,19 @@ them in ("Kyoto", "JR Pass", "April 19"); counting is case-insensitive. Words ar
 words, so members in another script give phrases in that script; scripts written without
 spaces (Chinese, Japanese) give runs of two or three characters.
 
-Document counts find what members share; the embedder says which of those phrases point at
-*this* cluster rather than a neighbour (``by_distinctness``: candidates re-ranked by the margin
-of their embedding's cosine to the cluster's centre over the best other centre, and the one- to
-three-phrase label with the best margin chosen among the combinations of the best six, the
-promising ones found by an estimate from the phrases' own embeddings). Where no label points
-at the cluster ("help", "keep" in a chat), phrases of its most typical members are tried too,
-then those of more members, then every phrase of the members read and their clause openings
-("No worries", "Can't wait to hear": the wide look).
+A label names a topic: it is made of **topic phrases** (``topic_phrase``: a noun phrase holding
+a word that is neither among the most frequent English words nor a verb, adverb, greeting or
+time word, ``labels.wordclass``) whenever the cluster has one. Document counts find what
+members share; the embedder says which of those phrases point at *this* cluster rather than a
+neighbour (``by_distinctness``: candidates re-ranked by the margin of their embedding's cosine
+to the cluster's centre over the best other centre, and the one- to three-phrase label with the
+best margin chosen among the combinations of the best six topic phrases, the promising ones
+found by an estimate from the phrases' own embeddings). Where no topic phrase points at the
+cluster ("help", "keep" in a chat), phrases of its most typical members are tried too, then
+those of more members, then every phrase of the members read (the wide look). A cluster where
+none of these looks finds a topic phrase (thanks, greetings, "Ready", "Back to work") is small
+talk and says so (``NEUTRAL_SMALL_TALK``); clause openings ("No worries", "Ready to") are never
+labels.
 
 A vector profile is made of these phrases only (``label``), so it is grounded in the members by
 construction and can never copy one: at most ``LABEL_WORDS`` words joined by " · ". A cluster
@@ -44,8 +49,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Keyphrase", "ClusterPhrases", "PhraseCache", "extract", "openings", "rank", "label",
-           "phrases_label", "texts_label", "by_distinctness", "margins", "content_words", "NEUTRAL_LABEL", "STOPWORDS"]
+from clag_fast.labels import wordclass
+
+__all__ = ["Keyphrase", "ClusterPhrases", "PhraseCache", "extract", "openings", "rank", "label", "phrases_label", "texts_label",
+           "by_distinctness", "margins", "content_words", "topic_phrase", "NEUTRAL_LABEL", "NEUTRAL_MIXED",
+           "NEUTRAL_SMALL_TALK", "NEUTRAL_LABELS", "STOPWORDS"]
 
 # Words that carry no topic. Fillers of chat ("sounds", "yeah", "haha") are here because
 # conversations are what agents store most; they made the tags "tim, sounds, fun".
@@ -81,6 +89,10 @@ _JOINERS = frozenset("of for in on at to de la du del von van".split())
 
 NEUTRAL_LABEL = "misc: short replies"
 NEUTRAL_MIXED = "misc: mixed notes"
+# Members that share words but hold no topic phrase: thanks, plans to talk later, "Ready".
+NEUTRAL_SMALL_TALK = "misc: small talk"
+#: Labels that make no claim about their members' topic.
+NEUTRAL_LABELS = frozenset({NEUTRAL_LABEL, NEUTRAL_MIXED, NEUTRAL_SMALL_TALK})
 # A vector label holds at most this many words: fewer than the eight-word run that makes a
 # copy, so no label made of phrases can be a copied member sentence.
 LABEL_WORDS = 6
@@ -280,10 +292,9 @@ def openings(text: str) -> dict[str, str]:
     "Let's keep movin". Casefolded key -> as written; spaced scripts only.
 
     A chat cluster is often set apart by how its members say things more than by a topic
-    word (thanks, encouragement, goodbyes between the same two people); the wide look
-    (``by_distinctness``) offers these to clusters no topic phrase points at. An opening holds
-    at most four words of one member, so a label with it is never a copy, and its one or more
-    content words are the member's, so it stays grounded."""
+    word (thanks, encouragement, goodbyes between the same two people): where these point at
+    a cluster and no topic phrase does, the cluster is small talk (``by_distinctness``). They
+    are never labels."""
     toks = _tokens(text)
     out: dict[str, str] = {}
     n = len(toks)
@@ -311,6 +322,27 @@ def content_words(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def topic_phrase(text: str) -> bool:
+    """``text`` is a noun phrase about something in particular (``labels.wordclass``): it does
+    not open a clause (no function word or verb first), it ends on a word that may head a noun phrase
+    or on a number ("Nozomi 14:10"), and one of its words is specific (a noun outside the most
+    frequent English words, or a code). "Kamogawa Residence", "JR Pass", "vegetarian kaiseki"
+    are; "bring", "Perfect", "morning", "presenting remotely", "options saved" are not. Phrases
+    in a script written without spaces are taken as topics (no word list judges them)."""
+    words = text.split()
+    if not words:
+        return False
+    if _spaceless(text[0]):
+        return True
+    if words[0].casefold() in STOPWORDS or not wordclass.opens_noun_phrase(words[0]):
+        return False
+    last = words[-1]
+    if not (wordclass.noun_like(last) or any(c.isdigit() for c in last)):
+        return False
+    return any(wordclass.specific_word(w) for w in words if w.casefold() not in _JOINERS)
+
+
 @dataclass(frozen=True)
 class Keyphrase:
     """A candidate phrase: as written, its score, members containing it, and their share."""
@@ -319,9 +351,11 @@ class Keyphrase:
     score: float
     count: int
     coverage: float
-    # A clause opening (``openings``), not a phrase: it may name a chat cluster in its label,
-    # never as a tag ("It gives" alone reads as a fragment).
-    opening: bool = False
+
+    @property
+    def topical(self) -> bool:
+        """The phrase names a topic (``topic_phrase``)."""
+        return topic_phrase(self.text)
 
 
 @dataclass
@@ -338,6 +372,9 @@ class ClusterPhrases:
     # Each embedded phrase's margin alone (``by_distinctness``): > 0 when it points at this
     # cluster's centre rather than another.
     margins: dict[str, float] = field(default_factory=dict)
+    # The best margin of a label holding common words or clause openings (``by_distinctness``):
+    # how well the members' talk, rather than a topic, points at the cluster.
+    talk: float = -math.inf
     # Finds typical members' phrases when first asked (``rank`` sets it; arguments: how many
     # members, how many phrases each): only clusters no label points at need them, and
     # finding them for every cluster cost a fifth more than ranking.
@@ -346,7 +383,7 @@ class ClusterPhrases:
     # best document-count score first): for the wide look only.
     find_every: Callable[[int], list[Keyphrase]] | None = field(default=None, repr=False, compare=False)
     # Finds the clause openings of the members read (``rank`` sets it when given their texts;
-    # argument: at most how many): for the wide look only.
+    # argument: at most how many): to tell small talk only.
     find_openings: Callable[[int], list[Keyphrase]] | None = field(default=None, repr=False, compare=False)
     _typical: list[Keyphrase] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -354,15 +391,17 @@ class ClusterPhrases:
         return [k.text for k in self.candidates[:n]]
 
     def tag_phrases(self) -> list[str]:
-        """The candidates in rank order without clause openings: what tags are made of."""
-        return [k.text for k in self.candidates if not k.opening]
+        """The topic phrases among the candidates, in rank order: what labels and tags are made
+        of."""
+        return [k.text for k in self.candidates if k.topical]
 
     def pointing(self, n: int | None = None) -> list[str]:
-        """The first ``n`` candidates whose embedding alone points at this cluster (margin > 0,
-        ``by_distinctness``), in rank order; all of them when none was embedded."""
+        """The first ``n`` topic phrases whose embedding alone points at this cluster (margin >
+        0, ``by_distinctness``), in rank order; every topic phrase when none was embedded. What
+        an SLM may choose the label from."""
         if not self.margins:
-            return self.phrases(n)
-        return [k.text for k in self.candidates if self.margins.get(k.text, 0.0) > 0][:n]
+            return self.tag_phrases()[:n]
+        return [k.text for k in self.candidates if k.topical and self.margins.get(k.text, 0.0) > 0][:n]
 
     @property
     def typical(self) -> list[Keyphrase]:
@@ -379,8 +418,8 @@ class ClusterPhrases:
         return self.find_typical(members, each) if self.find_typical is not None else []
 
     def every_phrase(self, limit: int) -> list[Keyphrase]:
-        """Every phrase of the members read, shared or one member's own, at most ``limit`` (best
-        document-count score first); empty for a cluster ranked without them."""
+        """Every topic phrase of the members read, shared or one member's own, at most
+        ``limit`` (best document-count score first); empty for a cluster ranked without them."""
         return self.find_every(limit) if self.find_every is not None else []
 
     def opening_phrases(self, limit: int) -> list[Keyphrase]:
@@ -499,8 +538,11 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
     ``background_df``: in how many memories of the namespace each phrase key occurs (the
     cluster's members included), out of ``n_background``; without it, phrases are ranked by
     how many members hold them, longer first. A phrase must occur in two members when the
-    cluster has two or more: one member's phrase says nothing about the rest. ``texts``: the
-    members' texts in the same order, for their clause openings (``opening_phrases``).
+    cluster has two or more: one member's phrase says nothing about the rest. Topic phrases
+    (``topic_phrase``) come first, so a common word ("card") never takes the idea of a topic
+    phrase that holds it ("Suica card"); the other phrases follow, for clusters that have none.
+    ``texts``: the members' texts in the same order, for their clause openings
+    (``opening_phrases``).
     """
     if texts is not None and len(texts) != len(members):
         raise ValueError(f"{len(texts)} texts for {len(members)} members")
@@ -520,11 +562,12 @@ def rank(members: Sequence[dict[str, str]], background_df: Counter | None = None
             single[key] = score
         if score > 0:
             scored.append((score, key))
-    scored.sort(key=lambda x: (-x[0], x[1]))
-    chosen, used = _one_per_idea(scored, forms, df, n, limit)
+    scored.sort(key=lambda x: (not topic_phrase(x[1]), -x[0], x[1]))
+    chosen, _ = _one_per_idea(scored, forms, df, n, limit)
     if not chosen:  # the members share no content word: say so rather than guess
         short = np.median([len(m) for m in members]) <= 3
         return ClusterPhrases(chosen, NEUTRAL_LABEL if short else NEUTRAL_MIXED)
+    used = set().union(*(_idea_words(k.text.casefold()) for k in chosen if k.topical))
     more = _MoreLooks(members, texts, df, forms, single, used, n, N, background_df)
     return ClusterPhrases(chosen, None, members=n, find_typical=more.typical, find_every=more.every,
                           find_openings=more.openings if texts is not None else None)
@@ -548,8 +591,11 @@ def _counts(members: Sequence[dict[str, str]]) -> tuple[Counter[str], dict[str, 
 
 
 def _idea_words(key: str) -> set[str]:
-    """The words that make a phrase's idea (the phrase itself in a script without spaces)."""
-    return {w for w in key.split() if w not in STOPWORDS} if not _spaceless(key[0]) else {key}
+    """The words that make a phrase's idea, nouns in their singular ("hotels" and "Hotel" are
+    one idea); the phrase itself in a script without spaces."""
+    if _spaceless(key[0]):
+        return {key}
+    return {wordclass.singular(w) for w in key.split() if w not in STOPWORDS}
 
 
 def _one_per_idea(scored: list[tuple[float, str]], forms: dict[str, dict[str, int]], df: Counter[str], n: int,
@@ -580,7 +626,7 @@ class _MoreLooks:
     df: Counter[str]
     forms: dict[str, dict[str, int]]
     single: dict[str, float]  # scores of the phrases one member holds
-    used: set[str]  # the words of the chosen phrases
+    used: set[str]  # the words of the chosen topic phrases
     n: int
     n_background: int
     background_df: Counter | None
@@ -590,12 +636,12 @@ class _MoreLooks:
             key, c, self.n, self.forms, self.background_df, self.n_background)
 
     def typical(self, n_members: int, each: int) -> list[Keyphrase]:
-        """Up to ``each`` phrases of each of the ``n_members`` most typical members that no
-        other member holds, one per idea."""
+        """Up to ``each`` topic phrases of each of the ``n_members`` most typical members that
+        no other member holds, one per idea."""
         typical: list[Keyphrase] = []
         taken_words = set(self.used)
         for m in self.members[:n_members]:
-            scores = {k: self._score(k, 1) for k in m if self.df[k] == 1}
+            scores = {k: self._score(k, 1) for k in m if self.df[k] == 1 and topic_phrase(k)}
             taken = 0
             for key in sorted(scores, key=lambda k: (-scores[k], k)):
                 words = _idea_words(key)
@@ -609,8 +655,8 @@ class _MoreLooks:
         return typical
 
     def every(self, limit: int) -> list[Keyphrase]:
-        """The best ``limit`` of every phrase the members hold."""
-        scores = {k: self._score(k, c) for k, c in self.df.items()}
+        """The best ``limit`` of every topic phrase the members hold."""
+        scores = {k: self._score(k, c) for k, c in self.df.items() if topic_phrase(k)}
         keys = sorted((k for k in scores if scores[k] > 0), key=lambda k: (-scores[k], k))[:limit]
         return [Keyphrase(_surface(self.forms[k]), round(scores[k], 4), self.df[k], round(self.df[k] / self.n, 3))
                 for k in keys]
@@ -628,7 +674,7 @@ class _MoreLooks:
         # Members come nearest the centre first: a tie goes to the more typical member's.
         keys = sorted(said, key=lambda k: (-said[k], first[k], k))[:limit]
         n = self.n
-        return [Keyphrase(form[k], round(said[k] / n, 4), said[k], round(said[k] / n, 3), opening=True) for k in keys]
+        return [Keyphrase(form[k], round(said[k] / n, 4), said[k], round(said[k] / n, 3)) for k in keys]
 
 
 def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
@@ -652,12 +698,15 @@ def label(candidates: Sequence[str], picked: Sequence[str] | None = None,
 
 
 def phrases_label(phrases: ClusterPhrases) -> tuple[str, list[str]]:
-    """A cluster's vector profile: its chosen ``head`` (or top candidates) as the label, the
-    next candidates that are not clause openings as tags; the neutral label (candidates as
-    tags) when it has one."""
+    """A cluster's vector profile: its chosen ``head`` (or its top topic phrases) as the label,
+    the next topic phrases as tags; the neutral label (candidates as tags) when it has one, and
+    ``NEUTRAL_SMALL_TALK`` when no candidate is a topic phrase."""
     if phrases.neutral is not None:
         return phrases.neutral, phrases.phrases(MAX_TAGS)
-    return label(phrases.tag_phrases(), phrases.head, neutral=phrases.neutral)
+    topics = phrases.tag_phrases()
+    if not phrases.head and not topics:
+        return NEUTRAL_SMALL_TALK, phrases.phrases(MAX_TAGS)
+    return label(topics, phrases.head)
 
 
 def texts_label(texts: Sequence[str]) -> tuple[str, list[str]]:
@@ -705,13 +754,13 @@ LAST_PHRASES = 4
 # 0.972): shortlist 12, 16 combinations by the estimate 0.984 (+5.4% texts); 8, all 0.988
 # (+19%); 10, all 0.991 (+36%); 12, all 0.994 (+59%).
 WIDE_PHRASES = 160
-# The members' clause openings the wide look offers beside their phrases (``openings``): a chat
-# cluster of thanks or encouragement is named by how it says things ("You rock", "Let's keep
-# movin", "No worries · Keep me posted") where its topic words ("part", "ton", "Together")
-# point at a neighbour. Relabelling 11 stored LoCoMo conversations (687 labels): self@1 0.987
-# -> 0.997 (9 misses -> 2), texts embedded 12,695 -> 12,347.
-WIDE_OPENINGS = 64
 WIDE_SHORTLIST = 10
+# The members' most said clause openings embedded for a cluster no topic label points at: if
+# they point at it better than its topic phrases, the cluster is small talk (thanks,
+# encouragement, goodbyes).
+SMALL_TALK_OPENINGS = 16
+# Talk phrases (common words, openings) a wide look combines, every pair and triple (28 + 56).
+WIDE_TALK = 8
 # Every pair and triple of the shortlist (45 + 120).
 WIDE_TRIES = WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) // 2 + WIDE_SHORTLIST * (WIDE_SHORTLIST - 1) * (WIDE_SHORTLIST - 2) // 6
 # At most this many clusters get the wide look per call, the largest first: each costs up to
@@ -757,13 +806,17 @@ def _estimate(vecs: np.ndarray, weights: np.ndarray, combos: list[tuple[int, ...
 
 def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
             centres: np.ndarray, vectors: _Vectors, shortlist: int | None = None,
-            tries: int | None = None) -> dict[int, float]:
+            tries: int | None = None, talk: bool = False) -> dict[int, float]:
     """For each cluster: order its ``pools`` phrases by margin (``margins``) into its
     candidates and choose as ``head`` the label with the best margin among its single phrases
     and the ``tries`` pairs and triples of its ``shortlist`` best phrases whose estimated
-    margin (``_estimate``) is best. Returns that margin per cluster."""
+    margin (``_estimate``) is best. A pool holding topic phrases offers only those (``_topics``),
+    unless ``talk``: then common words and clause openings compete too, only to measure how well
+    the cluster's talk points at it (``ClusterPhrases.talk``); the head stays the best label of
+    topic phrases where there is one. Returns the head's margin per cluster."""
     shortlist = SHORTLIST if shortlist is None else shortlist
     tries = TRIES if tries is None else tries
+    pools = {c: pool if talk else _topics(pool) for c, pool in pools.items()}
     todo = [c for c in pools if pools[c]]
     texts = [k.text for c in todo for k in pools[c]]
     if not texts:
@@ -803,7 +856,8 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
         order, single = ranked[c]
         ranked_pool = [pool[j] for j in order]
         rest = [k for k in found[c].candidates if k not in ranked_pool]
-        found[c].candidates = ranked_pool + rest
+        # Clause openings measure the talk; they never become candidates (tags, SLM choices).
+        found[c].candidates = [k for k in ranked_pool if k.topical or k in rest or k in found[c].candidates] + rest
         phrases = found[c].phrases()
         tried: list[list[str]] = [[k.text] for k in ranked_pool]
         taken = 0
@@ -820,17 +874,33 @@ def _choose(found: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]],
     vm = margins(vectors([" · ".join(variants[j][1]) for j in need]), [slot[variants[j][0]] for j in need],
                  centres).tolist() if need else []
     got = dict(zip(need, vm))
-    best: dict[int, tuple[tuple[bool, float], float, int]] = {}
+    best: dict[int, tuple[tuple[bool, bool, float], float, int]] = {}
     for j, (c, h, single_m) in enumerate(variants):
         margin = single_m if single_m is not None else got[j]
-        # A label that points at its cluster beats one that does not; among those, longer
-        # labels say more: one more phrase wins unless it blurs the label (margin -0.01).
-        score = (margin > 0, margin + 0.01 * len(h))
+        topical = all(map(topic_phrase, h))
+        if not topical:
+            found[c].talk = max(found[c].talk, margin)
+        # A label of topic phrases beats one with talk in it; then a label that points at its
+        # cluster beats one that does not; among those, longer labels say more: one more
+        # phrase wins unless it blurs the label (margin -0.01).
+        score = (topical, margin > 0, margin + 0.01 * len(h))
         if c not in best or score > best[c][0]:
             best[c] = (score, margin, j)
     for c, (_, _, j) in best.items():
         found[c].head = variants[j][1]
     return {c: margin for c, (_, margin, _) in best.items()}
+
+
+def _topics(pool: list[Keyphrase]) -> list[Keyphrase]:
+    """The topic phrases of ``pool``; the whole pool when it holds none (the cluster is then
+    looked at again, and named small talk when no look finds one)."""
+    topics = [k for k in pool if k.topical]
+    return topics or pool
+
+
+def _topical(ph: ClusterPhrases) -> bool:
+    """The cluster's chosen label is made of topic phrases."""
+    return bool(ph.head) and all(topic_phrase(p) for p in ph.head)
 
 
 def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centres: np.ndarray,
@@ -843,68 +913,142 @@ def by_distinctness(found: dict[int, ClusterPhrases], ids: Sequence[int], centre
     them a reader (and the answer prompt) would take for *this* cluster: "deer" and "bow" say
     Nara, "works" says nothing. Which pairs and triples are worth embedding is estimated from
     the phrases' own embeddings (``_estimate``), so the label is chosen among all combinations
-    of the best phrases, not only those of the top three. A cluster whose label still points
-    elsewhere ("help", "keep" in a chat) gets a second look: its remaining candidates and its
-    typical members' own phrases, a ``WEAK_SHORTLIST`` of them combined and ``WEAK_TRIES``
-    combinations embedded; one still without gets a last look, the same with the phrases of
-    ``LAST_MEMBERS`` members; one still without gets a wide look at every phrase of its
-    members and their clause openings (``WIDE_PHRASES``, ``WIDE_OPENINGS``, ``_wide_pools``;
-    at most ``WIDE_CLUSTERS`` per call, the largest first). A later look's label replaces an
-    earlier one only when its margin is better (``wide`` marks the clusters it named). Costs one
-    embedding per candidate and ``TRIES`` per label, about 30 more for each cluster that needs a
-    second or last look, and up to ``WIDE_PHRASES + WIDE_OPENINGS + WIDE_TRIES`` for one that
-    needs the wide look (each text embedded once per call; on ten LoCoMo conversations 11.5k
-    texts in all, 8.5k without the wide look). Returns the chosen label's margin per cluster
-    (<= 0: even the best label points elsewhere).
+    of the best phrases, not only those of the top three. Only topic phrases are offered while
+    a cluster has any (``topic_phrase``). A cluster whose label still points elsewhere ("help",
+    "keep" in a chat), or holds no topic phrase, gets a second look: its remaining candidates
+    and its typical members' own topic phrases, a ``WEAK_SHORTLIST`` of them combined and
+    ``WEAK_TRIES`` combinations embedded; one still without gets a last look, the same with the
+    phrases of ``LAST_MEMBERS`` members; one still without gets a wide look at every topic
+    phrase of its members (``WIDE_PHRASES``, ``_wide_pools``; at most ``WIDE_CLUSTERS`` per
+    call, the largest first). A later look's label replaces an earlier one only when it is
+    better: made of topic phrases where the earlier was not, else a better margin (``wide``
+    marks the clusters the wide look named). A cluster that no look finds a topic phrase
+    pointing at it for is small talk (``neutral`` becomes ``NEUTRAL_SMALL_TALK``) when it has
+    no topic phrase at all or its common words point at it (``_small_talk``); else it keeps its
+    best topic label, pointing elsewhere. Costs one embedding per
+    candidate and ``TRIES`` per label, about 30 more for each cluster that needs a second or
+    last look, and up to ``WIDE_PHRASES + WIDE_TRIES`` for one that needs the wide look (each
+    text embedded once per call). Returns the chosen label's margin per cluster (<= 0: even the
+    best label points elsewhere).
     """
     slot = {int(c): i for i, c in enumerate(ids)}
     live = {c: ph for c, ph in found.items() if c in slot and ph.candidates and ph.neutral is None}
     vectors = _Vectors(embed)
     got = _choose(live, {c: ph.candidates[:top] for c, ph in live.items()}, slot, centres, vectors)
-    weak = [c for c, margin in got.items() if margin <= 0]
+
+    def settled(c: int) -> bool:
+        return got[c] > 0 and _topical(live[c])
+
+    weak = [c for c in got if not settled(c)]
     if weak:
-        # Only the clusters still without a label that points at them; phrases embedded in the
-        # first round are not embedded again.
+        # Only the clusters still without a topic label that points at them; phrases embedded
+        # in the first round are not embedded again.
         pools = {c: live[c].candidates + [k for k in live[c].typical if k not in live[c].candidates] for c in weak}
         _look_again(live, got, pools, slot, centres, vectors, WEAK_SHORTLIST, WEAK_TRIES)
-        still = [c for c in weak if got[c] <= 0]
+        still = [c for c in weak if not settled(c)]
         if still and LAST_MEMBERS > TYPICAL_MEMBERS:
             # The last look, for the few still without one: the own phrases of many more
             # members (a chat cluster's centre is the mean of many one-off remarks).
             pools = {c: pools[c] + [k for k in live[c].typical_phrases(LAST_MEMBERS, LAST_PHRASES)
                                     if k not in pools[c]] for c in still}
             _look_again(live, got, pools, slot, centres, vectors, WEAK_SHORTLIST, WEAK_TRIES)
-            still = [c for c in still if got[c] <= 0]
+            still = [c for c in still if not settled(c)]
         # The wide look does not depend on the last one having run.
         still = sorted(still, key=lambda c: -live[c].members)[:WIDE_CLUSTERS]
         if still and WIDE_PHRASES:
             pools = _wide_pools({c: live[c] for c in still}, slot, centres, vectors)
-            before = {c: got[c] for c in pools}
+            before = {c: (_topical(live[c]), got[c]) for c in pools}
             _look_again(live, got, pools, slot, centres, vectors, WIDE_SHORTLIST, WIDE_TRIES)
             for c in pools:
-                live[c].wide = got[c] > before[c]
+                live[c].wide = (_topical(live[c]), got[c]) > before[c]
+        still = [c for c in still if not settled(c)]
+        if still and WIDE_TALK:
+            _measure_talk(live, _talk_pools({c: live[c] for c in still}, top, slot, centres, vectors), slot,
+                          centres, vectors)
+    _small_talk(live, got, [c for c in got if not settled(c)], top, slot, centres, vectors)
     return got
+
+
+def _talk_phrases(ph: ClusterPhrases, top: int) -> list[Keyphrase]:
+    """How a cluster's members talk: its common-word candidates and their clause openings."""
+    return [k for k in ph.candidates[:top] if not k.topical] + ph.opening_phrases(SMALL_TALK_OPENINGS)
+
+
+def _talk_pools(found: dict[int, ClusterPhrases], top: int, slot: dict[int, int], centres: np.ndarray,
+                vectors: "_Vectors") -> dict[int, list[Keyphrase]]:
+    """Per cluster: its talk phrases (``_talk_phrases``) ordered by margin, one per idea, the
+    best ``WIDE_TALK``."""
+    every = {c: _talk_phrases(ph, top) for c, ph in found.items()}
+    todo = [c for c in every if every[c]]
+    if not todo:
+        return {}
+    m = margins(vectors([k.text for c in todo for k in every[c]]), [slot[c] for c in todo for _ in every[c]],
+                centres).tolist()
+    out: dict[int, list[Keyphrase]] = {}
+    at = 0
+    for c in todo:
+        pool = every[c]
+        mine = m[at:at + len(pool)]
+        at += len(pool)
+        taken: list[Keyphrase] = []
+        used: set[str] = set()
+        for j in sorted(range(len(pool)), key=lambda j: (-mine[j], j)):
+            words = _idea(pool[j].text)
+            if not words & used:
+                taken.append(pool[j])
+                used |= words
+            if len(taken) >= WIDE_TALK:
+                break
+        out[c] = taken
+    return out
+
+
+def _measure_talk(live: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
+                  centres: np.ndarray, vectors: "_Vectors") -> None:
+    """Every single, pair and triple of each cluster's talk ``pools`` embedded, for
+    ``ClusterPhrases.talk`` only: the clusters' labels and candidates are left as they were."""
+    kept = {c: (live[c].head, live[c].candidates) for c in pools}
+    n = max((len(p) for p in pools.values()), default=0)
+    _choose(live, pools, slot, centres, vectors, shortlist=n, tries=len(_combos(n)), talk=True)
+    for c, (head, candidates) in kept.items():
+        live[c].head, live[c].candidates = head, candidates
+
+
+def _small_talk(live: dict[int, ClusterPhrases], got: dict[int, float], unsettled: list[int], top: int,
+                slot: dict[int, int], centres: np.ndarray, vectors: "_Vectors") -> None:
+    """Name small talk the ``unsettled`` clusters (no topic label points at them) whose label
+    holds no topic phrase, or whose talk (common words, clause openings: "Thanks for the
+    support", "Go Jon", alone or combined) points at them better than any label of topic
+    phrases does: their members talk ("thanks", "help", "see you") more than they say what
+    about, and a member's stray noun would name a neighbour's topic."""
+    talk = {c: [k.text for k in _talk_phrases(live[c], top)] for c in unsettled}
+    todo = [c for c in unsettled if talk[c]]
+    if todo:
+        m = margins(vectors([t for c in todo for t in talk[c]]), [slot[c] for c in todo for _ in talk[c]],
+                    centres).tolist()
+        at = 0
+        for c in todo:
+            mine = m[at:at + len(talk[c])]
+            at += len(talk[c])
+            live[c].talk = max(live[c].talk, max(mine))
+    for c in unsettled:
+        ph = live[c]
+        if not _topical(ph) or ph.talk > 0 or ph.talk > got[c]:
+            ph.neutral, ph.head = NEUTRAL_SMALL_TALK, None
 
 
 def _idea(text: str) -> set[str]:
     """The words that make a phrase's idea ("virtual support group": virtual, support, group):
     two phrases sharing one say the same thing twice in a label."""
-    if _spaceless(text[0]):
-        return {text}
-    return {w for w in text.casefold().split() if w not in STOPWORDS}
+    return _idea_words(text.casefold())
 
 
 def _wide_pools(found: dict[int, ClusterPhrases], slot: dict[int, int], centres: np.ndarray,
                 vectors: "_Vectors") -> dict[int, list[Keyphrase]]:
-    """Per cluster: every phrase of its members (``every_phrase``, at most ``WIDE_PHRASES``) and
-    their clause openings (``opening_phrases``, at most ``WIDE_OPENINGS``), embedded in one
-    batch for all clusters, ordered by margin, one per idea (a phrase sharing a word with a
-    better one is dropped), the best ``WIDE_SHORTLIST``."""
-    every: dict[int, list[Keyphrase]] = {}
-    for c, ph in found.items():
-        phrases = ph.every_phrase(WIDE_PHRASES)
-        seen = {k.text.casefold() for k in phrases}
-        every[c] = phrases + [k for k in ph.opening_phrases(WIDE_OPENINGS) if k.text.casefold() not in seen]
+    """Per cluster: every topic phrase of its members (``every_phrase``, at most
+    ``WIDE_PHRASES``), embedded in one batch for all clusters, ordered by margin, one per idea
+    (a phrase sharing a word with a better one is dropped), the best ``WIDE_SHORTLIST``."""
+    every = {c: ph.every_phrase(WIDE_PHRASES) for c, ph in found.items()}
     todo = [c for c in every if every[c]]
     texts = [k.text for c in todo for k in every[c]]
     if not texts:
@@ -935,9 +1079,9 @@ def _look_again(live: dict[int, ClusterPhrases], got: dict[int, float], pools: d
     """``_choose`` among wider ``pools``, keeping each cluster's earlier label (head, candidate
     order and margin in ``got``) where the new best is no better: a later look embeds other
     combinations, and its best can be worse."""
-    before = {c: (live[c].head, live[c].candidates) for c in pools}
+    before = {c: (live[c].head, live[c].candidates, _topical(live[c])) for c in pools}
     for c, margin in _choose(live, pools, slot, centres, vectors, shortlist=shortlist, tries=tries).items():
-        if margin > got[c]:
+        if (_topical(live[c]), margin) > (before[c][2], got[c]):
             got[c] = margin
         else:
-            live[c].head, live[c].candidates = before[c]
+            live[c].head, live[c].candidates = before[c][:2]

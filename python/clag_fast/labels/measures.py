@@ -1,6 +1,7 @@
-"""How readable and faithful cluster labels are: copy rate, groundedness and self@1.
+"""How readable and faithful cluster labels are: copy rate, groundedness, self@1 and the share
+of generic labels.
 
-Three measures over the clusters with two or more members:
+Four measures over the clusters with two or more members:
 
 * **copy**: the summary is a member's text: it shares a run of ``COPY_RUN`` (8) consecutive
   words with one member. Rate = copies / clusters. Keyphrase labels hold at most six words,
@@ -10,10 +11,18 @@ Three measures over the clusters with two or more members:
   mean over clusters.
 * **self@1**: the summary, embedded, is nearer to its own cluster's centre than to any other
   centre. Rate over clusters.
+* **generic**: the summary names no topic (``is_generic``): every content word of it is among
+  the 1,000 most frequent English words (``wordfreq``) or cannot be a noun (a function, chat or
+  time word, an adverb in -ly, a participle in -ed: ``labels.wordclass``), and a phrase of it
+  that opens a clause ("No worries", "Ready to") counts for nothing. "bring · tonight",
+  "Perfect · card", "morning" are generic; "vegetarian kaiseki", "JPY · journeys" are not.
+  Rate over clusters. The measure reads the label alone, whatever chose it (keyphrases, an
+  SLM, a topic, a template).
 
-Clusters with a neutral label ("misc: short replies", members sharing no content word) make
-no claim about their members: they are counted (``neutral``) and left out of grounded and
-self@1. Clusters without any summary count as not grounded and not self@1.
+Clusters with a neutral label ("misc: short replies", members sharing no content word; "misc:
+small talk", members holding no topic phrase) make no claim about their members: they are
+counted (``neutral``) and left out of grounded, self@1 and generic. Clusters without any
+summary count as not grounded, not self@1 and generic.
 
 ``measure`` is pure (texts, labels, centres and an embedding function in; numbers out), so the
 same code scores a store (``MemoryStore.label_quality``) and hand-built clusters in tests.
@@ -27,9 +36,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from clag_fast.labels.keyphrases import NEUTRAL_LABEL, NEUTRAL_MIXED, content_words
+from clag_fast.labels import wordclass
+from clag_fast.labels.keyphrases import NEUTRAL_LABELS, content_words
 
-__all__ = ["ClusterLabel", "measure", "self_misses", "is_copy", "groundedness", "COPY_RUN"]
+__all__ = ["ClusterLabel", "measure", "self_misses", "is_copy", "groundedness", "is_generic", "COPY_RUN"]
 
 COPY_RUN = 8
 _WORD_RE = re.compile(r"\w+")
@@ -84,13 +94,37 @@ def groundedness(summary: str, tags: Sequence[str], members: Sequence[str]) -> f
     return sum(w in have for w in label_words) / len(label_words)
 
 
+# Words that open a reply rather than name something ("Thanks so much", "Yes please").
+_OPENERS = frozenset("yes yeah yep no nope ok okay oh hey hi hello thanks thank sure sorry please wow".split())
+
+
+def is_generic(summary: str, common: int = wordclass.COMMON_WORDS) -> bool:
+    """True when ``summary`` names no topic: none of its " · "-separated phrases holds a
+    specific word (``wordclass.specific_word``: a code of letters and digits, or a word that
+    may be a noun and is not among the ``common`` most frequent English words), a phrase that
+    starts with a function or chat word ("No worries", "Thanks so much") counting for nothing.
+    An empty summary is generic; a neutral label is not (it claims no topic)."""
+    if _neutral(summary):
+        return False
+    for phrase in str(summary).split(" · "):
+        words = phrase.split()
+        if not words:
+            continue
+        if wordclass.function_word(words[0]) or words[0].casefold() in _OPENERS:
+            continue
+        if any(wordclass.specific_word(w, common) for w in content_words(phrase)):
+            return False
+    return True
+
+
 def _neutral(summary: str) -> bool:
-    return summary in (NEUTRAL_LABEL, NEUTRAL_MIXED)
+    return summary in NEUTRAL_LABELS
 
 
 def measure(clusters: Sequence[ClusterLabel], centres: np.ndarray,
             embed: Callable[[list[str]], np.ndarray] | None) -> dict:
-    """Copy rate, groundedness and self@1 over ``clusters`` with two or more members.
+    """Copy rate, groundedness, self@1 and the generic labels (count ``generic``, share of the
+    clusters ``generic_rate``) over ``clusters`` with two or more members.
 
     ``centres[i]`` is the (unit) centre of ``clusters[i]``, and self@1 compares against all
     of them; ``embed`` (texts -> unit vectors) None leaves self@1 out.
@@ -110,6 +144,9 @@ def measure(clusters: Sequence[ClusterLabel], centres: np.ndarray,
         "copy_rate": copies / len(scored) if scored else 0.0,
         "grounded": float(np.mean(grounded)) if grounded else 1.0,
     }
+    generic = sum(is_generic(clusters[i].summary) for i in claims)
+    out["generic"] = generic
+    out["generic_rate"] = generic / len(scored) if scored else 0.0
     if embed is not None and claims and len(centres):
         labelled = [i for i in claims if clusters[i].summary]
         hits = 0

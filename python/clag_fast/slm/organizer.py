@@ -109,14 +109,15 @@ def _picks(raw: Any, candidates: Sequence[str]) -> list[str]:
 
 
 def topic_candidates(task_context: str | None, samples: Sequence[str], limit: int = 16) -> list[str]:
-    """Phrases the SLM may pick topics from: those of the task context (first, they say what
-    the memories are for), then those at least two sampled memories share, best first."""
+    """Phrases the SLM may pick topics from: the topic phrases (``keyphrases.topic_phrase``; not
+    "April", "plan") of the task context (first, they say what the memories are for), then those
+    at least two sampled memories share, best first."""
     out: list[str] = []
     seen: set[str] = set()
     task = keyphrases.rank([keyphrases.extract(task_context)]).phrases(6) if task_context else []
     shared = keyphrases.rank([keyphrases.extract(s) for s in samples]).phrases() if len(samples) >= 2 else []
     for p in task + shared:
-        if p.casefold() not in seen:
+        if p.casefold() not in seen and keyphrases.topic_phrase(p):
             seen.add(p.casefold())
             out.append(p)
     return out[:limit]
@@ -379,7 +380,7 @@ class Organizer:
 
     def write_profiles(self, clusters: Sequence[ClusterBrief]) -> dict[int, Profile]:
         """A profile per cluster (one SLM call each) chosen from its ``choices`` (default: its
-        ``candidates``): the SLM picks and orders one to three of them as the label, the tags
+        ``candidates``): the SLM picks and orders two or three of them as the label, the tags
         are the next candidates. Ids where the SLM failed, or with fewer than two choices
         (nothing to choose), are missing: the caller keeps their vector label.
         """

@@ -89,17 +89,22 @@ def route_user(group_lines: list[str], notes: list[str]) -> str:
 # prompt holds their notes group by group, and the answer is one pick list per group.
 PROFILE_SYSTEM = (
     "You name the topic shared by a group of notes. " + DATA_RULE + " Reply in JSON: groups "
-    "has one list per group, in order; each lists one to three of that group's phrases that "
+    "has one list per group, in order; each lists two or three of that group's phrases that "
     "best name what its notes are about, most important first."
 )
 PROFILE_QUESTION = "For each group, which of its phrases name the shared topic of its notes?"
 
 
-def profile_schema(candidates: list[list[str]], max_picks: int = 3) -> dict:
-    """Answer schema: ``groups`` holds one list per group; list i holds 1..``max_picks``
-    distinct phrases out of ``candidates[i]``."""
-    picks = [{"type": "array", "items": {"type": "string", "enum": list(c)}, "minItems": 1,
-              "maxItems": min(max_picks, len(c)), "uniqueItems": True} for c in candidates]
+def profile_schema(candidates: list[list[str]], max_picks: int = 3, min_picks: int = 2) -> dict:
+    """Answer schema: ``groups`` holds one list per group; list i holds ``min_picks`` (or all,
+    when fewer are offered) to ``max_picks`` distinct phrases out of ``candidates[i]``.
+
+    Two picks at least: SmolLM2-135M left to itself named most clusters by one phrase, often a
+    name or a word of one aspect ("Hiro", "pack", "dollars" on the demo's trip), where two say
+    what the notes share ("pack · suitcases")."""
+    picks = [{"type": "array", "items": {"type": "string", "enum": list(c)},
+              "minItems": min(min_picks, max_picks, len(c)), "maxItems": min(max_picks, len(c)),
+              "uniqueItems": True} for c in candidates]
     groups = {"type": "array", "prefixItems": picks, "minItems": len(picks), "maxItems": len(picks)}
     return {"type": "object", "properties": {"groups": groups}, "required": ["groups"]}
 

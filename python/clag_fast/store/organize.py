@@ -1,6 +1,13 @@
 """Organisation: cold start, SLM topics and template labels as centres, split of oversized
 clusters, merge of redundant and tiny ones, re-assignment, and the vector side of profiles.
 
+A cluster over the size cap is split in two only when the split separates it (``cohesion``):
+a coherent group (vectors drawn around one centre) stays whole up to ``COHERENT_CAP`` times the
+cap, and near-duplicate clusters merge past the cap on the same test, so data made of 20 groups
+ends in about 20 clusters rather than a size-capped tiling of each. Clusters of one member that
+a pass creates (an SLM topic only one memory is nearest to, one side of a split) are folded into
+their nearest cluster in the same pass; one that routing opened gets one organisation to grow.
+
 Functions here take the ``StoreState`` and run under its write lock; they keep the index and
 the database in agreement. SLM calls never happen here: the scheduler (``store.slm_scheduler``)
 asks the SLM first, outside the lock, and passes the answers in.
@@ -35,6 +42,13 @@ NEAR_CENTRES = 32
 # member at cosine 0.09 to its own centre and 0.58 to another, unfindable by two-stage search
 # probing 2 clusters). Mature clusters barely move, so the work falls as the store grows.
 DRIFT = 0.05
+# A coherent cluster (one a split would not separate) stays whole up to this many times the
+# size cap; past it, it is split anyway, so one probe never scans an unbounded cluster.
+COHERENT_CAP = 8
+# A cluster found coherent is tested again once it has grown by this factor (each test is a
+# 2-means fit and a gather of its members' vectors; at a million blob vectors most clusters
+# would otherwise be split and put back at every organisation).
+RETEST_GROWTH = 1.25
 #: The database meta key recording a re-organisation that deferred writes
 #: (``MemoryStore.add_many(defer_organize=True)``) left owed; every organisation clears it.
 OWED_META = "organize_owed"
@@ -74,8 +88,16 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
         touched = drifted(state)
         report["drifted"] = len(touched)
         touched |= _split_oversized(state, report, new)
-        touched |= _merge_redundant(state, report, now)
+        stray: set[int] = set()
+        touched |= _merge_redundant(state, report, now, {c for c, _ in new}, touched, stray)
         report["reassigned_touched"] = reassign_near(state, touched)
+        # Rows that held a merged-away cluster as a secondary: the index moved the link, their
+        # assignment records still name the old cluster.
+        alive_now = set(idx.cluster_ids().tolist())
+        for c in touched & alive_now:
+            stray.difference_update(idx.members(c).tolist())  # re-assigned just now
+        if stray:
+            report["reassigned_touched"] += reassign(state, np.fromiter(sorted(stray), np.int64, len(stray)))
         touched_all = touched
     # A topic no memory is nearest to would only waste probes: drop it (and any other
     # cluster left empty), except template labels, which exist by definition.
@@ -150,38 +172,116 @@ def _settle_references(state: StoreState, touched: set[int] | None) -> None:
     state.organized_centres = (ids, ref)
 
 
+def cohesion(state: StoreState, a: np.ndarray, b: np.ndarray) -> float:
+    """How much two groups of rows (``a``, ``b``: row arrays) are one: the mean similarity
+    (dot product of unit vectors) between a row of one and a row of the other, over the mean
+    similarity between two rows of the same group. Random subsets of one group score 1 whatever
+    their sizes; halves or neighbouring pieces of one blob of vectors 0.95-1.0, neighbouring
+    clusters of MiniLM conversation turns 0.55-0.93, of isotropic vectors 0.2-0.6
+    (BENCHMARKS.md, "Cluster labels"). 0 when either group has fewer than two rows or the
+    rows within them are not alike."""
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        return 0.0
+    vectors = state.index.vectors()
+    sa, sb = vectors[a].sum(axis=0, dtype=np.float64), vectors[b].sum(axis=0, dtype=np.float64)
+    pairs_a, pairs_b = na * (na - 1), nb * (nb - 1)
+    # sum over ordered pairs i != j of x_i . x_j = |s|^2 - n for unit rows.
+    within = (float(sa @ sa) - na + float(sb @ sb) - nb) / (pairs_a + pairs_b)
+    if within <= 1e-6:
+        return 0.0
+    return float(sa @ sb) / (na * nb) / within
+
+
+def _halves(vectors: np.ndarray, iterations: int = 8) -> np.ndarray:
+    """A spherical 2-means cut of ``vectors`` (unit rows): True for the rows of one half. Seeded
+    from the member farthest from the centre and the one farthest from it, so it is
+    deterministic; a few iterations are enough to tell a separable cluster from one group."""
+    centre = vectors.sum(axis=0)
+    a = vectors[int(np.argmin(vectors @ centre))]
+    b = vectors[int(np.argmin(vectors @ a))]
+    side = (vectors @ a) >= (vectors @ b)
+    for _ in range(iterations):
+        if side.all() or not side.any():
+            break
+        a, b = vectors[side].sum(axis=0), vectors[~side].sum(axis=0)
+        new = (vectors @ a) / np.linalg.norm(a) >= (vectors @ b) / np.linalg.norm(b)
+        if np.array_equal(new, side):
+            break
+        side = new
+    return side
+
+
+def _coherent(state: StoreState, cid: int) -> bool:
+    """A 2-means cut would not separate cluster ``cid`` (the halves' ``cohesion`` reaches
+    ``StoreConfig.coherence``): it is one group around one centre."""
+    members = state.index.members(cid)
+    side = _halves(state.index.vectors()[members].astype(np.float32))
+    return cohesion(state, members[side], members[~side]) >= state.config.coherence
+
+
 def _split_oversized(state: StoreState, report: dict, new: list) -> set[int]:
-    idx = state.index
+    idx, cfg = state.index, state.config
     touched: set[int] = set()
-    max_size = state.config.cluster_sizes_for(len(state))[1]
+    max_size = cfg.cluster_sizes_for(len(state))[1]
+    cap = COHERENT_CAP * max_size
     ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
     size = dict(zip(ids.tolist(), sizes.tolist()))
+    coherent = state.coherent
+    for c in [c for c in coherent if c not in size]:
+        del coherent[c]
+
+    def cut(c: int) -> bool:
+        """Split ``c`` now: over the cap and, below ``cap``, separable (tested once per growth)."""
+        n = size[c]
+        if n <= max_size:
+            return False
+        if n > cap or cfg.coherence >= 1:
+            return True
+        if c in coherent and n < RETEST_GROWTH * coherent[c]:
+            return False
+        if _coherent(state, c):
+            coherent[c] = n
+            report.setdefault("coherent", []).append(c)
+            return False
+        coherent.pop(c, None)
+        return True
+
     # In waves: every oversized cluster of a wave is split in one native call (the 2-means
     # fits side by side on all cores), its still oversized parts form the next wave.
-    wave = ids[sizes > max_size].tolist()
+    wave = [c for c in ids.tolist() if cut(c)]
     while wave:
         parts = idx.split_many(wave, seed=0)
         now = dict(zip(idx.cluster_ids().tolist(), idx.cluster_sizes().tolist()))
         report["split"].extend(wave)
-        nxt = []
         for cid, pair in zip(wave, parts):
             for c in pair:
                 if c != cid:
                     new.append((c, "split"))
                 touched.add(c)
-                # A part as big as the whole means 2-means found no cut (identical vectors):
-                # splitting it again would loop forever, so it stays oversized.
-                if max_size < now[c] < size[cid]:
-                    nxt.append(c)
         size = now
-        wave = nxt
+        # A part as big as the whole means 2-means found no cut (identical vectors): splitting
+        # it again would loop forever, so it stays oversized.
+        wave = [c for cid, pair in zip(wave, parts) for c in pair if now[c] < sum(now[x] for x in pair) and cut(c)]
     return touched
 
 
-def _merge_redundant(state: StoreState, report: dict, now: float) -> set[int]:
-    """Merge near-duplicate centres, then tiny clusters that have already had a chance to grow
-    (they survived the previous organisation) into their nearest surviving neighbour."""
+def _merge(state: StoreState, keep: int, absorb: int, stray: set[int]) -> None:
+    """Merge cluster ``absorb`` into ``keep``; the rows that held ``absorb`` as a secondary
+    membership go to ``stray`` (their assignment records are redone)."""
+    stray.update(state.index.secondary_members(absorb).tolist())
+    state.index.merge(keep, absorb)
+
+
+def _merge_redundant(state: StoreState, report: dict, now: float, fresh: set[int] = frozenset(),
+                     touched_now: set[int] = frozenset(), stray: set[int] | None = None) -> set[int]:
+    """Merge near-duplicate centres, then clusters that make one coherent group with their
+    nearest neighbour (``_merge_coherent``), then tiny clusters into their nearest surviving
+    neighbour: those that have already had a chance to grow (they survived the previous
+    organisation) and those this pass created (``fresh``: SLM topics, split parts, cold-start
+    clusters), which every memory was just assigned against."""
     idx, cfg = state.index, state.config
+    stray = set() if stray is None else stray
     touched: set[int] = set()
     gone: set[int] = set()
     max_size = cfg.cluster_sizes_for(len(state))[1]
@@ -191,12 +291,14 @@ def _merge_redundant(state: StoreState, report: dict, now: float) -> set[int]:
         if a in gone or b in gone or size[a] + size[b] > max_size:
             continue
         size[a] += size.pop(b)
-        idx.merge(a, b)
+        _merge(state, a, b, stray)
         gone.add(b)
         touched.add(a)
         report["merged"].append((a, b))
+    if cfg.coherence < 1:
+        _merge_coherent(state, report, (set(fresh) | set(touched_now) | touched) - gone, size, gone, touched, stray)
     last = state.catalog.meta("last_organized")
-    old = state.catalog.clusters_created_before(float(last) if last else now)
+    old = state.catalog.clusters_created_before(float(last) if last else now) | set(fresh)
     ids, sizes = idx.cluster_ids(), idx.cluster_sizes()
     if len(ids) > 2 and old:
         tiny = (sizes < cfg.min_cluster_size) & np.isin(ids, np.fromiter(old, np.int64, len(old)))
@@ -208,11 +310,49 @@ def _merge_redundant(state: StoreState, report: dict, now: float) -> set[int]:
             sims[:, tiny] = -np.inf
             targets = ids[np.argmax(sims, axis=1)]
             for cid, target in zip(ids[tiny].tolist(), targets.tolist()):
-                idx.merge(target, cid)
+                _merge(state, target, cid, stray)
                 gone.add(cid)
                 touched.add(target)
                 report["merged"].append((target, cid))
     return touched - gone
+
+
+def _merge_coherent(state: StoreState, report: dict, todo: set[int], size: dict[int, int], gone: set[int],
+                    touched: set[int], stray: set[int]) -> None:
+    """Merge each cluster of ``todo`` with its nearest neighbour while the two are one coherent
+    group (``cohesion`` >= ``StoreConfig.coherence``, together at most ``COHERENT_CAP`` times the
+    size cap): the pieces a cold start or the size cap cut one group of vectors into grow back
+    into one cluster. Only clusters this pass created or touched are looked at (one
+    neighbour search of their centres, then their members' vectors), so a periodic pass costs
+    little; ``size``, ``gone``, ``touched`` and ``stray`` are updated."""
+    idx, cfg = state.index, state.config
+    cap = COHERENT_CAP * cfg.cluster_sizes_for(len(state))[1]
+    todo = sorted(c for c in todo if c in size and c not in gone)
+    if len(todo) == 0 or len(size) < 3:
+        return
+    ids = idx.cluster_ids()
+    at = {c: i for i, c in enumerate(ids.tolist())}
+    centres = idx.centres()
+    got_ids, got_scores = idx.soft_assign(centres[[at[c] for c in todo]], k=2)
+    for c, near, score in zip(todo, got_ids.tolist(), got_scores.tolist()):
+        # The nearest centre other than its own.
+        other = [(n, sc) for n, sc in zip(near, score) if n != c and n >= 0]
+        if not other or c in gone:
+            continue
+        n, sim = other[0]
+        # Pieces of one group lie close: their centres' cosine is far above what separate
+        # topics reach, so most pairs need no look at their members.
+        if n in gone or sim < cfg.coherence * 0.8 or size[c] + size[n] > cap:
+            continue
+        if cohesion(state, idx.members(c), idx.members(n)) < cfg.coherence:
+            continue
+        keep, absorb = (c, n) if size[c] >= size[n] else (n, c)
+        size[keep] += size.pop(absorb)
+        _merge(state, keep, absorb, stray)
+        gone.add(absorb)
+        touched.add(keep)
+        state.coherent.pop(absorb, None)
+        report["merged"].append((keep, absorb))
 
 
 def reassign(state: StoreState, rows: np.ndarray) -> int:

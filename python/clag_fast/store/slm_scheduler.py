@@ -120,7 +120,8 @@ class SLMScheduler:
 
     def label_stats(self) -> dict[str, int]:
         """Profiles written so far by kind: "slm" (the SLM's pick of keyphrases), "vector"
-        (the top keyphrases), "neutral" (members share no content word); "slm_not_distinct":
+        (the top keyphrases), "neutral" (a "misc:" label: members share no content word, or
+        hold no topic phrase, small talk); "slm_not_distinct":
         SLM picks replaced by the vector label because they read as another cluster."""
         return dict(self._label_counts)
 
@@ -525,12 +526,13 @@ class SLMScheduler:
                 # Tags come from these: phrases, not clause openings (an SLM may still pick one
                 # of those among its choices).
                 look.briefs[cid].candidates = ph.tag_phrases()
-                # The SLM picks among the phrases that, embedded alone, point at this cluster:
-                # a pick among all candidates pointed elsewhere two times in three (102 of 148
-                # picks replaced on three LoCoMo conversations), one among these almost never
-                # (0 of 67), at less than half the calls. With fewer than two there is nothing
-                # to choose and the vector label stays, without a call.
-                look.briefs[cid].choices = ph.pointing(self.config.profile_candidates) if embed is not None else None
+                # The SLM picks among the topic phrases that, embedded alone, point at this
+                # cluster: a pick among all candidates pointed elsewhere two times in three (102
+                # of 148 picks replaced on three LoCoMo conversations), one among these almost
+                # never (0 of 67), at less than half the calls; common words ("plan", "Ready")
+                # are never offered. With fewer than two there is nothing to choose and the
+                # vector label stays, without a call.
+                look.briefs[cid].choices = ph.pointing(self.config.profile_candidates)
         return embed, best
 
     def _slm_profiles(self, look: "_ProfileLook", big: list[int], embed: Callable[[list[str]], np.ndarray] | None,
@@ -568,22 +570,27 @@ class SLMScheduler:
             if cid not in profiles and (cid in phrases or cid not in relabel):
                 ph = phrases.get(cid, keyphrases.ClusterPhrases(neutral=keyphrases.NEUTRAL_MIXED))
                 profiles[cid] = keyphrases.phrases_label(ph)
-                self._label_counts["neutral" if not ph.candidates else "vector"] += 1
+                self._label_counts["neutral" if ph.neutral is not None else "vector"] += 1
 
     def _stale_labels(self, skip: set[int]) -> list[int]:
-        """Clusters (outside ``skip``) with a neutral label, or whose label, embedded, is nearer
-        another cluster's centre than its own (not checked without an embedder). One
-        embedding per labelled cluster."""
+        """Clusters (outside ``skip``) with a neutral label or one without a topic phrase, or
+        whose label, embedded, is nearer another cluster's centre than its own (not checked
+        without an embedder). One embedding per labelled cluster."""
         state = self._state
         with state.lock.read():
             ids = state.index.cluster_ids().tolist()
             centres = np.array(state.index.centres(), np.float32)
             templates = state.catalog.template_clusters()
             labels = {c: state.profiles.get(c, ("", []))[0] for c in ids}
-        neutral = (keyphrases.NEUTRAL_LABEL, keyphrases.NEUTRAL_MIXED)
-        # A neutral label is looked at again as well: its members may share a topic by now.
-        again = [c for c in ids if c not in skip and c not in templates and labels[c] in neutral]
-        check = [c for c in ids if c not in skip and c not in templates and labels[c] and labels[c] not in neutral]
+        neutral = keyphrases.NEUTRAL_LABELS
+        # A neutral label is looked at again as well: its members may share a topic by now; so
+        # is a label of common words only (an SLM topic such as "April", a label written before
+        # its cluster had a topic phrase).
+        mine = [c for c in ids if c not in skip and c not in templates and labels[c]]
+        again = [c for c in mine if labels[c] in neutral
+                 or not any(map(keyphrases.topic_phrase, labels[c].split(" · ")))]
+        done = set(again)
+        check = [c for c in mine if c not in done]
         if not check or len(ids) < 2:
             return again
         slot = {c: i for i, c in enumerate(ids)}

@@ -163,6 +163,9 @@ class StoreState:
     # (cluster ids, their centres) at the end of the last organisation in this process: the
     # next one re-assigns the members of clusters whose centre moved since (organize.drifted).
     organized_centres: tuple[np.ndarray, np.ndarray] | None = None
+    # Clusters over the size cap that a split would not separate (organize.cohesion), with
+    # their size then: left whole until they grow (organize.RETEST_GROWTH).
+    coherent: dict[int, int] = field(default_factory=dict)
     rows_since_checkpoint: int = 0
 
     def __post_init__(self) -> None:
