@@ -314,7 +314,7 @@ class Organizer:
             for cid, n in number.items()
         ]
         notes = [
-            prompts.note(text, cfg.max_note_chars, str(k + 1)) + f" (groups {', '.join(map(str, opts))})"
+            prompts.note(text, cfg.route_note_chars, str(k + 1)) + f" (groups {', '.join(map(str, opts))})"
             for k, ((_, text, _, _), opts) in enumerate(zip(batch, options))
         ]
         schema = prompts.route_schema(options)
@@ -408,7 +408,7 @@ class Organizer:
                 retry.update(c.id for c, _, _ in todo[b:])
                 break
             batch = todo[b:b + step]
-            user = prompts.profile_user([([prompts.note(e, cfg.max_note_chars) for e in ex], cands)
+            user = prompts.profile_user([([prompts.note(e, cfg.profile_note_chars) for e in ex], cands)
                                          for _, ex, cands in batch])
             self._count("profile_calls")
             answer, err = self._ask_result("profile", prompts.PROFILE_SYSTEM, user,

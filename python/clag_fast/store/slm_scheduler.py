@@ -389,6 +389,8 @@ class SLMScheduler:
                   label_limit: int | None) -> dict[str, Any]:
         state = self._state
         self.route_pending()
+        with state.lock.read():
+            before = state.catalog.meta("last_organized")
         topics: list[str] = []
         vectors = None
         if reason == "explicit" and task_context and self._labels is None:
@@ -415,8 +417,18 @@ class SLMScheduler:
         in_worker = threading.current_thread() is self._worker
         use_slm = reason in ("explicit", "cold_start") or (self._jobs is not None and not self._vector_worker)
         budget = None if in_worker else self.config.profile_budget_s
+        # A periodic (drift, confusion) pass asks the SLM to label only clusters that were
+        # there before it: the ones it opened or split are young, and while adds keep coming
+        # most are split, merged or grown past their label before it is read (on the demo
+        # conversation 8 of 25 SLM labels written during the ingest were replaced before it
+        # ended). Their vector labels stand until a later pass asks the SLM. Explicit passes
+        # and the cold start (the only pass a store without periodic ones gets) ask for all.
+        settled = None
+        if reason not in ("explicit", "cold_start") and use_slm:
+            with state.lock.read():
+                settled = state.catalog.clusters_created_before(float(before)) if before else set()
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
-            use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit",
+            use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit", slm_only=settled,
             limit=label_limit if label_limit is not None or reason in ("explicit", "cold_start")
             else LABELS_PER_PASS)
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
@@ -425,7 +437,8 @@ class SLMScheduler:
 
     def write_profiles(self, use_slm: bool = True, budget_s: float | None = None,
                        progress: Callable[[str, int, int], None] | None = None,
-                       recheck: bool = False, limit: int | None = None) -> tuple[int, int]:
+                       recheck: bool = False, limit: int | None = None,
+                       slm_only: set[int] | None = None) -> tuple[int, int]:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
         profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
         A vector profile written because ``use_slm`` was off, or because the server failed,
@@ -436,7 +449,9 @@ class SLMScheduler:
         gives a new vector label to every cluster whose label no longer points at it (its
         embedding nearer another centre: members moved since it was written). ``limit``
         (periodic organisations) labels at most that many clusters, unlabelled ones and then
-        the largest first; the others keep their labels until a later pass. Returns
+        the largest first; the others keep their labels until a later pass. ``slm_only``: the
+        clusters the SLM may label in this pass (None: any); the others it would have been
+        asked for get their vector label and stay marked for a later SLM pass. Returns
         (profiles written, deferred)."""
         todo = self._profile_todo(limit)
         relabel = self._stale_labels(set(todo)) if recheck else []
@@ -456,6 +471,8 @@ class SLMScheduler:
         # conv-26 8 profile calls instead of 6 once clause openings let the wide look succeed).
         big = [c for c in todo if look.briefs[c].size >= self.config.profile_min_size and best.get(c, 1.0) > 0
                and not (c in look.phrases and look.phrases[c].wide)]
+        later = set() if slm_only is None else {c for c in big if c not in slm_only}
+        big = [c for c in big if c not in later]
         profiles: dict[int, tuple[str, list[str]]] = {}
         retry: set[int] = set()
         if self.enabled and big and use_slm:
@@ -472,7 +489,7 @@ class SLMScheduler:
         if not self.enabled:
             pending_slm: set[int] = set()
         elif use_slm:
-            pending_slm = retry
+            pending_slm = retry | later
         else:
             pending_slm = set(big) - set(slm_done)
         with self._state.lock.write():
