@@ -100,9 +100,10 @@ class SLMConfig:
     slm_max_options: int = 3
     new_cluster_threshold: float | None = 0.2
     # Eight notes per call: half the calls of four, and the groups they share listed once
-    # (the demo conversation: 17 -> 9 routing calls, 6.6k -> 5.3k prompt tokens).
+    # (the demo conversation: 17 -> 9 routing calls, 6.6k -> 5.3k prompt tokens with notes of
+    # 120 characters; 4.3k with 80, the same choices: ``slm.organizer``'s routing prompt).
     route_batch: int = 8
-    route_note_chars: int = 120
+    route_note_chars: int = 80
     confusion_window: int = 5
     confusion_threshold: float = 0.3
     # Two drift windows must fit inside organize_every, or periodic always fires first.

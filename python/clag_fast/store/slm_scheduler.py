@@ -81,6 +81,9 @@ class SLMScheduler:
         # after 300 adds in bench_add_latency.py).
         self._queued: set[str] = set()
         self._worker: threading.Thread | None = None
+        # A pass left the labels of young clusters to a later SLM pass (``write_profiles``'s
+        # ``slm_only``): ``drain`` asks for them if no pass has by then.
+        self._labels_owed = False
         # Each memory's keyphrases, kept across profile passes (labels/keyphrases).
         self._phrases = keyphrases.PhraseCache()
         # Profiles written, by source: "slm" (an SLM answer accepted) or "vector" (the vector
@@ -276,10 +279,14 @@ class SLMScheduler:
             self.write_profiles(use_slm=True)
 
     def drain(self) -> None:
-        """Wait until background jobs are done, then route whatever is still pending."""
+        """Wait until background jobs are done, then route whatever is still pending and ask
+        the SLM for the labels passes left to it (young clusters' labels)."""
         if self._jobs is not None:
             self._jobs.join()
         self.route_pending()
+        if self._labels_owed and self.enabled and not self._state.read_only:
+            self._labels_owed = False
+            self.write_profiles(use_slm=True)
 
     def close(self) -> None:
         if self._worker is not None and self._jobs is not None:
@@ -417,14 +424,14 @@ class SLMScheduler:
         in_worker = threading.current_thread() is self._worker
         use_slm = reason in ("explicit", "cold_start") or (self._jobs is not None and not self._vector_worker)
         budget = None if in_worker else self.config.profile_budget_s
-        # A periodic (drift, confusion) pass asks the SLM to label only clusters that were
-        # there before it: the ones it opened or split are young, and while adds keep coming
-        # most are split, merged or grown past their label before it is read (on the demo
-        # conversation 8 of 25 SLM labels written during the ingest were replaced before it
-        # ended). Their vector labels stand until a later pass asks the SLM. Explicit passes
-        # and the cold start (the only pass a store without periodic ones gets) ask for all.
+        # Only an explicit pass asks the SLM to label young clusters (opened, split or made by
+        # the cold start since the pass before the last): while adds keep coming most of them
+        # are split, merged or grown past their label before anyone reads it (on the demo
+        # conversation none of the cold start's 7 SLM labels and 8 of the 25 written during
+        # the ingest were still there at its end). Their vector labels stand until a later
+        # pass, ``flush()`` or ``close()`` asks the SLM (``drain``).
         settled = None
-        if reason not in ("explicit", "cold_start") and use_slm:
+        if reason != "explicit" and use_slm:
             with state.lock.read():
                 settled = state.catalog.clusters_created_before(float(before)) if before else set()
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
@@ -490,6 +497,8 @@ class SLMScheduler:
             pending_slm: set[int] = set()
         elif use_slm:
             pending_slm = retry | later
+            # A pass open to every cluster settles what earlier passes left.
+            self._labels_owed = bool(later) or (self._labels_owed and slm_only is not None)
         else:
             pending_slm = set(big) - set(slm_done)
         with self._state.lock.write():
