@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from clag_fast.config import SLMConfig, StoreConfig
@@ -276,3 +277,23 @@ def test_stats_while_the_managed_server_starts_in_the_worker(monkeypatch, fake_s
         worker.join(HOLD_S)
     assert conn.describe().startswith("managed SmolLM2-135M-Instruct (llama.cpp) at http://127.0.0.1:")
     conn._server = None  # nothing to stop: the fake never ran a process
+
+
+def test_a_queued_route_whose_candidate_cluster_is_gone_still_routes(tmp_path, fake_server):  # noqa: F811
+    """An organisation on another thread may merge away a cluster between the time a route is
+    queued and the time the SLM is asked: the route goes on among the clusters still there."""
+    vecs, top = topic_vectors(80, 3, seed=3, spread=0.6)
+    with MemoryStore.open(tmp_path / "s", config=config(background=False), embedder=False,
+                          llm=fake_server.url) as s:
+        s.add_many(texts_for(top), embeddings=vecs)
+        ids = [c.id for c in s.clusters()]
+        assert len(ids) >= 2
+        mid = s.add("one more memory", embedding=vecs[0])
+        row = int(np.flatnonzero(s._state.rows.memory_id == mid)[0])
+        before = s.stats()["routing"]
+        gone = max(ids) + 1000  # a cluster no longer there
+        s._slm._route([(mid, row, "one more memory", [ids[0], gone, ids[1]], [0.50, 0.495, 0.49])])
+        after = s.stats()["routing"]
+        asked = sum(after.get(k, 0) - before.get(k, 0) for k in ("slm", "fallback"))
+        assert asked == 1, (before, after)
+        assert s.get(mid).cluster_id in ids

@@ -311,8 +311,12 @@ class SLMScheduler:
         org = self.organizer()
         with state.lock.read():
             briefs = self._briefs({c for p in pending for c in p[3]})
-        items = [(text, [briefs[c] for c in cands if c in briefs], scores)
-                 for _, _, text, cands, scores in pending]
+        # A candidate merged away or dropped since the route was queued (an organisation on
+        # another thread) is no longer offered; its score goes with it.
+        items = []
+        for _, _, text, cands, scores in pending:
+            kept = [(briefs[c], x) for c, x in zip(cands, scores) if c in briefs]
+            items.append((text, [b for b, _ in kept], [x for _, x in kept]))
         routes = org.route(items)
         moves = [(p[0], p[1], r.cluster_id) for p, r in zip(pending, routes)
                  if r.by == "slm" and r.cluster_id is not None and r.cluster_id != p[3][0]]
