@@ -26,7 +26,8 @@ import numpy as np
 
 from clag_fast.labels import keyphrases
 from clag_fast.store import organize as org_ops
-from clag_fast.store.cluster_phrases import cluster_phrases
+from clag_fast.store.cluster_phrases import MAX_MEMBERS, cluster_phrases
+from clag_fast.store.label_budget import EMBED_COST, LabelBudget
 from clag_fast.store import placement as place_ops
 from clag_fast.store.state import StoreState
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 #: needs it). Keyphrase labels read members' texts: relabelling every cluster that grew at
 #: every periodic pass cut ingest of 8-30-word texts into a 40k store to 1.0k/s.
 LABELS_PER_PASS = 32
+# Phrases a cluster's label embeds in the first look (its ``profile_candidates`` and the label
+# variants ``labels.keyphrases.TRIES``): what the label budget expects a cluster to cost.
+PHRASES_PER_LABEL = 12
 
 
 class SLMScheduler:
@@ -50,14 +54,21 @@ class SLMScheduler:
         llm_arg: what ``MemoryStore.open(llm=...)`` was given (None, a URL, a client, False).
         embed: embeds texts for the store (topics become centres); raises ValueError when the
             store has no embedder.
+        same_space: whether ``embed`` embeds into the space of the store's vectors. When it
+            does not (vectors from another model), label phrases are ranked by document counts
+            and the SLM's choice alone, and topics do not become centres.
     """
 
-    def __init__(self, state: StoreState, llm_arg: Any, embed: Callable[[list[str]], np.ndarray]) -> None:
+    def __init__(self, state: StoreState, llm_arg: Any, embed: Callable[[list[str]], np.ndarray],
+                 same_space: Callable[[], bool] = lambda: True) -> None:
         from clag_fast.slm.connection import SLMConnection
         from clag_fast.slm.triggers import Triggers
 
         self._state = state
         self._embed = embed
+        self._same_space = same_space
+        #: The label work the write path has earned and spent (``store.label_budget``).
+        self.labels = LabelBudget()
         cfg = state.config
         self.config = cfg.slm
         self._labels = list(cfg.labels) if cfg.labels else None
@@ -114,6 +125,10 @@ class SLMScheduler:
 
     def describe(self) -> str:
         return self.connection.describe()
+
+    def _space_embed(self) -> Callable[[list[str]], np.ndarray] | None:
+        """The embedder that puts texts in the space of the store's vectors, or None."""
+        return self._embed if self._same_space() else None
 
     def pending(self) -> dict[str, int]:
         """SLM work not applied yet: queued ambiguous routes and background jobs."""
@@ -404,15 +419,18 @@ class SLMScheduler:
             before = state.catalog.meta("last_organized")
         topics: list[str] = []
         vectors = None
-        if reason == "explicit" and task_context and self._labels is None:
+        # Topics become centres: only an embedder of the store's vector space can place them
+        # (without one the SLM is not asked for them).
+        space = self._space_embed()
+        if reason == "explicit" and task_context and self._labels is None and space is not None:
             org = self.organizer()
             with state.lock.read():
                 samples = self._sample_texts(20)
             topics = org.propose_topics(task_context, samples)
             if topics:
                 try:
-                    vectors = self._embed(topics)
-                except ValueError:  # no embedder (embedder=False): topics cannot become centres
+                    vectors = space(topics)
+                except ValueError:  # the embedder refused them: topics cannot become centres
                     topics, vectors = [], None
         with state.lock.write():
             report = org_ops.organize(state, reason=reason, topics=topics, topic_vectors=vectors)
@@ -440,6 +458,7 @@ class SLMScheduler:
                 settled = state.catalog.clusters_created_before(float(before)) if before else set()
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit", slm_only=settled,
+            budgeted=reason != "explicit",
             limit=label_limit if label_limit is not None or reason in ("explicit", "cold_start")
             else LABELS_PER_PASS)
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
@@ -449,7 +468,7 @@ class SLMScheduler:
     def write_profiles(self, use_slm: bool = True, budget_s: float | None = None,
                        progress: Callable[[str, int, int], None] | None = None,
                        recheck: bool = False, limit: int | None = None,
-                       slm_only: set[int] | None = None) -> tuple[int, int]:
+                       slm_only: set[int] | None = None, budgeted: bool = False) -> tuple[int, int]:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
         profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
         A vector profile written because ``use_slm`` was off, or because the server failed,
@@ -462,9 +481,22 @@ class SLMScheduler:
         (periodic organisations) labels at most that many clusters, unlabelled ones and then
         the largest first; the others keep their labels until a later pass. ``slm_only``: the
         clusters the SLM may label in this pass (None: any); the others it would have been
-        asked for get their vector label and stay marked for a later SLM pass. Returns
+        asked for get their vector label and stay marked for a later SLM pass. ``budgeted``
+        (passes inside the write path): only the clusters the label budget covers
+        (``store.label_budget``), unlabelled ones first; their work is charged to it. Returns
         (profiles written, deferred)."""
-        todo = self._profile_todo(limit)
+        t0 = time.perf_counter()
+        try:
+            return self._write_profiles(use_slm, budget_s, progress, recheck, limit, slm_only, budgeted)
+        finally:
+            self._state.count("label_s", time.perf_counter() - t0)
+
+    def _write_profiles(self, use_slm: bool, budget_s: float | None,
+                        progress: Callable[[str, int, int], None] | None, recheck: bool, limit: int | None,
+                        slm_only: set[int] | None, budgeted: bool) -> tuple[int, int]:
+        todo = self._profile_todo(limit, ordered=budgeted)
+        if budgeted:
+            todo = self._affordable(todo)
         relabel = self._stale_labels(set(todo)) if recheck else []
         look = self._look(todo, relabel)
         # Clusters merged or dropped between the two looks are gone.
@@ -472,7 +504,11 @@ class SLMScheduler:
         relabel = [c for c in relabel if c in look.phrases]
         if not todo and not relabel:
             return 0, 0
-        embed, best = self._rank_phrases(look)
+        embed, best, embedded = self._rank_phrases(look)
+        units = sum(min(ph.members, MAX_MEMBERS) for ph in look.phrases.values()) + EMBED_COST * embedded
+        self._state.count("label_units", units)
+        if budgeted:
+            self.labels.spend(units)
         # The SLM's pick is kept only if it points at its cluster, and the best vector label is
         # the best of the top candidates' combinations: where even it does not point at its
         # cluster, an SLM pick almost never does (27 of 53 picks lost on a LoCoMo conversation).
@@ -514,16 +550,28 @@ class SLMScheduler:
             progress("profiles", len(profiles), len(todo))
         return len(profiles), len(pending_slm) if use_slm else 0
 
-    def _profile_todo(self, limit: int | None) -> list[int]:
+    def _profile_todo(self, limit: int | None, ordered: bool = False) -> list[int]:
         """The clusters that need a profile; with ``limit``, at most that many, unlabelled
-        ones and then the largest first."""
+        ones and then the largest first (that order too when ``ordered``)."""
         state = self._state
         with state.lock.read():
             todo = org_ops.clusters_needing_profiles(state, self.config.profile_drift_share)
-            if limit is not None and len(todo) > limit:
+            if ordered or (limit is not None and len(todo) > limit):
                 _, size_now = state.cluster_table()
-                todo = sorted(todo, key=lambda c: (bool(state.profiles.get(c, ("", []))[0]), -size_now.get(c, 0)))[:limit]
+                todo = sorted(todo, key=lambda c: (bool(state.profiles.get(c, ("", []))[0]), -size_now.get(c, 0)))
+            if limit is not None:
+                todo = todo[:limit]
         return todo
+
+    def _affordable(self, todo: list[int]) -> list[int]:
+        """The first clusters of ``todo`` the label budget covers: each costs its members read
+        (at most ``MAX_MEMBERS``) and, with an embedder of the store's space, its phrases
+        embedded (``PHRASES_PER_LABEL``; the pass charges what it really embeds)."""
+        state = self._state
+        with state.lock.read():
+            _, size = state.cluster_table()
+        per = EMBED_COST * PHRASES_PER_LABEL if self._space_embed() is not None else 0.0
+        return todo[:self.labels.affordable([min(size.get(c, 0), MAX_MEMBERS) + per for c in todo])]
 
     def _look(self, todo: list[int], relabel: list[int]) -> "_ProfileLook":
         """What the labels are made from, read under the read lock in one look."""
@@ -536,20 +584,32 @@ class SLMScheduler:
             centres = np.array(state.index.centres(), np.float32)
         return _ProfileLook(briefs, phrases, sizes_then, ids, centres)
 
-    def _rank_phrases(self, look: "_ProfileLook") -> tuple[Callable[[list[str]], np.ndarray] | None, dict[int, float]]:
+    def _rank_phrases(self, look: "_ProfileLook") -> tuple[Callable[[list[str]], np.ndarray] | None,
+                                                           dict[int, float], int]:
         """Rank each cluster's phrases by distinctness (the embedder, when there is one that
-        embeds them) and set the SLM's candidates and choices on the briefs. Returns the
-        embedder used (None: document counts alone) and each cluster's best label margin."""
-        embed: Callable[[list[str]], np.ndarray] | None = self._embed
+        embeds them into the space of the store's vectors) and set the SLM's candidates and
+        choices on the briefs. Returns the embedder used (None: document counts alone), each
+        cluster's best label margin, and how many phrases were embedded."""
+        space = self._space_embed()
+        embedded = 0
+
+        def embed(texts: list[str]) -> np.ndarray:
+            nonlocal embedded
+            embedded += len(texts)
+            return space(texts)
+
         best: dict[int, float] = {}
-        try:
-            best = keyphrases.by_distinctness(look.phrases, look.ids, look.centres, embed,
-                                              top=self.config.profile_candidates)
-        except Exception as e:  # noqa: BLE001 - a label never fails an organisation
-            # No embedder (embedder=False: ValueError), or a user's embedder that only knows
-            # its own texts: document counts alone rank the phrases.
-            log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
-            embed = None
+        used: Callable[[list[str]], np.ndarray] | None = embed if space is not None else None
+        if used is not None:
+            try:
+                best = keyphrases.by_distinctness(look.phrases, look.ids, look.centres, used,
+                                                  top=self.config.profile_candidates)
+            except Exception as e:  # noqa: BLE001 - a label never fails an organisation
+                # No embedder (embedder=False: ValueError), or a user's embedder that only
+                # knows its own texts: document counts alone rank the phrases.
+                log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
+                used = None
+        embed = used
         for cid, ph in look.phrases.items():
             if cid in look.briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
                 # Tags come from these: phrases, not clause openings (an SLM may still pick one
@@ -561,7 +621,7 @@ class SLMScheduler:
                 # (0 of 67), at less than half the calls. With fewer than two there is nothing
                 # to choose and the vector label stays, without a call.
                 look.briefs[cid].choices = ph.pointing(self.config.profile_candidates) if embed is not None else None
-        return embed, best
+        return embed, best, embedded
 
     def _slm_profiles(self, look: "_ProfileLook", big: list[int], embed: Callable[[list[str]], np.ndarray] | None,
                       budget_s: float | None, progress: Callable[[str, int, int], None] | None,
@@ -617,8 +677,11 @@ class SLMScheduler:
         if not check or len(ids) < 2:
             return again
         slot = {c: i for i, c in enumerate(ids)}
+        space = self._space_embed()
+        if space is None:  # labels cannot be placed among the centres
+            return again
         try:
-            m = keyphrases.margins(self._embed([labels[c] for c in check]), [slot[c] for c in check], centres)
+            m = keyphrases.margins(space([labels[c] for c in check]), [slot[c] for c in check], centres)
         except Exception:  # noqa: BLE001 - no embedder, or one that cannot embed labels
             return again
         return again + [c for c, x in zip(check, m.tolist()) if x <= 0]
