@@ -6,10 +6,13 @@ memory whose text the store embeds takes milliseconds, one whose vector is given
 microseconds. Without a bound, data that opens a cluster for most memories (isotropic
 vectors) spent nearly all of ``add_many`` labelling. So every memory added earns credit in
 proportion to what adding it cost, and label work spends it: a text ranked for a cluster's
-phrases counts one unit, a phrase embedded ``EMBED_COST``, a new cluster's first label
-``FIRST_LABEL_COST``. Work the credit does not cover waits: a new cluster keeps an empty label
+phrases counts one unit, a text read for the first time (a new member, a row new to the
+namespace's sample: about once per row) one more, a phrase embedded ``EMBED_COST``, a new
+cluster's first label ``FIRST_LABEL_COST``. A pass starts only with credit for the clusters
+it takes and is charged what it did, so label work runs ahead of the credit by at most one
+pass. Work the credit does not cover waits: a new cluster keeps an empty label
 and a periodic pass labels fewer clusters (unlabelled first) until later adds pay for it;
-``MemoryStore.organize()`` labels everything, unbudgeted.
+``MemoryStore.organize()`` labels everything, and the cold start its clusters, unbudgeted.
 
 The units are counts, not seconds, so a store labels the same clusters whatever the machine's
 load; the constants say what a unit costs next to an add (BENCHMARKS.md, "Labelling inside
@@ -22,8 +25,8 @@ import threading
 
 __all__ = ["LabelBudget", "VECTOR_CREDIT", "TEXT_CREDIT", "EMBED_COST", "FIRST_LABEL_COST", "CALL_CREDIT"]
 
-# One unit: one member text ranked for a cluster's phrases (its phrases extracted or taken from
-# the cache, counted, scored), about 0.02-0.05 ms on 2 cores.
+# One unit: one member text ranked for a cluster's phrases, or one text's phrases extracted,
+# about 0.01-0.03 ms on 2 cores.
 #: Credit a memory added with its vector given earns: labelling then takes at most about a
 #: fifth of an add that runs at 5-10k memories/s (0.1-0.2 ms each).
 VECTOR_CREDIT = 1.0

@@ -458,7 +458,9 @@ class SLMScheduler:
                 settled = state.catalog.clusters_created_before(float(before)) if before else set()
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit", slm_only=settled,
-            budgeted=reason != "explicit",
+            # The cold start labels its clusters unbudgeted: once per store, about two texts
+            # read per row of the first batch, less than its k-means costs.
+            budgeted=reason not in ("explicit", "cold_start"),
             limit=label_limit if label_limit is not None or reason in ("explicit", "cold_start")
             else LABELS_PER_PASS)
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
@@ -498,14 +500,19 @@ class SLMScheduler:
         if budgeted:
             todo = self._affordable(todo)
         relabel = self._stale_labels(set(todo)) if recheck else []
+        misses = self._phrases.misses
         look = self._look(todo, relabel)
+        # Texts read for the first time (new members, rows new to the namespace's sample; each
+        # row about once in its life) count once more: they were fetched and their phrases
+        # extracted.
+        fresh = self._phrases.misses - misses
         # Clusters merged or dropped between the two looks are gone.
         todo = [c for c in todo if c in look.briefs]
         relabel = [c for c in relabel if c in look.phrases]
         if not todo and not relabel:
             return 0, 0
         embed, best, embedded = self._rank_phrases(look)
-        units = sum(min(ph.members, MAX_MEMBERS) for ph in look.phrases.values()) + EMBED_COST * embedded
+        units = sum(min(ph.members, MAX_MEMBERS) for ph in look.phrases.values()) + fresh + EMBED_COST * embedded
         self._state.count("label_units", units)
         if budgeted:
             self.labels.spend(units)
@@ -566,7 +573,9 @@ class SLMScheduler:
     def _affordable(self, todo: list[int]) -> list[int]:
         """The first clusters of ``todo`` the label budget covers: each costs its members read
         (at most ``MAX_MEMBERS``) and, with an embedder of the store's space, its phrases
-        embedded (``PHRASES_PER_LABEL``; the pass charges what it really embeds)."""
+        embedded (``PHRASES_PER_LABEL``). The pass then charges what it really did, the texts
+        it read for the first time included, so the credit may end a pass below zero: the
+        next passes wait until writes have paid it back."""
         state = self._state
         with state.lock.read():
             _, size = state.cluster_table()
