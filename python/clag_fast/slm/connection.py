@@ -106,6 +106,8 @@ class SLMConnection:
         if self.failed:
             return self.failed
         if self._server is not None:
+            if self.client is None:  # another thread is starting it: it has no URL yet
+                return "managed SmolLM2-135M-Instruct (llama.cpp), starting"
             return f"managed SmolLM2-135M-Instruct (llama.cpp) at {self._server.url}"
         if self.client is not None:
             return f"LLM server at {getattr(self.client, 'base_url', self.client)}"

@@ -50,6 +50,8 @@ _F32 = np.dtype(np.float32)  # numpy's float32 descriptor is a singleton: `is` c
 
 #: Longest key ``add(key=...)`` accepts, in characters.
 MAX_KEY_CHARS = 512
+# Database meta key: vectors were given to this store without the embedder that made them.
+FOREIGN_META = "foreign_vectors"
 
 # Batches from this size on write their SQLite rows on the catalog's writer thread while they
 # are routed (``_route_while``); smaller ones stay on one thread: the overlap gains them
@@ -126,7 +128,10 @@ class MemoryStore:
             lexical = recovery.LexicalPreload(recovery.lexical_path(path))
             self._load_rows()
             self._searcher = Searcher(self._state, recovery.open_lexical(self._state, lexical))
-            self._slm = SLMScheduler(self._state, llm, lambda texts: self._vectors(texts, None))
+            # Vectors the caller gave while the store's embedder was the default one may come
+            # from another model: then nothing is embedded to be compared with them.
+            self._foreign = self._catalog.meta(FOREIGN_META) is not None
+            self._slm = SLMScheduler(self._state, llm, lambda texts: self._vectors(texts, None), self._same_space)
             self._closed = False
             with self._state.lock.write():
                 recovery.adopt_legacy_assignments(self._state)
@@ -177,6 +182,12 @@ class MemoryStore:
             f"store {self.path} was created with the embedder {stored!r}, opened with {name!r}: "
             "their vectors are not comparable (pass the same embedder, or embedder=False with "
             "your own vectors)")
+
+    def _same_space(self) -> bool:
+        """Whether the store's embedder puts texts in the space of its vectors: there is one,
+        and it is the one the caller gave, or every vector came from it (the default MiniLM
+        with no vectors given). Label phrases, topics and label checks are embedded only then."""
+        return self._embedder_arg is not False and (self._embedder_arg is not None or not self._foreign)
 
     def _lexical_gc(self) -> None:
         """After rows died (deletes, updates, archives): take them out of the term statistics,
@@ -386,11 +397,18 @@ class MemoryStore:
             superseded = conversation.check_superseded(self._catalog, conv, namespaces_l)
             if vectors.shape[1] != self._dim or self._dim_pending:
                 self._fix_width(vectors.shape[1])
+            # Label work in this write is paid for by what the write costs (``store.label_budget``).
+            self._slm.labels.earn(vectors=n if embeddings is not None else 0, texts=n if embeddings is None else 0)
             if keys_l is None:
                 ids = self._insert(texts, vectors, kinds_l, namespaces_l, meta_json, conv=conv,
                                    superseded=superseded)
             else:
                 ids = self._upsert(texts, vectors, kinds_l, namespaces_l, meta_json, keys_l, conv, superseded)
+            if embeddings is not None and not self._foreign and (self._embedder_arg is None or self._embedder_arg is False):
+                # Vectors given without the embedder they came from (a store opened with its
+                # own embedder trusts the caller's vectors to be that embedder's).
+                self._catalog.set_meta(FOREIGN_META, "1")
+                self._foreign = True
             state.count("adds", n)
             state.count("add_s", time.perf_counter() - t0)
         self._slm.after_add(defer=defer_organize)
@@ -449,7 +467,7 @@ class MemoryStore:
 
         with self._catalog.transaction():
             placed = self._route_while(write_rows, rows)
-            placement.record_placement(state, rows, texts, placed, now)
+            placement.record_placement(state, rows, texts, placed, now, self._slm.labels)
         self._searcher.lexical.add(rows, texts, namespaces)  # after the commit; replayed from SQLite on open
         r = state.rows
         r.settle_access()  # the replaced memories' counts are read below
@@ -1100,7 +1118,7 @@ class MemoryStore:
             profiles = dict(state.profiles)
         clusters = [ClusterLabel(c, profiles.get(c, ("", []))[0], list(profiles.get(c, ("", []))[1]),
                                  [texts[m] for m in picked[c] if m in texts]) for c in ids]
-        embed = None if self._embedder_arg is False else (lambda t: self._vectors(t, None))
+        embed = (lambda t: self._vectors(t, None)) if self._same_space() else None
         return measure(clusters, centres, embed)
 
     def __len__(self) -> int:
@@ -1133,10 +1151,15 @@ class MemoryStore:
             "slm": self._slm.describe(),
             "slm_pending": self._slm.pending(),
             "labels": self._slm.label_stats(),
-            # "add": embedding, routing and writing; "organize": re-organisations and the
-            # profiles they write, periodic ones inside add() included (not counted in "add").
+            # The label work the writes earned and spent (``store.label_budget``), and what all
+            # label passes did, in units (a text ranked 1, a phrase embedded ``EMBED_COST``).
+            "label_work": {**self._slm.labels.snapshot(), "units": round(c["label_units"], 1)},
+            # "add": embedding, routing and writing (new clusters' first labels included);
+            # "organize": re-organisations and the profiles they write, periodic ones inside
+            # add() included (not counted in "add"); "labels": label work in either (first
+            # labels, phrase ranking and embedding, SLM picks).
             "timings_s": {"embed": c["embed_s"], "add": c["add_s"], "search": c["search_s"],
-                          "organize": c["organize_s"]},
+                          "organize": c["organize_s"], "labels": c["label_s"]},
         }
 
     def refresh(self) -> None:

@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import time
+
 from clag_fast.store import routing
 from clag_fast.labels.profiles import vector_profile
+from clag_fast.store.label_budget import FIRST_LABEL_COST, LabelBudget
 from clag_fast.store.state import StoreState
 
 # Rows per routing chunk: rows of a chunk are routed against the centres as they stood at its
@@ -101,16 +104,28 @@ def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> 
 
 
 def record_placement(state: StoreState, rows: np.ndarray, texts: list[str],
-                     placement: Placement, now: float) -> None:
+                     placement: Placement, now: float, budget: LabelBudget | None = None) -> None:
     """Inside the caller's transaction: save the clusters a batch opened; then the rows'
-    assignment records. A new cluster is labelled by its first memory until the next profile pass
-    (SLM or vector) rewrites it, so no hit is ever returned unlabelled."""
+    assignment records. A new cluster is labelled by its first memory until the next profile
+    pass (SLM or vector) rewrites it. With a ``budget``, only the new clusters it covers are
+    (those with the most members first); the others wait, unlabelled, for a profile pass,
+    which takes unlabelled clusters first."""
     provisional = {}
     if placement.new_clusters:
-        uniq, first = np.unique(placement.ids[:, 0], return_index=True)
-        first_row = dict(zip(uniq.tolist(), first.tolist()))
-        for c, _ in placement.new_clusters:
+        t0 = time.perf_counter()
+        col = placement.ids[:, 0]
+        uniq, first, count = np.unique(col[col >= 0], return_index=True, return_counts=True)
+        first_row = dict(zip(uniq.tolist(), np.flatnonzero(col >= 0)[first].tolist()))
+        members = dict(zip(uniq.tolist(), count.tolist()))
+        new = [c for c, _ in placement.new_clusters]
+        if budget is not None:
+            new = sorted(new, key=lambda c: -members.get(c, 0))
+            new = new[:budget.affordable([FIRST_LABEL_COST] * len(new))]
+            budget.spend(FIRST_LABEL_COST * len(new))
+        for c in new:
             provisional[c] = vector_profile([texts[first_row[c]]])
+        state.count("label_s", time.perf_counter() - t0)
+        state.count("label_units", FIRST_LABEL_COST * len(new))
     add_clusters(state, placement.new_clusters, now, provisional)
     state.assignments.write(rows, placement.ids, placement.affin)
 

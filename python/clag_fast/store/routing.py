@@ -46,20 +46,23 @@ def leaders(vectors: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarr
     earlier leader when that similarity is at least ``threshold``, else leads a cluster of its
     own. Returns (leader index per row, similarity to it; 1.0 for leaders).
 
-    One (m x m) matrix product, then a pass that only indexes it: the loop body is numpy over
-    the leaders found so far, not Python over clusters.
+    One (m x m) matrix product, then a pass that only indexes it. A row no earlier row reaches
+    the threshold with leads whatever the earlier rows decided, so only the rows some earlier
+    row is close to go through the loop, in order (each sees every earlier row's decision): far
+    apart rows (isotropic vectors, where nearly every row opens a cluster) cost no Python step.
     """
     m = len(vectors)
     sims = vectors @ vectors.T
-    lead = np.empty(m, np.int64)
+    lead = np.arange(m, dtype=np.int64)
     aff = np.ones(m, np.float32)
-    is_leader = np.zeros(m, bool)
-    for i in range(m):
-        cand = sims[i, :i][is_leader[:i]]
+    close = np.tril(sims >= threshold, k=-1).any(axis=1)
+    is_leader = ~close
+    for i in np.flatnonzero(close).tolist():
+        earlier = np.flatnonzero(is_leader[:i])
+        cand = sims[i, earlier]
         if len(cand) and cand.max() >= threshold:
-            j = int(np.flatnonzero(is_leader[:i])[int(np.argmax(cand))])
+            j = int(earlier[int(np.argmax(cand))])
             lead[i], aff[i] = lead[j], cand.max()
         else:
-            lead[i] = i
             is_leader[i] = True
     return lead, aff

@@ -26,7 +26,8 @@ import numpy as np
 
 from clag_fast.labels import keyphrases
 from clag_fast.store import organize as org_ops
-from clag_fast.store.cluster_phrases import cluster_phrases
+from clag_fast.store.cluster_phrases import MAX_MEMBERS, cluster_phrases
+from clag_fast.store.label_budget import EMBED_COST, LabelBudget
 from clag_fast.store import placement as place_ops
 from clag_fast.store.state import StoreState
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 #: needs it). Keyphrase labels read members' texts: relabelling every cluster that grew at
 #: every periodic pass cut ingest of 8-30-word texts into a 40k store to 1.0k/s.
 LABELS_PER_PASS = 32
+# Phrases a cluster's label embeds in the first look (its ``profile_candidates`` and the label
+# variants ``labels.keyphrases.TRIES``): what the label budget expects a cluster to cost.
+PHRASES_PER_LABEL = 12
 
 
 class SLMScheduler:
@@ -50,14 +54,21 @@ class SLMScheduler:
         llm_arg: what ``MemoryStore.open(llm=...)`` was given (None, a URL, a client, False).
         embed: embeds texts for the store (topics become centres); raises ValueError when the
             store has no embedder.
+        same_space: whether ``embed`` embeds into the space of the store's vectors. When it
+            does not (vectors from another model), label phrases are ranked by document counts
+            and the SLM's choice alone, and topics do not become centres.
     """
 
-    def __init__(self, state: StoreState, llm_arg: Any, embed: Callable[[list[str]], np.ndarray]) -> None:
+    def __init__(self, state: StoreState, llm_arg: Any, embed: Callable[[list[str]], np.ndarray],
+                 same_space: Callable[[], bool] = lambda: True) -> None:
         from clag_fast.slm.connection import SLMConnection
         from clag_fast.slm.triggers import Triggers
 
         self._state = state
         self._embed = embed
+        self._same_space = same_space
+        #: The label work the write path has earned and spent (``store.label_budget``).
+        self.labels = LabelBudget()
         cfg = state.config
         self.config = cfg.slm
         self._labels = list(cfg.labels) if cfg.labels else None
@@ -81,6 +92,9 @@ class SLMScheduler:
         # after 300 adds in bench_add_latency.py).
         self._queued: set[str] = set()
         self._worker: threading.Thread | None = None
+        # A pass left the labels of young clusters to a later SLM pass (``write_profiles``'s
+        # ``slm_only``): ``drain`` asks for them if no pass has by then.
+        self._labels_owed = False
         # Each memory's keyphrases, kept across profile passes (labels/keyphrases).
         self._phrases = keyphrases.PhraseCache()
         # Profiles written, by source: "slm" (an SLM answer accepted) or "vector" (the vector
@@ -111,6 +125,10 @@ class SLMScheduler:
 
     def describe(self) -> str:
         return self.connection.describe()
+
+    def _space_embed(self) -> Callable[[list[str]], np.ndarray] | None:
+        """The embedder that puts texts in the space of the store's vectors, or None."""
+        return self._embed if self._same_space() else None
 
     def pending(self) -> dict[str, int]:
         """SLM work not applied yet: queued ambiguous routes and background jobs."""
@@ -277,10 +295,14 @@ class SLMScheduler:
             self.write_profiles(use_slm=True)
 
     def drain(self) -> None:
-        """Wait until background jobs are done, then route whatever is still pending."""
+        """Wait until background jobs are done, then route whatever is still pending and ask
+        the SLM for the labels passes left to it (young clusters' labels)."""
         if self._jobs is not None:
             self._jobs.join()
         self.route_pending()
+        if self._labels_owed and self.enabled and not self._state.read_only:
+            self._labels_owed = False
+            self.write_profiles(use_slm=True)
 
     def close(self) -> None:
         if self._worker is not None and self._jobs is not None:
@@ -305,8 +327,12 @@ class SLMScheduler:
         org = self.organizer()
         with state.lock.read():
             briefs = self._briefs({c for p in pending for c in p[3]})
-        items = [(text, [briefs[c] for c in cands if c in briefs], scores)
-                 for _, _, text, cands, scores in pending]
+        # A candidate merged away or dropped since the route was queued (an organisation on
+        # another thread) is no longer offered; its score goes with it.
+        items = []
+        for _, _, text, cands, scores in pending:
+            kept = [(briefs[c], x) for c, x in zip(cands, scores) if c in briefs]
+            items.append((text, [b for b, _ in kept], [x for _, x in kept]))
         routes = org.route(items)
         moves = [(p[0], p[1], r.cluster_id) for p, r in zip(pending, routes)
                  if r.by == "slm" and r.cluster_id is not None and r.cluster_id != p[3][0]]
@@ -390,17 +416,22 @@ class SLMScheduler:
                   label_limit: int | None) -> dict[str, Any]:
         state = self._state
         self.route_pending()
+        with state.lock.read():
+            before = state.catalog.meta("last_organized")
         topics: list[str] = []
         vectors = None
-        if reason == "explicit" and task_context and self._labels is None:
+        # Topics become centres: only an embedder of the store's vector space can place them
+        # (without one the SLM is not asked for them).
+        space = self._space_embed()
+        if reason == "explicit" and task_context and self._labels is None and space is not None:
             org = self.organizer()
             with state.lock.read():
                 samples = self._sample_texts(20)
             topics = org.propose_topics(task_context, samples)
             if topics:
                 try:
-                    vectors = self._embed(topics)
-                except ValueError:  # no embedder (embedder=False): topics cannot become centres
+                    vectors = space(topics)
+                except ValueError:  # the embedder refused them: topics cannot become centres
                     topics, vectors = [], None
         with state.lock.write():
             report = org_ops.organize(state, reason=reason, topics=topics, topic_vectors=vectors)
@@ -416,8 +447,21 @@ class SLMScheduler:
         in_worker = threading.current_thread() is self._worker
         use_slm = reason in ("explicit", "cold_start") or (self._jobs is not None and not self._vector_worker)
         budget = None if in_worker else self.config.profile_budget_s
+        # Only an explicit pass asks the SLM to label young clusters (opened, split or made by
+        # the cold start since the pass before the last): while adds keep coming most of them
+        # are split, merged or grown past their label before anyone reads it (on the demo
+        # conversation none of the cold start's 7 SLM labels and 8 of the 25 written during
+        # the ingest were still there at its end). Their vector labels stand until a later
+        # pass, ``flush()`` or ``close()`` asks the SLM (``drain``).
+        settled = None
+        if reason != "explicit" and use_slm:
+            with state.lock.read():
+                settled = state.catalog.clusters_created_before(float(before)) if before else set()
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
-            use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit",
+            use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit", slm_only=settled,
+            # The cold start labels its clusters unbudgeted: once per store, about two texts
+            # read per row of the first batch, less than its k-means costs.
+            budgeted=reason not in ("explicit", "cold_start"),
             limit=label_limit if label_limit is not None or reason in ("explicit", "cold_start")
             else LABELS_PER_PASS)
         if report["profiles_deferred"] and self._jobs is not None and not in_worker:
@@ -426,7 +470,8 @@ class SLMScheduler:
 
     def write_profiles(self, use_slm: bool = True, budget_s: float | None = None,
                        progress: Callable[[str, int, int], None] | None = None,
-                       recheck: bool = False, limit: int | None = None) -> tuple[int, int]:
+                       recheck: bool = False, limit: int | None = None,
+                       slm_only: set[int] | None = None, budgeted: bool = False) -> tuple[int, int]:
         """Write a profile for each new or drifted cluster: SLM summary + tags, or the vector
         profile when there is no SLM, ``use_slm`` is off, or the SLM failed for that cluster.
         A vector profile written because ``use_slm`` was off, or because the server failed,
@@ -437,17 +482,41 @@ class SLMScheduler:
         gives a new vector label to every cluster whose label no longer points at it (its
         embedding nearer another centre: members moved since it was written). ``limit``
         (periodic organisations) labels at most that many clusters, unlabelled ones and then
-        the largest first; the others keep their labels until a later pass. Returns
+        the largest first; the others keep their labels until a later pass. ``slm_only``: the
+        clusters the SLM may label in this pass (None: any); the others it would have been
+        asked for get their vector label and stay marked for a later SLM pass. ``budgeted``
+        (passes inside the write path): only the clusters the label budget covers
+        (``store.label_budget``), unlabelled ones first; their work is charged to it. Returns
         (profiles written, deferred)."""
-        todo = self._profile_todo(limit)
+        t0 = time.perf_counter()
+        try:
+            return self._write_profiles(use_slm, budget_s, progress, recheck, limit, slm_only, budgeted)
+        finally:
+            self._state.count("label_s", time.perf_counter() - t0)
+
+    def _write_profiles(self, use_slm: bool, budget_s: float | None,
+                        progress: Callable[[str, int, int], None] | None, recheck: bool, limit: int | None,
+                        slm_only: set[int] | None, budgeted: bool) -> tuple[int, int]:
+        todo = self._profile_todo(limit, ordered=budgeted)
+        if budgeted:
+            todo = self._affordable(todo)
         relabel = self._stale_labels(set(todo)) if recheck else []
+        misses = self._phrases.misses
         look = self._look(todo, relabel)
+        # Texts read for the first time (new members, rows new to the namespace's sample; each
+        # row about once in its life) count once more: they were fetched and their phrases
+        # extracted.
+        fresh = self._phrases.misses - misses
         # Clusters merged or dropped between the two looks are gone.
         todo = [c for c in todo if c in look.briefs]
         relabel = [c for c in relabel if c in look.phrases]
         if not todo and not relabel:
             return 0, 0
-        embed, best = self._rank_phrases(look)
+        embed, best, embedded = self._rank_phrases(look)
+        units = sum(min(ph.members, MAX_MEMBERS) for ph in look.phrases.values()) + fresh + EMBED_COST * embedded
+        self._state.count("label_units", units)
+        if budgeted:
+            self.labels.spend(units)
         # The SLM's pick is kept only if it points at its cluster, and the best vector label is
         # the best of the top candidates' combinations: where even it does not point at its
         # cluster, an SLM pick almost never does (27 of 53 picks lost on a LoCoMo conversation).
@@ -457,6 +526,8 @@ class SLMScheduler:
         # conv-26 8 profile calls instead of 6 once clause openings let the wide look succeed).
         big = [c for c in todo if look.briefs[c].size >= self.config.profile_min_size and best.get(c, 1.0) > 0
                and not (c in look.phrases and look.phrases[c].wide)]
+        later = set() if slm_only is None else {c for c in big if c not in slm_only}
+        big = [c for c in big if c not in later]
         profiles: dict[int, tuple[str, list[str]]] = {}
         retry: set[int] = set()
         if self.enabled and big and use_slm:
@@ -473,7 +544,9 @@ class SLMScheduler:
         if not self.enabled:
             pending_slm: set[int] = set()
         elif use_slm:
-            pending_slm = retry
+            pending_slm = retry | later
+            # A pass open to every cluster settles what earlier passes left.
+            self._labels_owed = bool(later) or (self._labels_owed and slm_only is not None)
         else:
             pending_slm = set(big) - set(slm_done)
         with self._state.lock.write():
@@ -485,16 +558,30 @@ class SLMScheduler:
             progress("profiles", len(profiles), len(todo))
         return len(profiles), len(pending_slm) if use_slm else 0
 
-    def _profile_todo(self, limit: int | None) -> list[int]:
+    def _profile_todo(self, limit: int | None, ordered: bool = False) -> list[int]:
         """The clusters that need a profile; with ``limit``, at most that many, unlabelled
-        ones and then the largest first."""
+        ones and then the largest first (that order too when ``ordered``)."""
         state = self._state
         with state.lock.read():
             todo = org_ops.clusters_needing_profiles(state, self.config.profile_drift_share)
-            if limit is not None and len(todo) > limit:
+            if ordered or (limit is not None and len(todo) > limit):
                 _, size_now = state.cluster_table()
-                todo = sorted(todo, key=lambda c: (bool(state.profiles.get(c, ("", []))[0]), -size_now.get(c, 0)))[:limit]
+                todo = sorted(todo, key=lambda c: (bool(state.profiles.get(c, ("", []))[0]), -size_now.get(c, 0)))
+            if limit is not None:
+                todo = todo[:limit]
         return todo
+
+    def _affordable(self, todo: list[int]) -> list[int]:
+        """The first clusters of ``todo`` the label budget covers: each costs its members read
+        (at most ``MAX_MEMBERS``) and, with an embedder of the store's space, its phrases
+        embedded (``PHRASES_PER_LABEL``). The pass then charges what it really did, the texts
+        it read for the first time included, so the credit may end a pass below zero: the
+        next passes wait until writes have paid it back."""
+        state = self._state
+        with state.lock.read():
+            _, size = state.cluster_table()
+        per = EMBED_COST * PHRASES_PER_LABEL if self._space_embed() is not None else 0.0
+        return todo[:self.labels.affordable([min(size.get(c, 0), MAX_MEMBERS) + per for c in todo])]
 
     def _look(self, todo: list[int], relabel: list[int]) -> "_ProfileLook":
         """What the labels are made from, read under the read lock in one look."""
@@ -507,20 +594,32 @@ class SLMScheduler:
             centres = np.array(state.index.centres(), np.float32)
         return _ProfileLook(briefs, phrases, sizes_then, ids, centres)
 
-    def _rank_phrases(self, look: "_ProfileLook") -> tuple[Callable[[list[str]], np.ndarray] | None, dict[int, float]]:
+    def _rank_phrases(self, look: "_ProfileLook") -> tuple[Callable[[list[str]], np.ndarray] | None,
+                                                           dict[int, float], int]:
         """Rank each cluster's phrases by distinctness (the embedder, when there is one that
-        embeds them) and set the SLM's candidates and choices on the briefs. Returns the
-        embedder used (None: document counts alone) and each cluster's best label margin."""
-        embed: Callable[[list[str]], np.ndarray] | None = self._embed
+        embeds them into the space of the store's vectors) and set the SLM's candidates and
+        choices on the briefs. Returns the embedder used (None: document counts alone), each
+        cluster's best label margin, and how many phrases were embedded."""
+        space = self._space_embed()
+        embedded = 0
+
+        def embed(texts: list[str]) -> np.ndarray:
+            nonlocal embedded
+            embedded += len(texts)
+            return space(texts)
+
         best: dict[int, float] = {}
-        try:
-            best = keyphrases.by_distinctness(look.phrases, look.ids, look.centres, embed,
-                                              top=self.config.profile_candidates)
-        except Exception as e:  # noqa: BLE001 - a label never fails an organisation
-            # No embedder (embedder=False: ValueError), or a user's embedder that only knows
-            # its own texts: document counts alone rank the phrases.
-            log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
-            embed = None
+        used: Callable[[list[str]], np.ndarray] | None = embed if space is not None else None
+        if used is not None:
+            try:
+                best = keyphrases.by_distinctness(look.phrases, look.ids, look.centres, used,
+                                                  top=self.config.profile_candidates)
+            except Exception as e:  # noqa: BLE001 - a label never fails an organisation
+                # No embedder (embedder=False: ValueError), or a user's embedder that only
+                # knows its own texts: document counts alone rank the phrases.
+                log.debug("label phrases not embedded (%s: %s): ranked by document counts", type(e).__name__, e)
+                used = None
+        embed = used
         for cid, ph in look.phrases.items():
             if cid in look.briefs and ph.neutral is None:  # a neutral label is not the SLM's to change
                 # Tags come from these: phrases, not clause openings (an SLM may still pick one
@@ -532,8 +631,8 @@ class SLMScheduler:
                 # never (0 of 67), at less than half the calls; common words ("plan", "Ready")
                 # are never offered. With fewer than two there is nothing to choose and the
                 # vector label stays, without a call.
-                look.briefs[cid].choices = ph.pointing(self.config.profile_candidates)
-        return embed, best
+                look.briefs[cid].choices = ph.pointing(self.config.profile_candidates) if embed is not None else None
+        return embed, best, embedded
 
     def _slm_profiles(self, look: "_ProfileLook", big: list[int], embed: Callable[[list[str]], np.ndarray] | None,
                       budget_s: float | None, progress: Callable[[str, int, int], None] | None,
@@ -594,8 +693,11 @@ class SLMScheduler:
         if not check or len(ids) < 2:
             return again
         slot = {c: i for i, c in enumerate(ids)}
+        space = self._space_embed()
+        if space is None:  # labels cannot be placed among the centres
+            return again
         try:
-            m = keyphrases.margins(self._embed([labels[c] for c in check]), [slot[c] for c in check], centres)
+            m = keyphrases.margins(space([labels[c] for c in check]), [slot[c] for c in check], centres)
         except Exception:  # noqa: BLE001 - no embedder, or one that cannot embed labels
             return again
         return again + [c for c, x in zip(check, m.tolist()) if x <= 0]

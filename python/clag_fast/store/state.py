@@ -37,7 +37,7 @@ ASSIGNMENTS = "index/assignments.bin"
 HIT_BATCH = 256
 
 COUNTERS = ("adds", "searches", "cache_hits", "organizations", "embed_s", "add_s", "search_s", "organize_s",
-            "routed_vector", "routed_new", "routed_slm", "routed_fallback")
+            "label_s", "label_units", "routed_vector", "routed_new", "routed_slm", "routed_fallback")
 
 
 class ResultCache:
