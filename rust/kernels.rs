@@ -227,7 +227,7 @@ pub fn gemm_nt_portable(a: &[f32], b: &[f32], d: usize, c: &mut [f32]) {
 mod avx512 {
     //! Outer-product micro-kernel (the classic GEMM design): the centres are packed into
     //! strips of 32 (d x 32, k-major), so each step k loads two zmm of centres, broadcasts
-    //! one value from each of 12 rows and issues 24 FMAs into 24 accumulator registers.
+    //! one value from each of 12 rows and runs 24 FMAs into 24 accumulator registers.
     //! Loads (2 + 12) stay below the FMA count, so the kernel is FMA-bound with no
     //! horizontal reductions; the 32-wide strip (48 KB at d = 384) stays in L1/L2 while a
     //! 256-row block streams past it.

@@ -409,7 +409,7 @@ pub unsafe fn dot_vnni(a: &[u8], b: &[i8]) -> i32 {
 /// load of the query per 64 bytes feeds four `vpdpbusd`, and the four sums are reduced
 /// together, where `dot_vnni` pays a call and a reduction for every row (with the same
 /// rescoring, routing `coarse_timing`'s rows took 28.8 ms through it against 24.3 ms through
-/// this kernel: BENCHMARKS.md, twentieth session).
+/// this kernel: BENCHMARKS.md, Ingest).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VNNI; `a.len()` is a multiple of 64 and `rows.len() ==
