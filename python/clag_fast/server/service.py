@@ -242,8 +242,9 @@ class StoreService:
             if ids is None or self._generation() != self._table_generation:
                 self._table = None
                 return
+            margin = float(self.store.config.spill_margin)
             for m in self.store.get_many(ids):
-                for cid, _ in m.clusters:
+                for cid in tenancy.listed_in(m, margin):
                     self._table.setdefault(cid, set()).add(m.namespace)
 
     def cluster_namespaces(self) -> dict[int, set[str]]:

@@ -1,23 +1,36 @@
 """What a reader of some namespaces may learn about clusters shared with others.
 
-A cluster's label (summary and tags) is written from its members' texts, and clusters span
-namespaces, so a label is shown to a reader only when every memory assigned to the cluster
-(at any rank) lies in namespaces the reader may read."""
+A cluster's label (summary and tags) is written from the texts of the memories it lists (the
+ones its search scans: a memory's primary cluster, and a secondary one whose affinity is within
+``StoreConfig.spill_margin`` of the primary's), and clusters span namespaces, so a label is
+shown to a reader only when every memory the cluster lists lies in namespaces the reader may
+read. A secondary affinity record further away (a memory's third-nearest cluster, perhaps at
+cosine 0.01) lists nothing and writes nothing into the label."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 
+def listed_in(memory: Any, margin: float) -> list[int]:
+    """The clusters that list ``memory``: its primary, and each secondary whose affinity is
+    within ``margin`` (``StoreConfig.spill_margin``) of the primary's."""
+    if not memory.clusters:
+        return []
+    best = memory.clusters[0][1]
+    return [cid for rank, (cid, affinity) in enumerate(memory.clusters) if rank == 0 or affinity >= best - margin]
+
+
 def cluster_namespaces(store: Any) -> dict[int, frozenset[str]]:
-    """cluster id -> the namespaces of every live memory assigned to it (one pass over the
-    store's listing)."""
+    """cluster id -> the namespaces of every live memory it lists (one pass over the store's
+    listing)."""
+    margin = float(store.config.spill_margin)
     seen: dict[int, set[str]] = {}
     cursor = None
     while True:
         page = store.memories(limit=1000, cursor=cursor)
         for m in page.items:
-            for cid, _ in m.clusters:
+            for cid in listed_in(m, margin):
                 seen.setdefault(cid, set()).add(m.namespace)
         cursor = page.next_cursor
         if cursor is None:
