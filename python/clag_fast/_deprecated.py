@@ -7,7 +7,9 @@ The language model is spelled ``slm`` everywhere (``MemoryStore.open(slm=...)``,
 
 from __future__ import annotations
 
+import argparse
 import functools
+import sys
 import warnings
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -46,6 +48,21 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def renamed_option(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Add ``old`` (say ``--llm``) to ``parser`` as a hidden spelling of the option ``new``
+    (already added): it sets the same value and prints a deprecation note to stderr."""
+    dest = next(a.dest for a in parser._actions if new in a.option_strings)
+
+    class _Alias(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: Any, option_string: str | None = None) -> None:
+            print(f"{parser.prog}: {old} is deprecated and will be removed in the next release; use {new}",
+                  file=sys.stderr)
+            setattr(namespace, dest, values)
+
+    parser.add_argument(old, dest=dest, action=_Alias, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def renamed_fields(**renames: str) -> Callable[[type], type]:
