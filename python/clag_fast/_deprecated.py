@@ -66,8 +66,8 @@ def renamed_option(parser: argparse.ArgumentParser, old: str, new: str) -> None:
 
 
 def renamed_fields(**renames: str) -> Callable[[type], type]:
-    """Class decorator (over ``@dataclass``): ``Cls(old=...)`` and ``obj.old`` keep working,
-    with a DeprecationWarning, for each field ``renames[old]``."""
+    """Class decorator (over ``@dataclass`` too): ``Cls(old=...)`` and ``obj.old`` keep
+    working, with a DeprecationWarning, for each attribute ``renames[old]``."""
 
     def decorate(cls: type) -> type:
         cls.__init__ = renamed_kwargs(**renames)(cls.__init__)  # type: ignore[misc]
