@@ -52,8 +52,9 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
 
 def renamed_option(parser: argparse.ArgumentParser, old: str, new: str) -> None:
     """Add ``old`` (say ``--llm``) to ``parser`` as a hidden spelling of the option ``new``
-    (already added): it sets the same value and prints a deprecation note to stderr."""
-    dest = next(a.dest for a in parser._actions if new in a.option_strings)
+    (added with its default dest): it sets the same value and prints a deprecation note to
+    stderr."""
+    dest = new.lstrip("-").replace("-", "_")  # argparse's dest for a long option
 
     class _Alias(argparse.Action):
         def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
