@@ -141,6 +141,14 @@ def test_run_eval_llm_warns_and_reaches_the_same_argument():
             run_eval(TINY, out_dir=None, embedder="hash", progress=False, llm=42)
 
 
+def test_eval_report_old_keys_read_with_a_warning():
+    rep = _no_warning(run_eval, TINY, out_dir=None, embedder="hash", progress=False, slm=None, plots=False)
+    org = rep["organisation"]["vector"]
+    assert org["slm_calls_per_memory"] == 0 and "llm_calls_per_memory" not in json.dumps(rep)
+    with pytest.warns(DeprecationWarning, match=r"'llm_errors' is deprecated .* use 'slm_errors'"):
+        assert org["llm_errors"] == org["slm_errors"] == 0
+
+
 def test_run_qa_table_with_both_spellings_is_a_type_error(tmp_path):
     with pytest.raises(TypeError, match=r"run_qa_table\(\) got both slm= and"):
         run_qa_table(TINY, out_dir=tmp_path / "qa", slm="managed", llm="managed")

@@ -7,11 +7,13 @@ The language model is spelled ``slm`` everywhere (``MemoryStore.open(slm=...)``,
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 import warnings
-from typing import Any, Callable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
+
+if TYPE_CHECKING:
+    import argparse
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,7 +42,8 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
             for old, new in renames.items():
                 if old in kwargs:
                     if new in kwargs:
-                        raise TypeError(f"{where}() got both {new}= and its deprecated spelling {old}=; give {new}= only")
+                        raise TypeError(f"{where}() got both {new}= and its deprecated spelling {old}=; "
+                                        f"give {new}= only")
                     warn_renamed(f"{old}=", f"{new}=", f"{where}()", stacklevel=2)
                     kwargs[new] = kwargs.pop(old)
             return func(*args, **kwargs)
@@ -54,6 +57,8 @@ def renamed_option(parser: argparse.ArgumentParser, old: str, new: str) -> None:
     """Add ``old`` (say ``--llm``) to ``parser`` as a hidden spelling of the option ``new``
     (added with its default dest): it sets the same value and prints a deprecation note to
     stderr."""
+    import argparse  # only the command lines need it, not ``import clag_fast``
+
     dest = new.lstrip("-").replace("-", "_")  # argparse's dest for a long option
 
     class _Alias(argparse.Action):

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from clag_fast._deprecated import renamed_kwargs, renamed_option
+from clag_fast._deprecated import RenamedKeys, renamed_kwargs, renamed_option
 from clag_fast.eval.embedders import HashingEmbedder, LookupEmbedder, embed_texts, make_embedder
 from clag_fast.eval.endpoint import slm_endpoint
 from clag_fast.eval.metrics import percentile
@@ -326,11 +326,17 @@ def _check_evidence(samples: list[Sample], relevant: dict[str, list[set[str]]]) 
         "LoCoMo's D<session>:<turn> form)")
 
 
+#: The old names of the organisation summary's SLM figures, still readable (with a warning).
+_ORG_RENAMES = {f"llm_{k}": f"slm_{k}" for k in (
+    "calls_per_memory", "tokens_per_memory", "calls_per_question_search", "tokens_per_question_search",
+    "calls_per_question_answer", "tokens_per_question_answer", "errors")}
+
+
 def _org_summary(tot: dict) -> dict:
     sizes = tot["cluster_sizes"]
     mem = max(tot["memories"], 1)
     nq = max(tot["questions"], 1)
-    return {
+    return RenamedKeys({
         "memories": int(tot["memories"]),
         "ingest_s": tot["ingest_s"],
         "organize_s": tot["organize_s"],
@@ -351,7 +357,7 @@ def _org_summary(tot: dict) -> dict:
         "slm_tokens_per_question_answer": (tot["qa_slm_prompt_tokens"] + tot["qa_slm_completion_tokens"]) / nq,
         "slm_errors": tot["ingest_slm_errors"] + tot["search_slm_errors"] + tot["qa_slm_errors"],
         "organizations_during_search": int(tot["organizations_during_search"]),
-    }
+    }, _ORG_RENAMES, "run_eval() report['organisation'][...]")
 
 
 def _machine() -> dict:
