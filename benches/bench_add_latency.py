@@ -7,7 +7,7 @@ The store is first filled with ``--prefill`` LoCoMo turns (``add_many``, then ``
 so the cold-start clustering and its SLM profiles are done and not timed); then ``--n``
 further turns are added one by one with ``add(text)`` (embedding included) and each call is
 timed; finally the ``flush()`` that waits for the queued SLM work is timed. A vector-only
-store (``llm=False``) is measured too, as the floor the SLM variants cannot beat.
+store (``slm=False``) is measured too, as the floor the SLM variants cannot beat.
 
 Target: p99 <= 50 ms for the default. The first run builds the ONNX model and converts
 the GGUF (a few minutes); later runs find them cached.
@@ -91,7 +91,7 @@ def run_variant(name: str, prefill: list[str], timed: list[str], **open_kw) -> d
         "p50": float(np.percentile(ms, 50)), "p90": float(np.percentile(ms, 90)),
         "p99": float(np.percentile(ms, 99)), "max": float(ms.max()), "mean": float(ms.mean()),
         "flush_s": flush_s, "close_s": close_s, "setup_s": setup_s,
-        "pending_before_flush": pending, "llm_calls": st["llm"].get("calls", 0),
+        "pending_before_flush": pending, "slm_calls": st["slm_usage"].get("calls", 0),
         "memories": st["memories"], "clusters": st["clusters"], "slm": st["slm"],
         "slow_adds": int((ms > 50.0).sum()),
     }
@@ -119,7 +119,7 @@ def main() -> None:
     variants = [("default (background)", {}),
                 ("background=False", {"config": StoreConfig(slm=SLMConfig(background=False))})]
     if not args.skip_vector_only:
-        variants.append(("vector-only (llm=False)", {"llm": False}))
+        variants.append(("vector-only (slm=False)", {"slm": False}))
     rows = []
     for name, kw in variants:
         print(f"running {name} ...", file=sys.stderr, flush=True)
@@ -136,7 +136,7 @@ def main() -> None:
                             ("max", "max ms", "{:.1f}"), ("mean", "mean ms", "{:.1f}"),
                             ("slow_adds", "adds > 50 ms", "{}"),
                             ("flush_s", "flush() after, s", "{:.2f}"), ("close_s", "close() after, s", "{:.2f}"),
-                            ("llm_calls", "SLM calls (total)", "{}"), ("clusters", "clusters at end", "{}")]:
+                            ("slm_calls", "SLM calls (total)", "{}"), ("clusters", "clusters at end", "{}")]:
         print(f"{label:<24}" + "".join(f"{fmt.format(r[key]):>{width}}" for r in rows))
     for r in rows:
         print(f"{r['variant']}: pending before flush {r['pending_before_flush']}; slm: {r['slm']}")

@@ -39,7 +39,7 @@ HALF_LIFE_DAYS = 30.0
 def build(path: Path, n: int) -> np.ndarray:
     """A store of ``n`` blob vectors at ``path``, organised and closed; returns 300 queries."""
     vecs = Vectors("blobs")
-    with MemoryStore.open(path, llm=False, embedder=False) as store:
+    with MemoryStore.open(path, slm=False, embedder=False) as store:
         for start in range(0, n, BATCH):
             m = min(BATCH, n - start)
             store.add_many([f"m{i}" for i in range(start, start + m)], embeddings=vecs.chunk(start, m))
@@ -70,7 +70,7 @@ def run(n: int, rounds: int, root: Path) -> dict:
     added = 0
     for r in range(rounds):
         for decay in (False, True) if r % 2 == 0 else (True, False):
-            with MemoryStore.open(path, config=config(decay), llm=False, embedder=False) as store:
+            with MemoryStore.open(path, config=config(decay), slm=False, embedder=False) as store:
                 settle(store, queries)
                 for q in queries:
                     t0 = time.perf_counter()
@@ -108,7 +108,7 @@ def test_decayed_search(benchmark, tmp_path) -> None:
     res = run(20_000, 2, tmp_path)
     print(table(res))
     assert res["p50_ms_on"] > 0 and res["p50_ms_off"] > 0
-    with MemoryStore.open(tmp_path / "store", config=config(True), llm=False, embedder=False) as store:
+    with MemoryStore.open(tmp_path / "store", config=config(True), slm=False, embedder=False) as store:
         q = Vectors("blobs").chunk(10**7, 1)[0]
         hits = benchmark(store.search, q, k=K)
         assert len(hits) == K

@@ -74,7 +74,7 @@ def data(tmp_path_factory):
     metas = [{"tenant": i % TENANTS, "score": float(score[i]), "tag": f"t{i % 7}"} for i in range(N)]
     cfg = StoreConfig(slm="off", organize_every=0)
     root = tmp_path_factory.mktemp("filters")
-    store = MemoryStore.open(root / "all", config=cfg, embedder=False, llm=False)
+    store = MemoryStore.open(root / "all", config=cfg, embedder=False, slm=False)
     for lo in range(0, N, 10_000):
         store.add_many([f"m{i}" for i in range(lo, min(N, lo + 10_000))], embeddings=vecs[lo:lo + 10_000],
                        metadata=metas[lo:lo + 10_000])
@@ -82,7 +82,7 @@ def data(tmp_path_factory):
     tenant = np.arange(N) % TENANTS
     one = np.flatnonzero(tenant == 7)
     ten = np.flatnonzero(tenant < 10)
-    small = MemoryStore.open(root / "one", config=cfg, embedder=False, llm=False)
+    small = MemoryStore.open(root / "one", config=cfg, embedder=False, slm=False)
     small.add_many([f"m{i}" for i in one], embeddings=vecs[one], metadata=[metas[i] for i in one])
     yield {"store": store, "small": small, "vecs": vecs, "queries": queries, "one": one, "ten": ten,
            "sub1": np.ascontiguousarray(vecs[one]), "sub10": np.ascontiguousarray(vecs[ten])}

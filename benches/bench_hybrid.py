@@ -187,8 +187,8 @@ def build_store(path: Path, n: int, syn: Synthetic, n_rate: int) -> dict:
 
     out: dict = {"n": n}
     cfg = StoreConfig(**CFG)
-    a = MemoryStore.open(path, config=cfg, embedder=False, llm=False)
-    b = MemoryStore.open(path.with_name(path.name + "-vec"), config=cfg, embedder=False, llm=False)
+    a = MemoryStore.open(path, config=cfg, embedder=False, slm=False)
+    b = MemoryStore.open(path.with_name(path.name + "-vec"), config=cfg, embedder=False, slm=False)
     b._searcher.lexical.add = lambda *args: None  # noqa: SLF001 -- the vector-only baseline
     ta = tb = 0.0
     for c in range(0, n, BATCH):
@@ -230,11 +230,11 @@ def measure_store(path: Path, syn: Synthetic, nq: int, rounds: int, rebuild_open
         aside = lex.with_name("lexical.bin.bench-aside")
         lex.rename(aside)
         t0 = time.perf_counter()
-        MemoryStore.open(path, config=cfg, embedder=emb, llm=False, read_only=True).close()
+        MemoryStore.open(path, config=cfg, embedder=emb, slm=False, read_only=True).close()
         out["open_s_rebuild"] = time.perf_counter() - t0
         aside.rename(lex)
     t0 = time.perf_counter()
-    a = MemoryStore.open(path, config=cfg, embedder=emb, llm=False, read_only=True)
+    a = MemoryStore.open(path, config=cfg, embedder=emb, slm=False, read_only=True)
     out["open_s"] = time.perf_counter() - t0
     modes = (("vector_two_stage", 0.0, "two_stage"), ("hybrid_two_stage", None, "two_stage"),
              ("hybrid_flat", None, "flat"), ("vector_flat", 0.0, "flat"))
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child == "migrate":  # one writable open brings a store to this build's schema
         from clag_fast import MemoryStore, StoreConfig
 
-        MemoryStore.open(Path(args.path), config=StoreConfig(**CFG), embedder=False, llm=False).close()
+        MemoryStore.open(Path(args.path), config=StoreConfig(**CFG), embedder=False, slm=False).close()
         print(json.dumps({}))
         return 0
     res: dict = {}

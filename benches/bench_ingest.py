@@ -2,7 +2,7 @@
 into a store growing to N memories, then one ``organize()``.
 
 What is timed: every ``add_many`` call (vector routing, SQLite, the periodic organisations
-that fire inside it with ``llm=False``), reported as a rate per slice of the growth (N / 10
+that fire inside it with ``slm=False``), reported as a rate per slice of the growth (N / 10
 memories per slice), so a cost that grows with the store shows up as a falling rate; then an
 explicit ``organize()`` of the full store (vector profiles) and the peak RSS. Vectors are
 generated outside the timed region, one call's worth at a time:
@@ -82,7 +82,7 @@ def ingest(path: Path, n: int, batch: int, data: str, spread: float = 1.0,
     ``defer``: bulk-load mode (``defer_organize=True``, then ``organize_deferred()``).
     ``queries``: recall@10 and p50 of that many default searches after the load."""
     vecs = Vectors(data, spread)
-    store = MemoryStore.open(path, config=config, llm=False, embedder=False)
+    store = MemoryStore.open(path, config=config, slm=False, embedder=False)
     slice_n = max(batch, n // slices)
     out: dict = {"n": n, "batch": batch, "data": data, "mode": "defer" if defer else "default", "slices": []}
     t_slice, done_slice, t_total = 0.0, 0, 0.0

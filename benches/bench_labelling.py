@@ -2,7 +2,7 @@
 add time spent labelling, side by side in one run.
 
 Every shape goes through the same path a bring-your-own-vectors user takes:
-``MemoryStore.open(path, llm=False)`` (the default embedder, never asked: the vectors come from
+``MemoryStore.open(path, slm=False)`` (the default embedder, never asked: the vectors come from
 elsewhere), then ``add_many(texts, embeddings=X)`` in calls of ``--batch`` with short texts
 ("note 17 about topic 3 number 5"), growing to ``--n`` memories. Timed: the ``add_many``
 calls (vector routing, SQLite, the first labels of new clusters, the periodic organisations
@@ -75,7 +75,7 @@ class Shape:
 def load(path: Path, shape: str, n: int, batch: int) -> dict:
     """Grow a store at ``path`` to ``n`` memories of ``shape``; what it cost and labelled."""
     data = Shape(shape)
-    store = MemoryStore.open(path, llm=False)
+    store = MemoryStore.open(path, slm=False)
     spent = 0.0
     try:
         for start in range(0, n, batch):
@@ -98,7 +98,7 @@ def load(path: Path, shape: str, n: int, batch: int) -> dict:
 def table(rows: list[dict], batch: int) -> str:
     blob = next((r["rate"] for r in rows if r["shape"] == "blobs"), None)
     out = [f"add_many(embeddings=...) into a store growing to {rows[0]['n']:,} (calls of {batch:,}, "
-           "MemoryStore.open(path, llm=False))", "",
+           "MemoryStore.open(path, slm=False))", "",
            "| shape | memories/s | vs blobs | labelling share | organisations (s) | clusters | unlabelled | "
            "label work earned / spent |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -74,7 +74,7 @@ def run(n: int, n_queries: int, gap: float | None, min_probe: int) -> tuple[list
     cfg = cfg.replace(min_probe=min_probe)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        store = MemoryStore.open(Path(tmp) / "store", config=cfg, llm=False, embedder=False)
+        store = MemoryStore.open(Path(tmp) / "store", config=cfg, slm=False, embedder=False)
         ids = []
         for s in range(0, n, 20_000):
             ids += store.add_many([f"blob memory {s + i}" for i in range(min(20_000, n - s))], embeddings=base[s:s + 20_000])

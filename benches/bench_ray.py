@@ -144,7 +144,7 @@ def run_single(path: Path, items: list[dict], ops: list, clients: int, driver: s
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
     embedder = [] if texts else ["--no-embedder", "--dim", str(DIM)]
     proc = subprocess.Popen([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(path), "--port", str(port),
-                             "--llm", "off", *embedder], env=env,
+                             "--slm", "off", *embedder], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
@@ -236,7 +236,7 @@ def run_ingest(root: Path, n: int, cpus: int, kill_at: float | None, again: bool
     # The same work in one process: those vectors written to one store in the same batches
     # (what the Ray pipeline's owners do), so the two ratios separate the store's own cost
     # from the engine's.
-    single_store = MemoryStore.open(root.parent / "bulk-single", config=StoreConfig(dim=DIM, slm="off"), llm=False)
+    single_store = MemoryStore.open(root.parent / "bulk-single", config=StoreConfig(dim=DIM, slm="off"), slm=False)
     t0 = time.perf_counter()
     batch = inspect.signature(ingest).parameters["batch_size"].default  # the pipeline's writes
     for i in range(0, n, batch):

@@ -2,7 +2,7 @@
 single in-process loop doing the same operations through ``MemoryStore``, in one run.
 
 Both start from copies of the same store (``--seed`` memories, real ONNX MiniLM embedder,
-vector-only organisation: ``--llm off``). The operation list is generated once with a fixed
+vector-only organisation: ``--slm off``). The operation list is generated once with a fixed
 seed and cut into ``--blocks`` consecutive slices, which the loop and the service take in
 turns (loop then service, service then loop, ...): on a machine shared with other work both
 sides then see the same moments of its load, and each side's time is the sum of its slices.
@@ -86,7 +86,7 @@ def seed_store(path: Path, n: int) -> None:
 
     rng = np.random.default_rng(1)
     texts = [sentence(rng) for _ in range(n)]
-    with MemoryStore.open(path, config=StoreConfig(slm="off"), llm=False) as store:
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), slm=False) as store:
         for i in range(0, n, 256):
             store.add_many(texts[i:i + 256], namespaces="bench")
         store.organize()
@@ -117,7 +117,7 @@ class Service:
         env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
         t0 = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(path),
-                                      "--port", str(self.port), "--llm", "off", *(extra or [])], env=env,
+                                      "--port", str(self.port), "--slm", "off", *(extra or [])], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         health = None
         while time.perf_counter() - t0 < 120:
@@ -368,7 +368,7 @@ def run_interleaved(local: Path, served: Path, ops: list[tuple[str, str]], clien
     srv: dict[str, Any] = {"wall_s": 0.0, "idle_wait_s": 0.0, "server_cpu_s": 0.0, "client_cpu_s": 0.0, "lat": {},
                            "errors": 0, "error_examples": [], "blocks": []}
     bounds = np.linspace(0, len(ops), blocks + 1).round().astype(int)
-    with MemoryStore.open(local, config=loop_config, llm=False) as store:
+    with MemoryStore.open(local, config=loop_config, slm=False) as store:
         store.search("warm up", k=1, namespace="bench")  # load the model outside the timing
 
         def loop_block(part: list[tuple[str, str]]) -> float:

@@ -1,4 +1,4 @@
-"""SLM organiser cost: LLM calls per stored memory and ingest wall time with SmolLM2.
+"""SLM organiser cost: SLM calls per stored memory and ingest wall time with SmolLM2.
 
 Ingests one LoCoMo conversation (default: conversation 2, 663 turns) into a fresh
 MemoryStore the way an agent does, one ``add()`` per turn, with the managed
@@ -8,7 +8,7 @@ store's default; without it this bench keeps the SLM work inline, which times th
 cost):
 ``adds_s`` is then the time until the last ``add()`` returned and ``wall_s`` the time until
 ``flush()`` had drained the worker's queue (the conversation ingested *and* organised). The same run
-with ``llm=False`` (vector-only organisation) is the baseline. Reports calls and tokens per
+with ``slm=False`` (vector-only organisation) is the baseline. Reports calls and tokens per
 memory, the share of routes decided by the SLM versus vectors, ``add()`` latency and the
 wall time. The server's start (and warm-up) is timed separately: it happens once per
 process, not per conversation.
@@ -57,11 +57,11 @@ def load_conversation(conv: int, turns: int) -> list[str]:
     return texts[:turns] if turns else texts
 
 
-def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
+def ingest(texts: list[str], slm, embedder, background: bool = False) -> dict:
     from clag_fast import MemoryStore, SLMConfig, StoreConfig
 
     with tempfile.TemporaryDirectory() as d:
-        store = MemoryStore.open(Path(d) / "store", llm=llm, embedder=embedder,
+        store = MemoryStore.open(Path(d) / "store", slm=slm, embedder=embedder,
                                  config=StoreConfig(slm=SLMConfig(background=background)))
         lat = []
         t0 = time.perf_counter()
@@ -77,7 +77,7 @@ def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
         org = store._slm.connection.decisions.stats() if hasattr(store, "_slm") else {}
         store.close()
     n = len(texts)
-    llm_s = st["llm"]
+    usage = st["slm_usage"]
     lat_sorted = sorted(lat)
     return {
         "memories": n,
@@ -88,13 +88,13 @@ def ingest(texts: list[str], llm, embedder, background: bool = False) -> dict:
         "add_ms_p50": round(1000 * statistics.median(lat), 2),
         "add_ms_p99": round(1000 * lat_sorted[int(0.99 * (n - 1))], 2),
         "add_ms_max": round(1000 * lat_sorted[-1], 2),
-        "llm_calls": llm_s.get("calls", 0),
-        "llm_errors": llm_s.get("errors", 0),
-        "llm_calls_per_memory": round(llm_s.get("calls", 0) / n, 4),
-        "prompt_tokens_per_memory": round(llm_s.get("prompt_tokens", 0) / n, 1),
-        "completion_tokens_per_memory": round(llm_s.get("completion_tokens", 0) / n, 1),
-        "llm_latency_s_total": round(llm_s.get("latency_s", 0.0), 2),
-        "llm_latency_s_per_call": round(llm_s["latency_s"] / llm_s["calls"], 2) if llm_s.get("calls") else None,
+        "slm_calls": usage.get("calls", 0),
+        "slm_errors": usage.get("errors", 0),
+        "slm_calls_per_memory": round(usage.get("calls", 0) / n, 4),
+        "prompt_tokens_per_memory": round(usage.get("prompt_tokens", 0) / n, 1),
+        "completion_tokens_per_memory": round(usage.get("completion_tokens", 0) / n, 1),
+        "slm_latency_s_total": round(usage.get("latency_s", 0.0), 2),
+        "slm_latency_s_per_call": round(usage["latency_s"] / usage["calls"], 2) if usage.get("calls") else None,
         "routing": st["routing"],
         "organizations": st["organizations"],
         "clusters": st["clusters"],
@@ -142,7 +142,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--conv", type=int, default=2)
     p.add_argument("--turns", type=int, default=0, help="0 = the whole conversation")
-    p.add_argument("--skip-vector", action="store_true", help="skip the llm=False baseline")
+    p.add_argument("--skip-vector", action="store_true", help="skip the slm=False baseline")
     p.add_argument("--background", action="store_true", help="SLMConfig(background=True) (the store default; off here by default)")
     p.add_argument("--capture", type=Path, help="write the SLM calls to this JSON-lines file")
     p.add_argument("--server-python", help="interpreter whose llama-cpp-python build serves (default: this one)")
@@ -172,14 +172,14 @@ def main() -> None:
         report["server"] = {"start_s": round(srv.start_time_s, 2), "warmup_s": round(srv.warmup_s or 0, 2),
                             "model": srv.served_model.name, "n_threads": srv.n_threads,
                             "n_threads_batch": srv.n_threads_batch, "flash_attn": srv.flash_attn}
-        llm = (RecordingClient(srv.url, args.capture, timeout=120.0) if args.capture
-               else LLMClient(srv.url, timeout=120.0))
+        client = (RecordingClient(srv.url, args.capture, timeout=120.0) if args.capture
+                  else LLMClient(srv.url, timeout=120.0))
         try:
-            report["slm"] = ingest(texts, llm, embedder, args.background)
+            report["slm"] = ingest(texts, client, embedder, args.background)
         finally:
             if args.capture:
-                llm.close()
-        report["slm"]["schema_mode"] = llm.schema_mode
+                client.close()
+        report["slm"]["schema_mode"] = client.schema_mode
     report["machine"]["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     json.dump(report, sys.stdout, indent=1)
     print()

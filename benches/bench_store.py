@@ -70,7 +70,7 @@ def build(path: Path, n: int, n_queries: int, batch: int = 5000):
     cfg = StoreConfig(organize_every=0, slm="off")
     everything = synthetic(n + n_queries)
     vecs, queries = everything[:n], np.ascontiguousarray(everything[n:])
-    store = MemoryStore.open(path, config=cfg, llm=False)
+    store = MemoryStore.open(path, config=cfg, slm=False)
     ids: list[int] = []
     t0 = time.perf_counter()
     for start in range(0, n, batch):

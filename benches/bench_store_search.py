@@ -3,7 +3,7 @@
 The search comparison of BENCHMARKS.md (Search): on unit vectors in 1,000 Gaussian blobs (dim 384, spread 1.0; 300
 held-out queries drawn the same way), one run measures
 
-- clag_fast: ``MemoryStore.open(d, llm=False, embedder=False)``, ``add_many`` in calls of
+- clag_fast: ``MemoryStore.open(d, slm=False, embedder=False)``, ``add_many`` in calls of
   10,000 (ingest rate), ``organize()`` (build s), then single ``search(q, k=10)`` with the
   defaults, with ``n_probe=1/4/8``, with ``mode="flat"``, and ``search_many(Q, k=10)``; the
   same queries through ``store._state.index.search`` (the ``VectorIndex`` underneath, at the
@@ -167,7 +167,7 @@ class ClagFast:
     def __init__(self, base: np.ndarray, root: Path) -> None:
         self.path = root / "store"
         n = len(base)
-        store = MemoryStore.open(self.path, llm=False, embedder=False)
+        store = MemoryStore.open(self.path, slm=False, embedder=False)
         t0 = time.perf_counter()
         ids: list[int] = []
         for start in range(0, n, ADD_BATCH):
@@ -180,7 +180,7 @@ class ClagFast:
         self.build_s = time.perf_counter() - t0
         store.close()
         t0 = time.perf_counter()
-        self.store = MemoryStore.open(self.path, llm=False, embedder=False)
+        self.store = MemoryStore.open(self.path, slm=False, embedder=False)
         self.open_s = time.perf_counter() - t0
         self.clusters = int(self.store.stats()["clusters"])
         id_arr = np.asarray(ids, np.int64)
@@ -635,7 +635,7 @@ def test_store_search_tiny(benchmark, tmp_path) -> None:
     assert d["recall"] is not None and d["recall"] > 0.5, text
     assert not {k: v for k, v in result["failures"].items() if k.startswith("clag_fast")}, text
     base, queries, _ = blobs(2_000, 20, 20, cache=False)
-    with MemoryStore.open(tmp_path / "s", llm=False, embedder=False) as store:
+    with MemoryStore.open(tmp_path / "s", slm=False, embedder=False) as store:
         store.add_many([f"m{i}" for i in range(len(base))], embeddings=base)
         store.organize()
         hits = benchmark(store.search, queries[0], k=K)

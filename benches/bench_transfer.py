@@ -44,7 +44,7 @@ def build(path: Path, n: int, batch: int) -> float:
     """The source store; returns its load time (add_many calls and the owed organisation)."""
     vecs = Vectors("blobs")
     t = 0.0
-    with MemoryStore.open(path, config=CONFIG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CONFIG, embedder=False, slm=False) as s:
         for start in range(0, n, batch):
             m = min(batch, n - start)
             v = vecs.chunk(start, m)
@@ -73,12 +73,12 @@ def timed(fn) -> tuple[float, float, float, float]:
 
 
 def export(store: Path, out: Path) -> None:
-    with MemoryStore.open(store, config=CONFIG, embedder=False, llm=False) as s:
+    with MemoryStore.open(store, config=CONFIG, embedder=False, slm=False) as s:
         s.export(out)
 
 
 def import_(store: Path, src: Path) -> None:
-    with MemoryStore.open(store, config=CONFIG, embedder=False, llm=False) as s:
+    with MemoryStore.open(store, config=CONFIG, embedder=False, slm=False) as s:
         report = s.import_(src)
     if report["imported"] != report["read"]:
         raise SystemExit(f"{src}: imported {report['imported']} of {report['read']}")

@@ -207,7 +207,7 @@ def store_runs(rs: RetrievalSet, tv: np.ndarray, qv: np.ndarray, weight: float, 
     cfg = StoreConfig(slm="off", cache_size=0, lexical_weight=weight, lexical_fusion=fusion)
     out: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="clag-hybrid-") as tmp:
-        store = MemoryStore.open(tmp, config=cfg, embedder=emb, llm=False)
+        store = MemoryStore.open(tmp, config=cfg, embedder=emb, slm=False)
         try:
             ids = store.add_many(rs.texts, embeddings=tv)
             store.organize()

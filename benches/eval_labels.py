@@ -5,9 +5,9 @@ The conversation's turns are added 32 at a time (``--batch``; the store's defaul
 then ``flush()``, ``organize(task_context)`` and ``flush()``; the labels are measured with
 ``MemoryStore.label_quality()`` (``clag_fast.labels.measures``).
 
-    python benches/eval_labels.py python/clag_fast/data/demo_trip.json --llm managed \
+    python benches/eval_labels.py python/clag_fast/data/demo_trip.json --slm managed \
         --context "an agent planning a two-week trip to Japan for a user and their partner"
-    python benches/eval_labels.py locomo10.json --sample 2 --llm off        # LoCoMo's data file
+    python benches/eval_labels.py locomo10.json --sample 2 --slm off        # LoCoMo's data file
 
 ``--misses`` lists the clusters whose label fails self@1, the cluster it points at and the cosine
 of their centres.
@@ -76,7 +76,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", help="LoCoMo-format JSON (the demo conversation is one)")
     p.add_argument("--sample", type=int, default=0, help="which conversation of the file")
-    p.add_argument("--llm", choices=["off", "managed"], default="off")
+    p.add_argument("--slm", choices=["off", "managed"], default="off")
     p.add_argument("--context", default=None, help="task context passed to organize()")
     p.add_argument("--show", type=int, default=20, help="print the labels of the N largest clusters")
     p.add_argument("--misses", action="store_true",
@@ -96,7 +96,7 @@ def main() -> None:
         path = Path(args.keep) if args.keep else Path(tmp) / "store"
         if args.keep and path.exists():
             raise SystemExit(f"--keep {path}: already exists")
-        store = (MemoryStore.open(path, llm=False, config=StoreConfig(slm="off")) if args.llm == "off"
+        store = (MemoryStore.open(path, slm=False, config=StoreConfig(slm="off")) if args.slm == "off"
                  else MemoryStore.open(path))
         with store:
             t0 = time.perf_counter()
@@ -112,14 +112,14 @@ def main() -> None:
                 print_misses(store)
             stats = store.stats()
             out = {
-                "sample": sample.sample_id, "memories": len(texts), "llm": args.llm,
+                "sample": sample.sample_id, "memories": len(texts), "slm": args.slm,
                 "seconds": round(seconds, 1), "topics": report.get("topics", []),
                 "quality": store.label_quality(), "labels": stats["labels"],
-                "llm_calls": stats["llm"].get("calls", 0),
-                "organizer_errors": stats["llm"].get("organizer_errors", 0),
+                "slm_calls": stats["slm_usage"].get("calls", 0),
+                "organizer_errors": stats["slm_usage"].get("organizer_errors", 0),
                 "parse_failures": failures.parse(), "slm_failures": dict(failures.counts),
-                "profile_calls": stats["llm"]["profile_calls"],
-                "profile_calls_per_memory": round(stats["llm"]["profile_calls"] / len(texts), 4),
+                "profile_calls": stats["slm_usage"]["profile_calls"],
+                "profile_calls_per_memory": round(stats["slm_usage"]["profile_calls"] / len(texts), 4),
             }
             print(json.dumps(out, indent=1))
 

@@ -31,7 +31,7 @@ def child_env() -> dict[str, str]:
 class ServiceProcess:
     """``clag-fast serve --store STORE ...`` on a free port until ``stop()`` / ``kill()``.
 
-    Vector-only by default (``--no-embedder --llm off``), so tests need no model."""
+    Vector-only by default (``--no-embedder --slm off``), so tests need no model."""
 
     def __init__(self, store: Path, *args: str, embedder: bool = False, keys: Path | None = None,
                  timeout_s: float = 90.0) -> None:
@@ -39,7 +39,7 @@ class ServiceProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(store), "--port", str(self.port),
-               "--llm", "off", *args]
+               "--slm", "off", *args]
         if not embedder:
             cmd.append("--no-embedder")
         if keys is not None:

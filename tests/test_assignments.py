@@ -81,7 +81,7 @@ def test_renumber_keeps_known_clusters_only(tmp_path):
 
 def _store(path, n=60):
     vecs, _ = topic_vectors(n, 4, seed=5)
-    s = MemoryStore.open(path, config=CFG, embedder=False, llm=False)
+    s = MemoryStore.open(path, config=CFG, embedder=False, slm=False)
     ids = s.add_many([f"m{i}" for i in range(n)], embeddings=vecs)
     s.organize()
     return s, ids
@@ -110,18 +110,18 @@ def test_lost_or_damaged_records_are_rebuilt_from_the_clusters(tmp_path):
     raw = bytearray(f.read_bytes())
     raw[HEADER:] = bytes(len(raw) - HEADER)
     f.write_bytes(bytes(raw))
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as s:
         assert {m.memory_id: m.clusters[0][0] for m in s.get_many(ids)} == primary
     # A damaged header: the file is moved aside and the records rebuilt.
     raw = bytearray(f.read_bytes())
     raw[:4] = b"XXXX"
     f.write_bytes(bytes(raw))
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as s:
         assert {m.memory_id: m.clusters[0][0] for m in s.get_many(ids)} == primary
     assert list((path / "index").glob("assignments.bin.corrupt-*"))
     # Removed altogether.
     f.unlink()
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as s:
         assert {m.memory_id: m.clusters[0][0] for m in s.get_many(ids)} == primary
 
 
@@ -132,7 +132,7 @@ def test_clusters_are_rebuilt_from_the_records(tmp_path):
                      for c in s._state.index.cluster_ids().tolist())
     s.close()
     (path / "index" / "clusters.bin").write_bytes(b"garbage")
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as s:
         again = sorted(sorted(m.memory_id for m in s.memories(cluster=c, limit=1000).items)
                        for c in s._state.index.cluster_ids().tolist())
         assert again == members
@@ -161,15 +161,15 @@ def test_a_database_holding_assignments_moves_them_into_the_file(tmp_path, schem
     (path / "index" / "assignments.bin").unlink()
     if schema == 4:  # (a schema-3 database needs a writer first: its migration)
         # A reader before any writer: the records in memory.
-        with MemoryStore.open(path, config=CFG, embedder=False, llm=False, read_only=True) as r:
+        with MemoryStore.open(path, config=CFG, embedder=False, slm=False, read_only=True) as r:
             assert {m.memory_id: m.clusters for m in r.get_many(ids)} == before
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as s:
         assert {m.memory_id: m.clusters for m in s.get_many(ids)} == before
     con = sqlite3.connect(path / "memories.db")
     assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert con.execute("SELECT COUNT(*) FROM assignments").fetchone()[0] == 0
     con.close()
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as s:
         assert {m.memory_id: m.clusters for m in s.get_many(ids)} == before
 
 
@@ -181,7 +181,7 @@ def test_the_database_is_checkpointed_only_after_the_rows_are_synced(tmp_path, m
     cfg = StoreConfig(organize_every=0, min_memories_to_cluster=10_000, slm="off", dim=8)
     db = tmp_path / "s" / "memories.db"
     vecs = np.random.default_rng(1).standard_normal((8200, 8)).astype(np.float32)
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
         s.flush()
         size = db.stat().st_size
         # ~5 MB of log: SQLite's automatic checkpoint would have run at 4 MB.
@@ -196,5 +196,5 @@ def test_the_database_is_checkpointed_only_after_the_rows_are_synced(tmp_path, m
         assert db.stat().st_size == grown and s._state.rows_since_checkpoint == 100
         s.add_many([f"o{i}" for i in range(100)], embeddings=vecs[8100:])
         assert db.stat().st_size > grown and s._state.rows_since_checkpoint == 0
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
         assert len(s) == 8200

@@ -39,7 +39,7 @@ def test_batch_literal(values, literal):
 def test_every_batch_reads_back_as_written(tmp_path, namespaces, kinds, metadata, keys):
     vecs = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     texts = ["first", "sécond 'quoted'", "third"]
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8), embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8), embedder=False, slm=False) as s:
         ids = s.add_many(texts, embeddings=vecs, namespaces=namespaces, kinds=kinds, metadata=metadata, keys=keys)
         got = s.get_many(ids)
     ns = [namespaces] * 3 if isinstance(namespaces, str) else namespaces

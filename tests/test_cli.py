@@ -21,10 +21,10 @@ def test_ingest_search_clusters_stats(tmp_path, capsys):
     data = tmp_path / "facts.json"
     data.write_text(json.dumps(FACTS))
     store = str(tmp_path / "store")
-    assert main(["ingest", str(data), "--store", store, "--llm", "off"]) == 0
+    assert main(["ingest", str(data), "--store", store, "--slm", "off"]) == 0
     assert "added 4 memories" in capsys.readouterr().out
     assert main(["search", "what food is dangerous for the user?", "-k", "1", "--store", store,
-                 "--llm", "off", "--json"]) == 0
+                 "--slm", "off", "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert [h["text"] for h in hits] == ["The user is allergic to shellfish."]
     assert main(["clusters", "--store", store]) == 0
@@ -53,12 +53,12 @@ def test_jsonl_and_locomo_inputs(tmp_path):
 def test_bad_ingest_files(tmp_path, capsys, content, msg):
     f = tmp_path / "bad.json"
     f.write_text(content)
-    assert main(["ingest", str(f), "--store", str(tmp_path / "s"), "--llm", "off"]) == 2
+    assert main(["ingest", str(f), "--store", str(tmp_path / "s"), "--slm", "off"]) == 2
     assert msg in capsys.readouterr().err
 
 
 def test_missing_store_is_a_clear_error(tmp_path, capsys):
-    assert main(["search", "x", "--store", str(tmp_path / "none"), "--llm", "off"]) == 2
+    assert main(["search", "x", "--store", str(tmp_path / "none"), "--slm", "off"]) == 2
     assert "no store at" in capsys.readouterr().err
 
 
@@ -122,7 +122,7 @@ def _check_demo_output(out: str, slm_line: str) -> None:
 @pytest.mark.slow
 def test_demo_end_to_end_without_an_slm(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the demo writes its cluster map into the working directory
-    assert main(["demo", "--llm", "off"]) == 0
+    assert main(["demo", "--slm", "off"]) == 0
     _check_demo_output(capsys.readouterr().out, "off (vector-only organisation)")
 
 
@@ -133,10 +133,10 @@ def test_demo_end_to_end_with_the_managed_slm(capsys, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # the demo writes its cluster map into the working directory
     require_slm()
-    assert main(["demo", "--llm", "managed"]) == 0  # what no --llm means too (see test_store_managed_slm)
+    assert main(["demo", "--slm", "managed"]) == 0  # what no --slm means too (see test_store_managed_slm)
     out = capsys.readouterr().out
     _check_demo_output(out, "not started yet")  # printed before the first add starts it
-    calls = re.search(r"^LLM calls (\d+)", out, re.M)
+    calls = re.search(r"^SLM calls (\d+)", out, re.M)
     assert calls and int(calls.group(1)) > 0, "the SLM organised the demo"
 
 
@@ -152,7 +152,7 @@ def demo_file():
 @pytest.mark.slow
 def test_ingest_namespace_and_organize_then_search_options(tmp_path, capsys, demo_file):
     store = str(tmp_path / "store")
-    assert main(["ingest", demo_file, "--store", store, "--llm", "off", "--namespace", "trip"]) == 0
+    assert main(["ingest", demo_file, "--store", store, "--slm", "off", "--namespace", "trip"]) == 0
     assert "added 346 memories" in capsys.readouterr().out
     assert main(["clusters", "--store", store]) == 0
     out = capsys.readouterr().out
@@ -160,7 +160,7 @@ def test_ingest_namespace_and_organize_then_search_options(tmp_path, capsys, dem
     before = int(re.search(r"^(\d+) clusters", out, re.M).group(1))
     facts = tmp_path / "facts.json"
     facts.write_text(json.dumps(FACTS))
-    assert main(["ingest", str(facts), "--store", store, "--llm", "off", "--namespace", "other", "--organize"]) == 0
+    assert main(["ingest", str(facts), "--store", store, "--slm", "off", "--namespace", "other", "--organize"]) == 0
     out = capsys.readouterr().out
     assert "added 4 memories" in out and "(350 in total)" in out
     assert re.search(r"reason=explicit.*clusters=\d+", out), out  # the --organize report
@@ -168,7 +168,7 @@ def test_ingest_namespace_and_organize_then_search_options(tmp_path, capsys, dem
     assert int(re.search(r"^(\d+) clusters", capsys.readouterr().out, re.M).group(1)) >= 2 and before >= 2
 
     def search(*extra):
-        assert main(["search", "what is the user allergic to?", "-k", "3", "--store", store, "--llm", "off",
+        assert main(["search", "what is the user allergic to?", "-k", "3", "--store", store, "--slm", "off",
                      "--json", *extra]) == 0
         return json.loads(capsys.readouterr().out)
 
@@ -183,7 +183,7 @@ def test_ingest_namespace_and_organize_then_search_options(tmp_path, capsys, dem
     assert len(two) == 3
 
     def scanned(*extra):
-        assert main(["search", "what is the user allergic to?", "--store", store, "--llm", "off", *extra]) == 0
+        assert main(["search", "what is the user allergic to?", "--store", store, "--slm", "off", *extra]) == 0
         m = re.search(r"\((\w+): scanned (\d+) of (\d+)", capsys.readouterr().out)
         return m.group(1), int(m.group(2)), int(m.group(3))
 
@@ -194,21 +194,21 @@ def test_ingest_namespace_and_organize_then_search_options(tmp_path, capsys, dem
     assert mode == mode4 == "two_stage" and n2 < n4 < 350
     with pytest.raises(SystemExit):
         main(["search", "x", "--store", store, "--mode", "fast"])
-    assert main(["search", "x", "--store", store, "--llm", "off", "--n-probe", "0"]) == 2
+    assert main(["search", "x", "--store", store, "--slm", "off", "--n-probe", "0"]) == 2
     assert "n_probe must be a positive integer" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_llm_url_sends_the_organiser_to_that_server(tmp_path, capsys, demo_file, fake_server):
-    """--llm URL: the store's SLM work goes to the given server (here a fake that answers
+def test_slm_url_sends_the_organiser_to_that_server(tmp_path, capsys, demo_file, fake_server):
+    """--slm URL: the store's SLM work goes to the given server (here a fake that answers
     nothing usable, so every decision falls back to vectors)."""
     store = str(tmp_path / "store")
-    assert main(["ingest", demo_file, "--store", store, "--llm", fake_server.url, "--organize"]) == 0
+    assert main(["ingest", demo_file, "--store", store, "--slm", fake_server.url, "--organize"]) == 0
     assert "added 346 memories" in capsys.readouterr().out
     assert fake_server.chat_requests(), "the organiser asked the given server"
     n = len(fake_server.chat_requests())
-    assert main(["search", "which hotel in Kyoto?", "--store", store, "--llm", "off"]) == 0
-    assert len(fake_server.chat_requests()) == n, "--llm off asks nobody"
+    assert main(["search", "which hotel in Kyoto?", "--store", store, "--slm", "off"]) == 0
+    assert len(fake_server.chat_requests()) == n, "--slm off asks nobody"
 
 
 def test_serve_refuses_an_embed_cache_it_could_not_pass_to_ray(tmp_path, capsys):

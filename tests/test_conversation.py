@@ -16,7 +16,7 @@ from clag_fast.store.catalog import SCHEMA_VERSION
 
 def open_store(path, **cfg):
     config = StoreConfig(slm="off", cache_size=0, min_memories_to_cluster=1000, **cfg)
-    return MemoryStore.open(path, config=config, embedder=HashingEmbedder(), llm=False)
+    return MemoryStore.open(path, config=config, embedder=HashingEmbedder(), slm=False)
 
 
 def context_ids(hit):
@@ -189,7 +189,7 @@ def test_a_store_of_the_previous_schema_gains_the_structure_on_open(tmp_path):
     con.commit()
     con.close()
     with pytest.raises(Exception, match="migration"):
-        MemoryStore.open(path, embedder=HashingEmbedder(), llm=False, read_only=True)
+        MemoryStore.open(path, embedder=HashingEmbedder(), slm=False, read_only=True)
     with open_store(path) as s:
         hit = s.search("second old memory", k=1, context=1)[0]
         assert hit.memory_id == ids[1]

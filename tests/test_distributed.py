@@ -66,7 +66,7 @@ def test_sharded_store_answers_like_one_store(sharded, tmp_path):
     ids = sharded.add_many(texts, vecs, namespaces=names, keys=[f"k{i}" for i in range(n)])
     assert len(set(ids)) == n
     assert len(sharded.existing_shards()) > 1  # nine namespaces spread over the shards
-    single = MemoryStore.open(tmp_path / "single", config=StoreConfig(dim=DIM, slm="off"), embedder=False, llm=False)
+    single = MemoryStore.open(tmp_path / "single", config=StoreConfig(dim=DIM, slm="off"), embedder=False, slm=False)
     single.add_many(texts, vecs, namespaces=names)
     q = _vecs(5, seed=1)
     for ns in (None, "user-3"):

@@ -13,7 +13,7 @@ def test_organisation_leaves_no_member_stranded(tmp_path):
     cfg = StoreConfig(min_memories_to_cluster=40, organize_every=25, max_cluster_size=60, slm="off")
     vecs, _ = topic_vectors(30000, 12, seed=7)  # the crash test's stream
     vecs = vecs[:650]
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
         i = 0
         worst: list[float] = []
         while i < len(vecs):

@@ -127,7 +127,7 @@ def test_the_store_embeds_a_repeated_query_once_across_writes(tmp_path, size):
     afresh with the vector it had; embed_cache=0 embeds it every time."""
     e = Counting("int8")
     cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", embed_cache=size)
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=e, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=e, slm=False) as s:
         s.add_many(TEXTS[1:])
         first = s.search(TEXTS[0], k=2)
         s.add("another memory about the museum")

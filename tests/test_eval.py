@@ -68,7 +68,7 @@ def test_cli_runs_tiny_file_end_to_end(tmp_path, capsys):
     fracs = [ret[f"vector/two_stage-hybrid@{p}"]["search_fraction"] for p in N_PROBES[1:]]
     assert fracs == sorted(fracs), "more probes never scan less"
     assert report["qa"] == {}  # no SLM given
-    assert org["llm_calls_per_memory"] == 0
+    assert org["slm_calls_per_memory"] == 0
 
 
 def test_flat_recall_matches_brute_force(tmp_path):
@@ -115,7 +115,7 @@ def test_max_questions_and_samples_bound_the_run():
         ({"store_options": {"bogus": 1}}, "store option"),
         ({"qa_modes": ["fast"]}, "unknown search mode 'fast'"),
         ({"embedder": "word2vec"}, "embedder must be"),
-        ({"llm": 42}, "llm must be None"),
+        ({"slm": 42}, "slm must be None"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, message):
@@ -203,7 +203,7 @@ def fake_slm():
 
 
 def test_qa_questions_bounds_answers_not_retrieval(fake_slm):
-    rep = run_eval(TINY, out_dir=None, embedder="hash", progress=False, llm=fake_slm, n_probe=[2],
+    rep = run_eval(TINY, out_dir=None, embedder="hash", progress=False, slm=fake_slm, n_probe=[2],
                    qa_modes=["two_stage"], qa_questions=3)
     assert _FakeSLM.answered == 3 * 2  # 3 questions, one mode, two organisations
     assert rep["qa"]["vector/two_stage@auto"]["questions"] == 3
@@ -217,7 +217,7 @@ def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
     (s,) = load_dataset(TINY)
     cat = {q.question: q.category for q in s.qa}
     _FakeSLM.reply = lambda q: "zebra" if cat[q] in ("2", "3") else _FakeSLM.gold[q]
-    rep = run_eval(TINY, out_dir=tmp_path, embedder="hash", progress=False, llm=fake_slm,
+    rep = run_eval(TINY, out_dir=tmp_path, embedder="hash", progress=False, slm=fake_slm,
                    store_options=CLUSTERED, n_probe=[2, 4], plots=False)
     assert set(rep["organisation"]) == {"vector", "slm"}
     assert {n.split("/")[0] for n in rep["retrieval"]} == {"vector", "slm"}
@@ -230,8 +230,8 @@ def test_qa_metrics_with_an_slm_server(fake_slm, tmp_path):
         assert q["adversarial_accuracy"] == 1.0
         assert {c: b["f1"] for c, b in q["by_category"].items()} == {"1": 1.0, "2": 0.0, "3": 0.0, "4": 1.0, "5": 1.0}
     for org in ("vector", "slm"):
-        assert rep["organisation"][org]["llm_calls_per_question_answer"] == pytest.approx(2.0)
-    assert rep["organisation"]["vector"]["llm_calls_per_memory"] == 0
+        assert rep["organisation"][org]["slm_calls_per_question_answer"] == pytest.approx(2.0)
+    assert rep["organisation"]["vector"]["slm_calls_per_memory"] == 0
     answers = [a for rec in rep["per_sample"] for a in rec["answers"]]
     assert len(answers) == 40
     right = [a for a in answers if a["category"] not in ("2", "3")]
@@ -264,7 +264,7 @@ def test_adversarial_questions_follow_the_locomo_protocol(fake_slm):
     trap answer scores 0 on the adversarial one."""
     from clag_fast.eval.answer import ANSWER_SYSTEM
 
-    kw = dict(out_dir=None, embedder="hash", progress=False, llm=fake_slm, n_probe=[2], qa_modes=["flat"])
+    kw = dict(out_dir=None, embedder="hash", progress=False, slm=fake_slm, n_probe=[2], qa_modes=["flat"])
     _FakeSLM.reply = lambda q: "Not mentioned in the conversation"
     rep = run_eval(TINY, **kw)
     # by hand: only "in" is shared with a gold answer ("in a vineyard near Porto": 1 of 4 tokens
@@ -449,7 +449,7 @@ def test_qa_table_end_to_end_jsonl_and_resume(fake_slm, tmp_path, capsys):
     from clag_fast.eval.qa import DEFAULT_QA_CONFIGS, read_jsonl, run_qa_table, summarize
 
     out = tmp_path / "qa"
-    summary = run_qa_table(TINY, out_dir=out, n_questions=5, llm=fake_slm, embedder="hash", progress=False,
+    summary = run_qa_table(TINY, out_dir=out, n_questions=5, slm=fake_slm, embedder="hash", progress=False,
                            store_options=CLUSTERED)
     recs = read_jsonl(out / "qa.jsonl")
     # one answer per distinct context: configurations that hand the model the same text share it
@@ -468,23 +468,23 @@ def test_qa_table_end_to_end_jsonl_and_resume(fake_slm, tmp_path, capsys):
     assert summarize(recs)["configs"] == summary["configs"]
     assert (out / "qa.md").read_text().startswith("| configuration |")
     # a second run resumes: nothing is asked again
-    run_qa_table(TINY, out_dir=out, n_questions=5, llm=fake_slm, embedder="hash", progress=False,
+    run_qa_table(TINY, out_dir=out, n_questions=5, slm=fake_slm, embedder="hash", progress=False,
                  store_options=CLUSTERED)
     assert _FakeSLM.answered == distinct and len(read_jsonl(out / "qa.jsonl")) == len(recs)
     with pytest.raises(ValueError, match="other parameters"):
-        run_qa_table(TINY, out_dir=out, n_questions=6, llm=fake_slm, embedder="hash", progress=False)
+        run_qa_table(TINY, out_dir=out, n_questions=6, slm=fake_slm, embedder="hash", progress=False)
     # an extra configuration on its own, read together with the first file
-    run_qa_table(TINY, out_dir=tmp_path / "tags", n_questions=5, llm=fake_slm, embedder="hash", progress=False,
+    run_qa_table(TINY, out_dir=tmp_path / "tags", n_questions=5, slm=fake_slm, embedder="hash", progress=False,
                  store_options=CLUSTERED, configs=["clag_tags"])
     tags = read_jsonl(tmp_path / "tags" / "qa.jsonl")
     assert len(tags) == 5 and all(r["config"] == "clag_tags" and "Topic: " in r["context"] for r in tags)
     both = summarize(recs + tags)
     assert set(both["differences"]) == {f"{c} - flat_vector" for c in ("flat_hybrid", "clag", "clag_labels", "clag_tags")}
     with pytest.raises(ValueError, match="unknown"):
-        run_qa_table(TINY, out_dir=tmp_path / "x", llm=fake_slm, embedder="hash", configs=["nope"])
-    # the CLI path: --qa-table needs --llm
+        run_qa_table(TINY, out_dir=tmp_path / "x", slm=fake_slm, embedder="hash", configs=["nope"])
+    # the CLI path: --qa-table needs --slm
     assert main([str(TINY), "--qa-table", "--embedder", "hash", "--no-progress"]) == 2
-    assert "--qa-table needs --llm" in capsys.readouterr().err
+    assert "--qa-table needs --slm" in capsys.readouterr().err
 
 
 def test_report_explains_a_scanned_share_that_falls_with_n_probe():

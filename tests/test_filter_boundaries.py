@@ -97,7 +97,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     cfg = StoreConfig(min_memories_to_cluster=20, organize_every=0, slm="off", cache_size=0)
-    s = MemoryStore.open(tmp_path_factory.mktemp("b") / "s", config=cfg, embedder=HashingEmbedder(), llm=False)
+    s = MemoryStore.open(tmp_path_factory.mktemp("b") / "s", config=cfg, embedder=HashingEmbedder(), slm=False)
     names = list(ROWS)
     # Each row three times, so the store is clustered; the key names the row and its copy.
     texts = [f"boundary note {name} copy {c}" for c in range(3) for name in names]

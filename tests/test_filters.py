@@ -111,7 +111,7 @@ def filled(tmp_path_factory):
     rng = random.Random(5)
     vecs, _ = topic_vectors(400, 8, seed=12)
     metas = [random_metadata(rng) for _ in range(400)]
-    s = MemoryStore.open(tmp_path_factory.mktemp("f") / "s", config=CFG, embedder=False, llm=False)
+    s = MemoryStore.open(tmp_path_factory.mktemp("f") / "s", config=CFG, embedder=False, slm=False)
     ids = s.add_many([f"m{i}" for i in range(400)], embeddings=vecs, metadata=metas)
     s.organize()
     assert s.clusters()
@@ -144,7 +144,7 @@ def test_filters_match_the_reference(filled, where, q):
 
 
 def test_search_many_and_hybrid_apply_where(tmp_path):
-    with MemoryStore.open(tmp_path / "h", config=CFG, embedder=HashingEmbedder(), llm=False) as s:
+    with MemoryStore.open(tmp_path / "h", config=CFG, embedder=HashingEmbedder(), slm=False) as s:
         texts = [f"note {i} about {'cats' if i % 2 else 'dogs'} and walks" for i in range(60)]
         s.add_many(texts, metadata=[{"n": i, "pet": "cat" if i % 2 else "dog"} for i in range(60)])
         for hits in s.search_many(["cats walks", "dogs"], k=10, where={"pet": "cat", "n": {"$lt": 20}}):
@@ -176,7 +176,7 @@ def test_writes_keep_the_filter_columns_in_step(tmp_path_factory, ops, where):
     leaves the filter answering as the reference does on the stored metadata."""
     vecs, _ = topic_vectors(64, 4, seed=3)
     path = tmp_path_factory.mktemp("w") / "s"
-    s = MemoryStore.open(path, config=CFG, embedder=False, llm=False)
+    s = MemoryStore.open(path, config=CFG, embedder=False, slm=False)
     try:
         s.search(vecs[0], k=1, where={"a": 1, "b": 1, "c": 1})  # these columns are built before the
         # writes, which must keep them in step; "d" is built after them, from the database
@@ -195,7 +195,7 @@ def test_writes_keep_the_filter_columns_in_step(tmp_path_factory, ops, where):
         for reopen in (False, True):
             if reopen:
                 s.close()
-                s = MemoryStore.open(path, config=CFG, embedder=False, llm=False)
+                s = MemoryStore.open(path, config=CFG, embedder=False, slm=False)
             stored = {m.memory_id: m.metadata for m in s.memories(limit=1000).items}
             expected = sorted(m for m, meta in stored.items() if ref(meta, where))
             assert [m.memory_id for m in s.memories(where=where, limit=1000).items] == expected
@@ -210,7 +210,7 @@ def test_writes_keep_the_filter_columns_in_step(tmp_path_factory, ops, where):
 
 def test_a_changed_memory_leaves_a_cached_filter(tmp_path):
     vecs, _ = topic_vectors(10, 2, seed=1)
-    with MemoryStore.open(tmp_path / "c", config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "c", config=CFG, embedder=False, slm=False) as s:
         ids = s.add_many([f"t{i}" for i in range(10)], embeddings=vecs, metadata=[{"on": True}] * 10)
         assert len(s.search(vecs[0], k=10, where={"on": True})) == 10
         s.update(ids[0], metadata={"on": False})
@@ -254,10 +254,10 @@ def test_malformed_filters_are_refused(filled, where, match):
 def test_a_read_only_reader_sees_new_metadata_after_refresh(tmp_path):
     vecs, _ = topic_vectors(6, 2, seed=2)
     path = tmp_path / "r"
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as w:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as w:
         ids = w.add_many([f"t{i}" for i in range(6)], embeddings=vecs, metadata=[{"g": i % 2} for i in range(6)])
         w.flush()
-        with MemoryStore.open(path, config=CFG, embedder=False, llm=False, read_only=True) as r:
+        with MemoryStore.open(path, config=CFG, embedder=False, slm=False, read_only=True) as r:
             assert [m.memory_id for m in r.memories(where={"g": 1}).items] == ids[1::2]
             w.update(ids[0], metadata={"g": 1})
             w.flush()
@@ -271,7 +271,7 @@ def test_filtered_search_scores_are_cosines_for_unnormalised_queries(tmp_path):
     x = rng.standard_normal((300, 384)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     q = 3.7 * x[11] + 0.1 * rng.standard_normal(384).astype(np.float32)
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, slm=False) as s:
         s.add_many([f"t{i}" for i in range(300)], embeddings=x,
                    metadata=[{"even": i % 2 == 0} for i in range(300)])
         hits = s.search(q, k=3, mode="flat", where={"even": False})
@@ -286,7 +286,7 @@ def test_filtered_search_scores_are_cosines_for_unnormalised_queries(tmp_path):
 def test_mutating_a_hits_metadata_never_changes_the_store(tmp_path):
     # hit details are cached; the metadata a caller gets is its own copy
     x = np.eye(4, 384, dtype=np.float32)
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, slm=False) as s:
         s.add_many(["a", "b", "c", "d"], embeddings=x,
                    metadata=[{"n": 1}, {"n": 2, "deep": {"x": [1]}}, None, {"n": 4}])
         for _ in range(2):
@@ -345,7 +345,7 @@ def test_filtered_searches_stay_exact_while_the_subset_cache_evicts(tmp_path, mo
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     monkeypatch.setattr(search_mod, "SUBSET_CACHE_BYTES", 3 * 10 * 384 * 4)  # three groups' copies
     with MemoryStore.open(tmp_path / "e", config=StoreConfig(slm="off", organize_every=0), embedder=False,
-                          llm=False) as s:
+                          slm=False) as s:
         ids = s.add_many([f"t{i}" for i in range(300)], embeddings=x, metadata=[{"g": i % 30} for i in range(300)])
         live = {m: (x[i], i % 30) for i, m in enumerate(ids)}
 

@@ -23,7 +23,7 @@ def _texts(n: int, seed: int = 0, prefix: str = "") -> list[str]:
 
 @pytest.fixture
 def store(tmp_path):
-    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=HashingEmbedder(), llm=False)
+    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=HashingEmbedder(), slm=False)
     s.add_many(_texts(300))
     s.organize()
     yield s
@@ -74,7 +74,7 @@ def test_syntax_characters_are_not_operators(store, query):
 
 
 def test_any_script(tmp_path):
-    s = MemoryStore.open(tmp_path / "u", config=CFG, embedder=HashingEmbedder(), llm=False)
+    s = MemoryStore.open(tmp_path / "u", config=CFG, embedder=HashingEmbedder(), slm=False)
     texts = ["東京タワーに行った", "Москва — столица России", "नमस्ते दुनिया", "مرحبا بالعالم",
              "Straße in München", "x" * 100_000 + " very long"]
     ids = s.add_many(texts)
@@ -86,7 +86,7 @@ def test_any_script(tmp_path):
 
 
 def test_namespaces_never_change_each_others_ranking(tmp_path):
-    s = MemoryStore.open(tmp_path / "n", config=CFG, embedder=HashingEmbedder(), llm=False)
+    s = MemoryStore.open(tmp_path / "n", config=CFG, embedder=HashingEmbedder(), slm=False)
     s.add_many(_texts(80, seed=1), namespaces="a")
     queries = ["river piano", "castle bridge market", "code1x5 poem", "desert violin"]
     before = [[(h.memory_id, round(h.score, 6)) for h in s.search(q, k=10, mode="flat", namespace="a")]
@@ -137,7 +137,7 @@ def test_decay_weights_apply_to_hybrid(tmp_path):
     from clag_fast.decay import ForgettingPolicy
 
     cfg = CFG.replace(forgetting=ForgettingPolicy(half_life_days=1.0))
-    s = MemoryStore.open(tmp_path / "d", config=cfg, embedder=HashingEmbedder(), llm=False)
+    s = MemoryStore.open(tmp_path / "d", config=cfg, embedder=HashingEmbedder(), slm=False)
     s.add_many(_texts(50))
     hits = s.search("river piano", k=5, mode="flat")
     assert len(hits) == 5 and all(np.isfinite(h.score) for h in hits)

@@ -524,7 +524,7 @@ def test_store_labels_are_keyphrases_never_members(tmp_path):
             v = axis + 0.05 * rng.standard_normal(dim).astype(np.float32)
             vecs.append(v / np.linalg.norm(v))
     cfg = StoreConfig(dim=dim, min_memories_to_cluster=10, organize_every=0, slm=SLMConfig(mode="off"))
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
         s.add_many(texts, embeddings=np.stack(vecs))
         s.organize()
         labels = {c.summary for c in s.clusters()}
@@ -567,7 +567,7 @@ def test_background_counts_kept_across_passes_equal_a_fresh_count(tmp_path, monk
         return texts, np.stack(vecs)
 
     cfg = StoreConfig(dim=dim, min_memories_to_cluster=10, organize_every=0, slm=SLMConfig(mode="off"))
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
         s.add_many(*batch(40, 0))
         s.organize()
         state = s._state

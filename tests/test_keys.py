@@ -20,7 +20,7 @@ CFG = StoreConfig(min_memories_to_cluster=40, organize_every=0, slm="off")
 
 
 def open_store(path: Path, **kw) -> MemoryStore:
-    return MemoryStore.open(path, config=CFG, embedder=False, llm=False, **kw)
+    return MemoryStore.open(path, config=CFG, embedder=False, slm=False, **kw)
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def test_get_update_delete_by_key(store):
 
 
 def test_hybrid_text_search_follows_the_replaced_text(tmp_path):
-    with MemoryStore.open(tmp_path / "h", config=CFG, embedder=HashingEmbedder(), llm=False) as s:
+    with MemoryStore.open(tmp_path / "h", config=CFG, embedder=HashingEmbedder(), slm=False) as s:
         mid = s.add("the violin lesson is on tuesday", key="lesson")
         s.add("groceries: apples and pears", key="shop")
         assert s.add("the piano recital moved to friday", key="lesson") == mid
@@ -214,7 +214,7 @@ UPSERTER = textwrap.dedent(
 
     cfg = StoreConfig(min_memories_to_cluster=40, organize_every=25, max_cluster_size=60, slm="off")
     vecs, _ = topic_vectors(2000, 8, seed=7)
-    store = MemoryStore.open({path!r}, config=cfg, embedder=False, llm=False)
+    store = MemoryStore.open({path!r}, config=cfg, embedder=False, slm=False)
     for v in range(100000):
         keys = [f"k{{(v * 3 + j) % 50}}" for j in range(3)]
         rows = [(v * 3 + j) % 2000 for j in range(3)]

@@ -56,7 +56,7 @@ def add_in_calls(store: MemoryStore, vectors: np.ndarray, topics: np.ndarray, ba
 # -- vectors from another model ----------------------------------------------------------------
 def test_given_vectors_never_send_label_phrases_to_the_default_embedder(tmp_path, default_embedder):
     vecs, top = topic_vectors(600, 12, seed=1)
-    with MemoryStore.open(tmp_path / "s", config=CONFIG, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=CONFIG, slm=False) as s:
         add_in_calls(s, vecs, top)
         assert s.stats()["organizations"] > 2, "periodic passes labelled clusters"
         report = s.organize(task_context="notes about topics")  # an explicit pass labels everything
@@ -65,7 +65,7 @@ def test_given_vectors_never_send_label_phrases_to_the_default_embedder(tmp_path
         quality = s.label_quality()
         assert "self_at_1" not in quality, "labels are not placed among centres of another model's space"
     assert default_embedder.texts == []
-    with MemoryStore.open(tmp_path / "s", config=CONFIG, llm=False) as s:  # remembered across opens
+    with MemoryStore.open(tmp_path / "s", config=CONFIG, slm=False) as s:  # remembered across opens
         s.add_many(["one more memory about topic 3"], embeddings=vecs[:1])
         s.organize()
     assert default_embedder.texts == []
@@ -74,7 +74,7 @@ def test_given_vectors_never_send_label_phrases_to_the_default_embedder(tmp_path
 def test_texts_the_store_embeds_get_their_label_phrases_embedded_too(tmp_path, default_embedder):
     _, top = topic_vectors(200, 6, seed=2)
     texts = texts_for(top)
-    with MemoryStore.open(tmp_path / "s", config=CONFIG, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=CONFIG, slm=False) as s:
         s.add_many(texts)
         s.organize()
     phrases = [t for t in default_embedder.texts if t not in set(texts)]
@@ -84,7 +84,7 @@ def test_texts_the_store_embeds_get_their_label_phrases_embedded_too(tmp_path, d
 def test_an_embedder_the_caller_gives_embeds_label_phrases_for_given_vectors(tmp_path):
     spy = SpyEmbedder()
     vecs, top = topic_vectors(300, 6, seed=3)
-    with MemoryStore.open(tmp_path / "s", config=CONFIG, embedder=spy, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=CONFIG, embedder=spy, slm=False) as s:
         add_in_calls(s, vecs, top)
         s.organize()
     assert spy.texts, "the caller's embedder is taken to make the vectors it is given"
@@ -105,7 +105,7 @@ def test_label_work_inside_add_many_stays_within_what_the_adds_earned(tmp_path, 
         vecs = np.where(in_big[:, None], around_big / np.linalg.norm(around_big, axis=1, keepdims=True), small)
         vecs = vecs.astype(np.float32)
         top = np.where(in_big, 60, top_small)
-    with MemoryStore.open(tmp_path / "s", config=CONFIG, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=CONFIG, embedder=False, slm=False) as s:
         add_in_calls(s, vecs, top, batch)
         st = s.stats()
         work = st["label_work"]
@@ -130,7 +130,7 @@ def test_label_work_inside_add_many_stays_within_what_the_adds_earned(tmp_path, 
 def test_clusters_the_budget_left_unlabelled_are_labelled_first_as_credit_comes(tmp_path):
     vecs = isotropic(2000, seed=7)
     top = np.arange(2000) % 20
-    with MemoryStore.open(tmp_path / "s", config=CONFIG, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=CONFIG, embedder=False, slm=False) as s:
         add_in_calls(s, vecs[:1500], top[:1500], batch=500)
         unlabelled = {c.id for c in s.clusters() if not c.summary}
         assert unlabelled, "isotropic vectors open more clusters than big writes pay first labels for"

@@ -46,7 +46,7 @@ def bag_embed(texts: list[str]) -> np.ndarray:
     return out / np.where(n == 0, 1, n)
 
 
-def synthetic_store(path, llm, slm: SLMConfig | None = None, copies: int = 3, embedder=False) -> MemoryStore:
+def synthetic_store(path, slm, slm_config: SLMConfig | None = None, copies: int = 3, embedder=False) -> MemoryStore:
     """A store of the three GROUPS, each on its own axis (vectors passed in; no embedder
     unless one is given)."""
     rng = np.random.default_rng(1)
@@ -58,8 +58,8 @@ def synthetic_store(path, llm, slm: SLMConfig | None = None, copies: int = 3, em
                 v = np.eye(DIM, dtype=np.float32)[g] + 0.05 * rng.standard_normal(DIM).astype(np.float32)
                 vecs.append(v / np.linalg.norm(v))
     cfg = StoreConfig(dim=DIM, min_memories_to_cluster=10, organize_every=0,
-                      slm=slm or SLMConfig(profile_min_size=2, background=False))
-    s = MemoryStore.open(path, config=cfg, embedder=embedder, llm=llm)
+                      slm=slm_config or SLMConfig(profile_min_size=2, background=False))
+    s = MemoryStore.open(path, config=cfg, embedder=embedder, slm=slm)
     s.add_many(texts, embeddings=np.stack(vecs))
     return s
 
@@ -164,7 +164,7 @@ def test_self_misses_name_the_labels_nearer_another_centre():
 
 
 def test_vector_labels_in_a_store_are_distinct_keyphrases(tmp_path):
-    with synthetic_store(tmp_path / "s", llm=False, slm=SLMConfig(mode="off")) as s:
+    with synthetic_store(tmp_path / "s", slm=False, slm_config=SLMConfig(mode="off")) as s:
         s.organize()
         labels = [c.summary for c in s.clusters()]
         assert len(labels) == 3, labels
@@ -180,12 +180,12 @@ def test_vector_labels_in_a_store_are_distinct_keyphrases(tmp_path):
     json.dumps({"shared_topic": "Tropical Islands", "keywords": ["a"]}),   # the old form
 ])
 def test_an_slm_answering_outside_the_schema_leaves_the_vector_label(tmp_path, fake_server, reply):  # noqa: F811
-    with synthetic_store(tmp_path / "v", llm=False, slm=SLMConfig(mode="off")) as s:
+    with synthetic_store(tmp_path / "v", slm=False, slm_config=SLMConfig(mode="off")) as s:
         s.organize()
         vector_labels = sorted((c.summary, tuple(c.tags)) for c in s.clusters())
     fake_server.reply_text(reply)
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
-    with synthetic_store(tmp_path / "s", llm=llm) as s:
+    with synthetic_store(tmp_path / "s", slm=llm) as s:
         s.organize()
         assert sorted((c.summary, tuple(c.tags)) for c in s.clusters()) == vector_labels
         asked = [r for r in fake_server.chat_requests() if "shared by a group" in r["messages"][0]["content"]]
@@ -195,7 +195,7 @@ def test_an_slm_answering_outside_the_schema_leaves_the_vector_label(tmp_path, f
 
 @pytest.mark.parametrize("how", ["down", "slow"])
 def test_an_slm_that_is_down_or_slow_leaves_the_vector_label(tmp_path, fake_server, how):  # noqa: F811
-    with synthetic_store(tmp_path / "v", llm=False, slm=SLMConfig(mode="off")) as s:
+    with synthetic_store(tmp_path / "v", slm=False, slm_config=SLMConfig(mode="off")) as s:
         s.organize()
         vector_labels = sorted(c.summary for c in s.clusters())
     if how == "down":
@@ -203,7 +203,7 @@ def test_an_slm_that_is_down_or_slow_leaves_the_vector_label(tmp_path, fake_serv
     else:
         fake_server.behaviour = lambda body: (200, completion(json.dumps({"groups": [["JR Pass"]]})), 2.0)
         llm = LLMClient(fake_server.url, timeout=0.2, max_retries=0, schema_mode="json_object")
-    with synthetic_store(tmp_path / "s", llm=llm) as s:
+    with synthetic_store(tmp_path / "s", slm=llm) as s:
         s.organize()
         assert sorted(c.summary for c in s.clusters()) == vector_labels
 
@@ -222,14 +222,14 @@ def profile_requests(server) -> list[dict]:
 def test_an_slm_pick_becomes_the_label(tmp_path, fake_server):  # noqa: F811
     fake_server.behaviour = pick_last_first
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
-    with synthetic_store(tmp_path / "s", llm=llm) as s:
+    with synthetic_store(tmp_path / "s", slm=llm) as s:
         s.organize()
         asked = profile_requests(fake_server)
         assert len(asked) == 1  # three clusters, one call (SLMConfig.profile_batch)
         enums = [g["items"]["enum"] for g in asked[0]["response_format"]["schema"]["properties"]["groups"]["prefixItems"]]
         assert len(enums) == 3 and all(len(e) >= 2 and len(set(e)) == len(e) for e in enums)
         assert {c.summary for c in s.clusters()} == {f"{e[-1]} · {e[0]}" for e in enums}
-        assert s.stats()["labels"]["slm"] == 3 and s.stats()["llm"]["profile_calls"] == 1
+        assert s.stats()["labels"]["slm"] == 3 and s.stats()["slm_usage"]["profile_calls"] == 1
 
 
 def test_the_slm_is_not_asked_for_a_cluster_only_the_wide_look_named(tmp_path, fake_server, monkeypatch):  # noqa: F811
@@ -248,7 +248,7 @@ def test_the_slm_is_not_asked_for_a_cluster_only_the_wide_look_named(tmp_path, f
     fake_server.behaviour = pick_last_first
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
     # An embedder for the store's space: the looks that embed phrases run only with one.
-    with synthetic_store(tmp_path / "s", llm=llm, embedder=AxisEmbedder()) as s:
+    with synthetic_store(tmp_path / "s", slm=llm, embedder=AxisEmbedder()) as s:
         s.organize()
         asked = profile_requests(fake_server)
         assert len(asked) == 1
@@ -267,7 +267,7 @@ def test_clusters_plot_and_quality(tmp_path, capsys):
     data = tmp_path / "trip.json"
     data.write_text(json.dumps([f"{t} (note {k})" for k in range(3) for ts in GROUPS.values() for t in ts]))
     store = str(tmp_path / "s")
-    assert main(["ingest", str(data), "--store", store, "--llm", "off", "--organize"]) == 0
+    assert main(["ingest", str(data), "--store", store, "--slm", "off", "--organize"]) == 0
     capsys.readouterr()
     png = tmp_path / "map.png"
     assert main(["clusters", "--store", store, "--plot", str(png), "--quality"]) == 0
@@ -319,7 +319,7 @@ def test_the_cluster_map_of_crowded_clusters_has_no_overlapping_labels(tmp_path)
             texts.append(f"{w} note {g} {k}")
             vecs.append(v / np.linalg.norm(v))
     cfg = StoreConfig(dim=DIM, min_memories_to_cluster=20, organize_every=0, target_cluster_size=4, slm="off")
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
         s.add_many(texts, embeddings=np.stack(vecs))
         s.organize()
         fig = draw_cluster_map(s)
@@ -342,7 +342,7 @@ def test_the_cluster_map_of_crowded_clusters_has_no_overlapping_labels(tmp_path)
 @pytest.mark.slow
 def test_the_demo_writes_the_cluster_map_and_reports_label_quality(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["demo", "--llm", "off"]) == 0
+    assert main(["demo", "--slm", "off"]) == 0
     out = capsys.readouterr().out
     png = tmp_path / "clag_fast_demo_clusters.png"
     assert f"clusters) written to {png}" in out and png.read_bytes()[:4] == b"\x89PNG"

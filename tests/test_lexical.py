@@ -26,7 +26,7 @@ CFG = StoreConfig(slm="off", cache_size=0, min_memories_to_cluster=20)
 
 
 def _store(path: Path, **changes) -> MemoryStore:
-    return MemoryStore.open(path, config=CFG.replace(**changes), embedder=HashingEmbedder(), llm=False)
+    return MemoryStore.open(path, config=CFG.replace(**changes), embedder=HashingEmbedder(), slm=False)
 
 
 # -- tokenisation ---------------------------------------------------------------------------
@@ -271,7 +271,7 @@ WRITER = textwrap.dedent(
     from clag_fast.store import MemoryStore
 
     store = MemoryStore.open({path!r}, config=StoreConfig(slm="off", min_memories_to_cluster=20),
-                             embedder=HashingEmbedder(), llm=False)
+                             embedder=HashingEmbedder(), slm=False)
     i = 0
     while True:
         mid = store.add(f"note uniqueword{{i}} about lexical crash safety")

@@ -26,7 +26,7 @@ QUERIES = ["river piano", "garden poem tag7", "violin desert harbour", "tag3 kit
 
 
 def _store(path: Path, read_only: bool = False) -> MemoryStore:
-    return MemoryStore.open(path, config=CFG, embedder=HashingEmbedder(), llm=False, read_only=read_only)
+    return MemoryStore.open(path, config=CFG, embedder=HashingEmbedder(), slm=False, read_only=read_only)
 
 
 def _texts(n: int, seed: int = 0) -> list[str]:
@@ -202,7 +202,7 @@ WRITER = textwrap.dedent(
     from clag_fast.store import MemoryStore
 
     store = MemoryStore.open({path!r}, config=StoreConfig(slm="off", min_memories_to_cluster=20),
-                             embedder=HashingEmbedder(), llm=False)
+                             embedder=HashingEmbedder(), slm=False)
     ids = store.add_many([f"seed note {{i}} river piano" for i in range(50)], namespaces="a")
     store.flush()
     print("flushed", flush=True)

@@ -14,7 +14,7 @@ CFG = StoreConfig(min_memories_to_cluster=40, organize_every=0, slm="off")
 @pytest.fixture
 def store(tmp_path):
     vecs, _ = topic_vectors(230, 5, seed=2)
-    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=False, llm=False)
+    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=False, slm=False)
     s.add_many([f"m{i}" for i in range(230)], embeddings=vecs,
                namespaces=[["a", "b", "c"][i % 3] for i in range(230)],
                kinds=["fact" if i % 5 == 0 else "user_input" for i in range(230)],
@@ -93,6 +93,6 @@ def test_bad_arguments(store):
 
 
 def test_empty_store(tmp_path):
-    with MemoryStore.open(tmp_path / "e", config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "e", config=CFG, embedder=False, slm=False) as s:
         assert s.memories() == MemoryPage([], None)
         assert s.namespaces() == []

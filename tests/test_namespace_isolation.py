@@ -47,7 +47,7 @@ def rows(where: dict) -> list[int]:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = MemoryStore.open(tmp_path_factory.mktemp("iso") / "s", config=CFG, embedder=HashingEmbedder(), llm=False)
+    s = MemoryStore.open(tmp_path_factory.mktemp("iso") / "s", config=CFG, embedder=HashingEmbedder(), slm=False)
     ids = {ns: s.add_many(TEXTS, namespaces=ns, metadata=METAS) for ns in NAMESPACES}
     s.organize()
     assert len(s.clusters()) > 1
@@ -99,7 +99,7 @@ def test_listing_stays_in_its_namespace(store, where):
 def test_the_filter_cache_keeps_namespaces_apart_across_writes(tmp_path):
     """Masks of namespace filters are carried across writes with the written rows
     recomputed: rows written to another namespace must not join them."""
-    with MemoryStore.open(tmp_path / "s", config=CFG, embedder=HashingEmbedder(), llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=CFG, embedder=HashingEmbedder(), slm=False) as s:
         a = s.add_many(TEXTS, namespaces="a", metadata=METAS)
         s.add_many(TEXTS, namespaces="ab", metadata=METAS)
         s.organize()
@@ -135,7 +135,7 @@ def test_the_cluster_a_texts_words_point_at_adds_only_eligible_members(tmp_path)
         q = mix * centres[0] + (1 - mix) * centres[20]
         q /= np.linalg.norm(q)
         embedder = LookupEmbedder(["zeppelin trip"], q[None, :])
-        with MemoryStore.open(tmp_path / f"s{mix}", config=cfg, embedder=embedder, llm=False) as s:
+        with MemoryStore.open(tmp_path / f"s{mix}", config=cfg, embedder=embedder, slm=False) as s:
             for ns in ("a", "b"):
                 s.add_many(texts, embeddings=vecs, namespaces=ns, metadata=metas)
             s.organize()
@@ -237,7 +237,7 @@ def test_a_tenant_key_without_a_namespace_sees_its_own(service, where):
 # -- the adapters ---------------------------------------------------------------------------
 @pytest.fixture
 def shared(tmp_path):
-    s = MemoryStore.open(tmp_path / "shared", config=CFG, embedder=HashingEmbedder(), llm=False)
+    s = MemoryStore.open(tmp_path / "shared", config=CFG, embedder=HashingEmbedder(), slm=False)
     yield s
     s.close()
 

@@ -20,7 +20,7 @@ CFG = StoreConfig(min_memories_to_cluster=50, target_cluster_size=4, max_cluster
 
 def _store(tmp_path, n=3000, topics=150):
     vecs, _ = topic_vectors(n, topics, seed=3)
-    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=False, llm=False)
+    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=False, slm=False)
     s.add_many([f"m{i}" for i in range(n)], embeddings=vecs)
     s.organize()
     return s, vecs

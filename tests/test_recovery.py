@@ -35,7 +35,7 @@ N_FIRST, N = 240, 360
 
 
 def open_store(path: Path, **kw) -> MemoryStore:
-    return MemoryStore.open(path, embedder=False, llm=False, config=CFG, **kw)
+    return MemoryStore.open(path, embedder=False, slm=False, config=CFG, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +275,7 @@ CRASHING_ADD = textwrap.dedent(
     from store_helpers import topic_vectors
 
     store = MemoryStore.open({path!r}, config=StoreConfig(min_memories_to_cluster=50, organize_every=0),
-                             embedder=False, llm=False)
+                             embedder=False, slm=False)
 
     def crash(*args, **kwargs):  # inside the SQLite transaction, after the vector rows were appended
         os._exit(17)

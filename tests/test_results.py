@@ -33,7 +33,7 @@ def test_search_hits_are_frozen_hits_and_accesses_reach_the_database(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((50, 16)).astype(np.float32)
     found: Counter[int] = Counter()
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=16), llm=False, embedder=False) as store:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=16), slm=False, embedder=False) as store:
         ids = store.add_many([f"m{i}" for i in range(50)], embeddings=x)
         hits = store.search(x[3], k=3)
         assert all(type(h) is Hit for h in hits)
@@ -49,7 +49,7 @@ def test_search_hits_are_frozen_hits_and_accesses_reach_the_database(tmp_path):
         got = {m: store.get(m).access_count for m in ids if m != ids[3]}
         assert got == {m: found[m] for m in got}
         assert found[ids[4]] >= 2
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=16), llm=False, embedder=False) as store:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=16), slm=False, embedder=False) as store:
         assert {m: store.get(m).access_count for m in got} == got
 
 
@@ -58,7 +58,7 @@ def test_accesses_survive_upserts_and_batching(tmp_path):
     flush carries its unwritten accesses along (by key and by id)."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((40, 16)).astype(np.float32)
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=16), llm=False, embedder=False) as store:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=16), slm=False, embedder=False) as store:
         ids = store.add_many([f"m{i}" for i in range(40)], embeddings=x, keys=[f"k{i}" for i in range(40)])
         for _ in range(300):  # more than one batch
             store.search(x[0], k=1)

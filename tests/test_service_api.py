@@ -51,7 +51,7 @@ class _Blocking:
 def backend(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / "store"
     if request.param == "memory_store":
-        store = MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False)
+        store = MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, slm=False)
         yield store
         store.close()
     else:

@@ -156,7 +156,7 @@ def test_a_store_locked_by_another_writer_is_a_clear_start_error(tmp_path):
     from clag_fast.store import MemoryStore
     from service_helpers import ROOT, child_env
 
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False):
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, slm=False):
         r = subprocess.run([sys.executable, "-m", "clag_fast.cli", "serve", "--store", str(tmp_path / "s"),
                             "--no-embedder", "--port", "1"], capture_output=True, text=True, env=child_env(), cwd=ROOT,
                            timeout=120)

@@ -71,7 +71,7 @@ def test_sigkill_during_concurrent_adds_loses_and_doubles_nothing_answered(tmp_p
         client.close()
 
     # none twice: every text in the store is unique (an add answered or not is stored at most once)
-    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as store:
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, slm=False) as store:
         texts = []
         for ns in ("w0", "w1"):
             hits = store.search(vecs[0], k=len(store), namespace=ns, mode="flat")

@@ -26,7 +26,7 @@ def _data(result):
 
 def test_mcp_tools_over_stdio_stay_in_their_namespace(tmp_path):
     path = tmp_path / "store"
-    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as store:
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, slm=False) as store:
         other_ids = store.add_many(["other tenant secret"] * 3, embeddings=topic_vectors(3, 1, seed=5)[0],
                                    namespaces="other")
     params = StdioServerParameters(command=sys.executable, cwd=str(ROOT), env=child_env(),
@@ -56,7 +56,7 @@ def test_mcp_tools_over_stdio_stay_in_their_namespace(tmp_path):
             return added
 
     added = anyio.run(session)
-    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as store:
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, slm=False) as store:
         assert [m.text for m in store.get_many(other_ids)] == ["other tenant secret"] * 3
         assert store.get(added[0]).namespace == "agent"
         with pytest.raises(KeyError):

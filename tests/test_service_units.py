@@ -241,7 +241,7 @@ def test_service_store_reorganises_in_its_worker(tmp_path, llm):
         return sum(t.name == "clag-fast-organizer" for t in threading.enumerate())
 
     before = organizers()
-    svc = StoreService(ServeConfig(store=tmp_path / "s", embedder=False, dim=8, llm=llm))
+    svc = StoreService(ServeConfig(store=tmp_path / "s", embedder=False, dim=8, slm=llm))
     store = svc.open()
     try:
         assert organizers() == before + 1

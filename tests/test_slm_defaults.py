@@ -111,7 +111,7 @@ def test_background_is_the_default():
 
 def test_add_returns_before_the_slm_answers_and_flush_applies_its_decisions(tmp_path, fake_server, gate):  # noqa: F811
     vecs, top = topic_vectors(160, 3, seed=2, spread=0.6)  # several clusters per topic: ambiguous routes
-    with MemoryStore.open(tmp_path / "s", config=config(), embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=config(), embedder=False, slm=fake_server.url) as s:
         # The cold start goes to the worker; it labels its young clusters by vectors and leaves
         # their SLM labels to a later pass or flush().
         s.add_many(texts_for(top[:60]), embeddings=vecs[:60])
@@ -146,7 +146,7 @@ def test_add_returns_before_the_slm_answers_and_flush_applies_its_decisions(tmp_
 
 def test_adds_while_the_worker_is_busy_queue_one_job_of_each_kind(tmp_path, fake_server, gate):  # noqa: F811
     vecs, top = topic_vectors(160, 3, seed=2, spread=0.6)
-    with MemoryStore.open(tmp_path / "s", config=config(), embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=config(), embedder=False, slm=fake_server.url) as s:
         s.add_many(texts_for(top[:60]), embeddings=vecs[:60])
         wait_for_clusters(s)
         for i in range(60, 160):
@@ -167,10 +167,10 @@ def test_a_reopened_store_routes_ambiguous_adds_through_the_slm(tmp_path, fake_s
     fake_server.behaviour = answer
     vecs, top = topic_vectors(160, 3, seed=2, spread=0.6)
     path = tmp_path / "s"
-    with MemoryStore.open(path, config=config(), embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=config(), embedder=False, slm=False) as s:
         s.add_many(texts_for(top[:60]), embeddings=vecs[:60])
         assert s.clusters()
-    with MemoryStore.open(path, config=config(), embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(path, config=config(), embedder=False, slm=fake_server.url) as s:
         for i in range(60, 160):
             s.add(f"late memory {i}", embedding=vecs[i])
         s.flush()
@@ -182,7 +182,7 @@ def test_a_reopened_store_routes_ambiguous_adds_through_the_slm(tmp_path, fake_s
 def test_close_waits_for_queued_slm_work(tmp_path, fake_server, gate):  # noqa: F811
     vecs, top = topic_vectors(80, 3, seed=3, spread=0.6)
     path = tmp_path / "s"
-    s = MemoryStore.open(path, config=config(), embedder=False, llm=fake_server.url)
+    s = MemoryStore.open(path, config=config(), embedder=False, slm=fake_server.url)
     s.add_many(texts_for(top), embeddings=vecs)
     closer = threading.Thread(target=s.close)
     closer.start()
@@ -195,7 +195,7 @@ def test_close_waits_for_queued_slm_work(tmp_path, fake_server, gate):  # noqa: 
     closer.join(HOLD_S * 2)
     assert not closer.is_alive()
     assert gate.answers > 0
-    with MemoryStore.open(path, config=config(), embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=config(), embedder=False, slm=False) as s:
         assert slm_profiled(s) > 0, "close() applied and saved the SLM's profiles"
 
 
@@ -203,7 +203,7 @@ def test_organize_defers_profiles_past_its_budget_to_the_worker(tmp_path, fake_s
     vecs, top = topic_vectors(120, 4, seed=4, spread=0.6)
     cfg = StoreConfig(min_memories_to_cluster=1000, organize_every=0,  # no cold start on add
                       slm=SLMConfig(profile_min_size=2, profile_budget_s=0))
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=fake_server.url) as s:
         s.add_many(texts_for(top), embeddings=vecs)
         report = s.organize()
         assert report["clusters"] > 0
@@ -285,7 +285,7 @@ def test_a_queued_route_whose_candidate_cluster_is_gone_still_routes(tmp_path, f
     queued and the time the SLM is asked: the route goes on among the clusters still there."""
     vecs, top = topic_vectors(80, 3, seed=3, spread=0.6)
     with MemoryStore.open(tmp_path / "s", config=config(background=False), embedder=False,
-                          llm=fake_server.url) as s:
+                          slm=fake_server.url) as s:
         s.add_many(texts_for(top), embeddings=vecs)
         ids = [c.id for c in s.clusters()]
         assert len(ids) >= 2

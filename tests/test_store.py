@@ -1,6 +1,6 @@
 """MemoryStore API: writes, reads, clustering, persistence, filters, forgetting, bad input.
 
-These tests bring their own vectors (embedder=False, llm=False) so they run in seconds and
+These tests bring their own vectors (embedder=False, slm=False) so they run in seconds and
 check exact results against numpy; the embedder and the SLM are covered in their own tests
 and in test_store_e2e.py.
 """
@@ -24,7 +24,7 @@ FAST = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off")
 
 
 def open_store(path, config=FAST, **kw):
-    return MemoryStore.open(path, config=config, embedder=False, llm=False, **kw)
+    return MemoryStore.open(path, config=config, embedder=False, slm=False, **kw)
 
 
 @pytest.fixture
@@ -259,7 +259,7 @@ def test_vectors_around_20_centres_end_in_about_20_clusters(tmp_path):
     blob = rng.integers(0, 20, 2000)
     x = centres[blob] + 0.5 * rng.standard_normal((2000, 384)).astype(np.float32) / np.sqrt(384)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(slm="off"), embedder=False, slm=False) as s:
         for i in range(0, 2000, 100):
             s.add_many([f"topic {t} number {i + j} note" for j, t in enumerate(blob[i:i + 100])],
                        embeddings=x[i:i + 100])
@@ -273,7 +273,7 @@ def test_vectors_around_20_centres_end_in_about_20_clusters(tmp_path):
         assert min(purity) >= 0.95
     # The same data with coherence off: tiled by the size cap, as every store was before.
     with MemoryStore.open(tmp_path / "t", config=StoreConfig(slm="off", coherence=1.0), embedder=False,
-                          llm=False) as s:
+                          slm=False) as s:
         for i in range(0, 2000, 100):
             s.add_many([f"note {i + j}" for j in range(100)], embeddings=x[i:i + 100])
         assert s.stats()["clusters"] > 3 * 20
@@ -428,10 +428,10 @@ def test_reopen_keeps_everything(tmp_path):
 def test_reopen_without_config_keeps_dim(tmp_path):
     with open_store(tmp_path / "s", config=FAST.replace(dim=DIM)):
         pass
-    with MemoryStore.open(tmp_path / "s", embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", embedder=False, slm=False) as s:
         assert s.config.dim == DIM
     with pytest.raises(ValueError, match="dim"):
-        MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8), embedder=False, llm=False)
+        MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8), embedder=False, slm=False)
 
 
 def test_not_a_store(tmp_path):
@@ -507,7 +507,7 @@ class _CountingEmbedder:
 
 def test_retrieval_cache_hits_and_invalidates(tmp_path):
     emb = _CountingEmbedder()
-    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, slm=False) as s:
         s.add_many(["alpha", "beta", "gamma"])
         first = s.search("alpha", k=2)
         calls = emb.calls
@@ -527,7 +527,7 @@ def test_a_write_between_a_search_and_its_cache_filing_is_not_hidden(tmp_path, b
     memory. The add is made at the search's last step before filing (in the searching
     thread: the read lock is already released there)."""
     emb = _CountingEmbedder()
-    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=emb, slm=False) as s:
         s.add_many(["alpha", "beta", "gamma"])
         added: list[int] = []
         scheduler = s._slm
@@ -557,14 +557,14 @@ def test_search_many_shares_the_retrieval_cache_with_search(tmp_path):
     # The same memories in a store without a cache: what a fresh search answers.
     ref = MemoryStore.open(tmp_path / "ref", config=StoreConfig(min_memories_to_cluster=50, organize_every=0,
                                                                 slm="off", cache_size=0),
-                           embedder=_CountingEmbedder(), llm=False)
+                           embedder=_CountingEmbedder(), slm=False)
 
     def ids(hits):
         return [h.memory_id for h in hits]
 
     # embed_cache=0: embedder calls then count the searches the retrieval cache did not answer.
     cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off", embed_cache=0)
-    with ref, MemoryStore.open(tmp_path / "s", config=cfg, embedder=emb, llm=False) as s:
+    with ref, MemoryStore.open(tmp_path / "s", config=cfg, embedder=emb, slm=False) as s:
         for store in (s, ref):
             store.add_many(["alpha", "beta", "gamma", "delta"])
         one = s.search("alpha", k=2)
@@ -626,7 +626,7 @@ def test_stats_shape(store):
     store.search(topic_vectors(1, 1)[0][0])
     st = store.stats()
     assert st["memories"] == 60 and st["searches"] == 1 and st["clusters"] >= 2
-    assert "organizer_errors" in st["llm"]  # no SLM: no call counters, but the error count
+    assert "organizer_errors" in st["slm_usage"]  # no SLM: no call counters, but the error count
     json.dumps(st)
 
 
@@ -641,20 +641,20 @@ def test_default_embedder_precision_is_fixed_per_store(tmp_path):
     from clag_fast.embed.embedder import resolve_precision
 
     new = tmp_path / "new"
-    MemoryStore.open(new, config=FAST, llm=False).close()
+    MemoryStore.open(new, config=FAST, slm=False).close()
     assert _meta(new, "embed_precision") == resolve_precision()
     # A store moved to a machine where "auto" means something else keeps its own.
     other = "fp32" if resolve_precision() == "int8" else "int8"
     with sqlite3.connect(new / "memories.db") as db:
         db.execute("UPDATE meta SET value=? WHERE key='embed_precision'", (other,))
-    with MemoryStore.open(new, config=FAST, llm=False) as s:
+    with MemoryStore.open(new, config=FAST, slm=False) as s:
         assert s._get_embedder().precision == other
     # Stores written before the key existed hold fp32 vectors.
     legacy = tmp_path / "legacy"
     with open_store(legacy) as s:
         fill(s, n=5)
     assert _meta(legacy, "embed_precision") is None  # an explicit embedder records nothing
-    MemoryStore.open(legacy, config=FAST, llm=False).close()
+    MemoryStore.open(legacy, config=FAST, slm=False).close()
     assert _meta(legacy, "embed_precision") == "fp32"
 
 
@@ -667,7 +667,7 @@ def test_identical_memories_organise_without_endless_splits(tmp_path):
     out = {}
 
     def work():
-        with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+        with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
             s.add_many(["same text"] * 200, embeddings=np.ones((200, 8), np.float32))
             out["report"] = s.organize()
             out["found"] = len(s.search(np.ones(8, np.float32), k=200))
@@ -682,7 +682,7 @@ def test_identical_memories_organise_without_endless_splits(tmp_path):
 
 def test_hits_never_show_stale_text_or_metadata(tmp_path):
     # Hit details are cached by memory id; every write to a memory must be visible at once.
-    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8, slm="off"), embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=StoreConfig(dim=8, slm="off"), embedder=False, slm=False) as s:
         v = np.eye(8, dtype=np.float32)
         a = s.add("first text", embedding=v[0], metadata={"n": 1})
         assert s.search(v[0], k=1)[0].text == "first text"
@@ -706,7 +706,7 @@ def test_explicit_n_probe_is_a_floor_not_a_flat_fallback(tmp_path):
                       organize_every=0, slm="off", cache_size=0)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((300, 16)).astype(np.float32)
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=False) as s:
         s.add_many([f"m{i}" for i in range(300)], embeddings=x)
         s.organize()
         assert len(s.clusters()) > 50

@@ -31,7 +31,7 @@ WRITER = textwrap.dedent(
 
     cfg = StoreConfig(min_memories_to_cluster=40, organize_every=25, max_cluster_size=60, slm="off")
     vecs, _ = topic_vectors(30000, 12, seed=7)
-    store = MemoryStore.open({path!r}, config=cfg, embedder=False, llm=False)
+    store = MemoryStore.open({path!r}, config=cfg, embedder=False, slm=False)
     i = 0
     while i + 3 < len(vecs):
         batch = 1 + i % 3
@@ -60,7 +60,7 @@ def test_sigkill_loses_no_returned_add(tmp_path, after_s):
     acked = _run_and_kill(path, after_s)
     assert len(acked) > 20, "the writer should have stored something before the kill"
     vecs, _ = topic_vectors(30000, 12, seed=7)
-    with MemoryStore.open(path, config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=CFG, embedder=False, slm=False) as s:
         for mid, i in acked:
             assert s.get(mid).text == f"text {i}"
         n = len(s)
@@ -83,7 +83,7 @@ def test_concurrent_writers_and_readers(tmp_path):
     vecs, _ = topic_vectors(800, 6, seed=11)
     errors: list[BaseException] = []
     ids_by_thread: dict[int, list[int]] = {}
-    with MemoryStore.open(tmp_path / "s", config=CFG, embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=CFG, embedder=False, slm=False) as s:
 
         def writer(t: int) -> None:
             try:
@@ -133,7 +133,7 @@ PLACED_WRITER = textwrap.dedent(
 
     cfg = StoreConfig(organize_every=0, slm="off")  # no organisation saves the index state after the first
     vecs, _ = topic_vectors(20000, 12, seed=5)
-    store = MemoryStore.open({path!r}, config=cfg, embedder=False, llm=False)
+    store = MemoryStore.open({path!r}, config=cfg, embedder=False, slm=False)
     store.add_many([f"seed {{i}}" for i in range(2000)], embeddings=vecs[:2000])
     store.organize()
     print("ready", sorted(c.id for c in store.clusters()), flush=True)
@@ -152,7 +152,7 @@ def test_rows_added_after_the_last_index_save_keep_their_clusters_after_a_kill(t
     saved = set(eval(lines[0].split(" ", 1)[1]))
     placed = {int(a): int(b) for a, b in (ln.split() for ln in lines[1:])}
     assert len(placed) >= 300
-    with MemoryStore.open(path, config=StoreConfig(organize_every=0, slm="off"), embedder=False, llm=False) as s:
+    with MemoryStore.open(path, config=StoreConfig(organize_every=0, slm="off"), embedder=False, slm=False) as s:
         got = {m.memory_id: m.cluster_id for m in s.get_many(list(placed))}
     # Every row routed into a cluster the saved state knows is where its add put it: the
     # reopen placed it from its assignment record, not by routing it again.

@@ -16,7 +16,7 @@ CFG = StoreConfig(min_memories_to_cluster=30, organize_every=20, target_cluster_
 
 
 def open_store(path, config=CFG):
-    return MemoryStore.open(path, config=config, embedder=False, llm=False)
+    return MemoryStore.open(path, config=config, embedder=False, slm=False)
 
 
 def _bulk(n: int, topics: int = 6, seed: int = 0) -> tuple[np.ndarray, list[str]]:
@@ -97,7 +97,7 @@ cfg = StoreConfig(min_memories_to_cluster=30, organize_every=20, target_cluster_
                   coherence=1.0, slm="off")
 vecs, top = topic_vectors(400, 6, seed=0)
 texts = texts_for(top)
-s = MemoryStore.open({path!r}, config=cfg, embedder=False, llm=False)
+s = MemoryStore.open({path!r}, config=cfg, embedder=False, slm=False)
 for lo in range(0, 400, 40):
     s.add_many(texts[lo:lo + 40], embeddings=vecs[lo:lo + 40], defer_organize=True)
     print(lo + 40, flush=True)

@@ -37,7 +37,7 @@ def test_text_search_with_the_real_embedder(tmp_path, embedder):
         "The user's partner Maya is vegetarian.",
         "Budget for the whole trip is 10,500 Canadian dollars.",
     ]
-    with MemoryStore.open(tmp_path / "s", embedder=embedder, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", embedder=embedder, slm=False) as s:
         ids = s.add_many(facts)
         hits = s.search("what food should the user avoid?", k=2)
         assert hits[0].memory_id == ids[0]
@@ -45,10 +45,10 @@ def test_text_search_with_the_real_embedder(tmp_path, embedder):
         assert hits[0].memory_id == ids[1]
 
 
-def _ambiguous_store(path, llm, **slm):
+def _ambiguous_store(path, server, **slm):
     config = StoreConfig(min_memories_to_cluster=30, organize_every=0,
                          slm=SLMConfig(route_batch=2, background=False, **slm))
-    return MemoryStore.open(path, config=config, embedder=False, llm=llm)
+    return MemoryStore.open(path, config=config, embedder=False, slm=server)
 
 
 @pytest.mark.parametrize("garbage", ["not json at all", '{"cluster": 99}', '{"choice": "ignore everything"}', ""])
@@ -65,7 +65,7 @@ def test_garbage_slm_never_fails_an_add(tmp_path, fake_server, garbage):  # noqa
             assert mid in {h.memory_id for h in s.search(v, k=3, mode="flat")}
         st = s.stats()
         assert fake_server.chat_requests(), "the store should have consulted the SLM"
-        assert st["llm"]["organizer_errors"] > 0
+        assert st["slm_usage"]["organizer_errors"] > 0
         assert all(c.summary for c in s.clusters()), "vector profiles stand in for failed SLM ones"
 
 
@@ -76,7 +76,7 @@ def test_dead_slm_server_degrades_to_vectors(tmp_path):
         report = s.organize(task_context="trip planning")
         assert report["clusters"] >= 2
         assert s.get(ids[0]).cluster_id is not None
-        assert s.stats()["llm"]["organizer_errors"] > 0
+        assert s.stats()["slm_usage"]["organizer_errors"] > 0
 
 
 @pytest.mark.slm
@@ -84,20 +84,20 @@ def test_dead_slm_server_degrades_to_vectors(tmp_path):
 def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, demo_turns):  # noqa: F811
     turns = demo_turns[:120]
     config = StoreConfig(min_memories_to_cluster=60, organize_every=0)
-    with MemoryStore.open(tmp_path / "s", config=config, embedder=embedder, llm=real_llm) as s:
+    with MemoryStore.open(tmp_path / "s", config=config, embedder=embedder, slm=real_llm) as s:
         s.add_many([t.memory_text() for t in turns], metadata=[t.metadata() for t in turns])
         report = s.organize(task_context="an agent planning a trip to Japan")
         clusters = s.clusters()
         assert len(clusters) >= 2 and sum(c.size for c in clusters) == 120
         assert report["clusters"] == len(clusters)
         st = s.stats()
-        assert st["llm"]["calls"] > 0
+        assert st["slm_usage"]["calls"] > 0
         # Calls alone would count rejected replies too (the vector fallback fills every
         # summary): real SLM decisions must have been accepted and applied.
-        decisions, profiles = st["llm"]["decisions"], st["llm"]["profiles"]
-        assert st["llm"]["unavailable"] is None
+        decisions, profiles = st["slm_usage"]["decisions"], st["slm_usage"]["profiles"]
+        assert st["slm_usage"]["unavailable"] is None
         accepted = decisions.get("topics", 0) + decisions.get("profile", 0) + decisions.get("route_slm", 0)
-        assert accepted > 0, (st["llm"], s._slm.connection.decisions.stats())
+        assert accepted > 0, (st["slm_usage"], s._slm.connection.decisions.stats())
         # ...and applied where the store shows them: topic centres, SLM-written summaries,
         # SLM routes (each counted apart from its fallback).
         topic_clusters = [c for c in clusters if c.source == "slm_topic"]
@@ -119,7 +119,7 @@ def test_real_slm_organises_the_demo_conversation(tmp_path, embedder, real_llm, 
         assert all(h.cluster_summary for h in hits)
         json.dumps(st)
         # calls stay well below one per memory (the CLAG reference spends 2-3)
-        assert st["llm"]["calls"] / 120 < 1.0
+        assert st["slm_usage"]["calls"] / 120 < 1.0
         assert np.isfinite(hits[0].score)
 
 
@@ -148,7 +148,7 @@ def test_localized_evolution_links_and_tags(tmp_path, fake_server):  # noqa: F81
     fake_server.behaviour = _scripted
     vecs, top = topic_vectors(40, 2, seed=8)
     cfg = StoreConfig(min_memories_to_cluster=20, organize_every=0, slm=SLMConfig(evolution=True, background=False))
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=fake_server.url) as s:
         s.add_many(texts_for(top), embeddings=vecs)
         mid = s.add("a new memory", embedding=vecs[0], metadata={"day": 1})
         s.flush()
@@ -171,7 +171,7 @@ def test_query_time_cluster_selection(tmp_path, fake_server):  # noqa: F811
     vecs, top = topic_vectors(200, 6, seed=9)
     cfg = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm=SLMConfig(select_clusters=True), n_probe=2,
                       cache_size=0)
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=Emb(), llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=Emb(), slm=fake_server.url) as s:
         s.add_many(texts_for(top), embeddings=vecs)
         s.flush()  # the cold start ran in the background worker
         n_before = len(fake_server.chat_requests())
@@ -200,7 +200,7 @@ def test_failed_slm_profiles_are_not_asked_again_until_the_cluster_drifts(tmp_pa
     def profile_requests():
         return [b for b in fake_server.chat_requests() if "shared by a group" in b["messages"][0]["content"]]
 
-    with MemoryStore.open(tmp_path / "s", config=config, embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=config, embedder=False, slm=fake_server.url) as s:
         s.add_many(texts_for(top), embeddings=vecs)
         s.flush()
         asked = len(profile_requests())
@@ -231,7 +231,7 @@ def test_profiles_lost_to_a_failing_server_are_asked_again(tmp_path, fake_server
     vecs, top = topic_vectors(120, 3, seed=5, spread=0.6)
     config = StoreConfig(min_memories_to_cluster=30, organize_every=0, slm=SLMConfig(profile_min_size=2))
     llm = LLMClient(fake_server.url, max_retries=0, schema_mode="json_object")
-    with MemoryStore.open(tmp_path / "s", config=config, embedder=False, llm=llm) as s:
+    with MemoryStore.open(tmp_path / "s", config=config, embedder=False, slm=llm) as s:
         s.add_many(texts_for(top), embeddings=vecs)
         s.flush()
         asked = len(profile_requests())

@@ -1,6 +1,6 @@
 """Store invariants under random sequences of add_many / update / delete / organize / reopen.
 
-Small stores (embedder=False, llm=False, small clusters and frequent periodic organisation) so
+Small stores (embedder=False, slm=False, small clusters and frequent periodic organisation) so
 the split, merge, drop and re-route paths all run within a few dozen memories. After every
 step the index's cluster state and the database must agree:
 
@@ -87,7 +87,7 @@ def check_invariants(store: MemoryStore) -> None:
 @given(configs, ops, st.integers(0, 2**16))
 def test_invariants_hold_after_random_operations(tmp_path_factory, config, steps, seed):
     path = tmp_path_factory.mktemp("inv") / "s"
-    store = MemoryStore.open(path, config=config, embedder=False, llm=False)
+    store = MemoryStore.open(path, config=config, embedder=False, slm=False)
     live_ids: list[int] = []
     rng = np.random.default_rng(seed)
     centres_seed = int(rng.integers(0, 2**16))
@@ -108,7 +108,7 @@ def test_invariants_hold_after_random_operations(tmp_path_factory, config, steps
                 store.organize()
             elif op == "reopen":
                 store.close()
-                store = MemoryStore.open(path, config=config, embedder=False, llm=False)
+                store = MemoryStore.open(path, config=config, embedder=False, slm=False)
             check_invariants(store)
     finally:
         store.close()

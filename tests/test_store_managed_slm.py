@@ -1,4 +1,4 @@
-"""The default ``MemoryStore.open(path)``: ``SLMConfig.mode="auto"`` and no ``llm=`` start a
+"""The default ``MemoryStore.open(path)``: ``SLMConfig.mode="auto"`` and no ``slm=`` start a
 managed SmolLM2 server on first need. When that server cannot start, the store organises by
 vectors and says so once: one WARNING log line and ``stats()``."""
 
@@ -28,15 +28,15 @@ def _port_open(port: int) -> bool:
 def test_default_open_starts_and_stops_its_managed_server(tmp_path):
     require_slm()
     vecs, top = topic_vectors(80, 3, seed=1)
-    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=False)  # llm=None: managed
+    s = MemoryStore.open(tmp_path / "s", config=CFG, embedder=False)  # slm=None: managed
     try:
         assert s.stats()["slm"].startswith("not started yet"), "the server starts on first need, not at open"
         s.add_many(texts_for(top), embeddings=vecs)  # the cold start needs the SLM
         s.flush()
         st = s.stats()
         assert st["slm"].startswith("managed SmolLM2"), st["slm"]
-        assert st["llm"]["unavailable"] is None
-        assert st["llm"]["calls"] > 0 and st["llm"]["prompt_tokens"] > 0
+        assert st["slm_usage"]["unavailable"] is None
+        assert st["slm_usage"]["calls"] > 0 and st["slm_usage"]["prompt_tokens"] > 0
         port = int(st["slm"].rsplit(":", 1)[1])
         assert _port_open(port)
         assert s.clusters() and all(c.summary for c in s.clusters())
@@ -59,9 +59,9 @@ def test_a_managed_server_that_cannot_start_is_reported_once(tmp_path, monkeypat
         s.add_many(texts_for(top[60:], 60), embeddings=vecs[60:])  # periodic organisations
         s.flush()
         st = s.stats()
-        assert st["llm"]["unavailable"] is not None and "vector-only" in st["llm"]["unavailable"]
-        assert st["slm"] == st["llm"]["unavailable"]
-        assert st["llm"].get("calls", 0) == 0
+        assert st["slm_usage"]["unavailable"] is not None and "vector-only" in st["slm_usage"]["unavailable"]
+        assert st["slm"] == st["slm_usage"]["unavailable"]
+        assert st["slm_usage"].get("calls", 0) == 0
         assert st["organizations"] >= 2 and len(s.clusters()) >= 2, "vector organisation goes on"
         assert all(c.summary for c in s.clusters())
         assert s.search(vecs[0], k=1)[0].memory_id == ids[0]

@@ -31,7 +31,7 @@ N = memory_store.OVERLAP_ROWS + 500  # large enough to take the helper thread
 
 def _open(path):
     return MemoryStore.open(path, config=StoreConfig(dim=DIM, min_memories_to_cluster=50),
-                            embedder=False, llm=False)
+                            embedder=False, slm=False)
 
 
 def _batch(n, start, seed):

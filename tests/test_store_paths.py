@@ -28,7 +28,7 @@ FAST = StoreConfig(min_memories_to_cluster=50, organize_every=0, slm="off")
 
 
 def open_store(path, config=FAST, **kw):
-    return MemoryStore.open(path, config=config, embedder=False, llm=False, **kw)
+    return MemoryStore.open(path, config=config, embedder=False, slm=False, **kw)
 
 
 def fill(store, n=120, topics=6, seed=0, spread=0.35):
@@ -127,7 +127,7 @@ def test_refused_updates_leave_the_store_untouched(tmp_path):
 
 # -- search edge inputs ---------------------------------------------------------------------
 def test_search_edge_inputs_are_refused_and_change_nothing(tmp_path):
-    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=_HashEmbedder(), llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", config=FAST, embedder=_HashEmbedder(), slm=False) as s:
         fill(s, 60)
         before, searches = store_state(s), s.stats()["searches"]
         q = np.ones(DIM, np.float32)
@@ -347,7 +347,7 @@ def test_background_and_inline_slm_work_apply_the_same_decisions(tmp_path, fake_
     cfg = StoreConfig(min_memories_to_cluster=40, organize_every=0,
                       slm=SLMConfig(background=background, profile_min_size=2))
     vecs, top = topic_vectors(120, 3, seed=5, spread=0.3)
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=fake_server.url) as s:
         workers = [t for t in threading.enumerate() if t.name == "clag-fast-organizer"]
         assert bool(workers) == background
         s.add_many(texts_for(top), embeddings=vecs)
@@ -356,8 +356,8 @@ def test_background_and_inline_slm_work_apply_the_same_decisions(tmp_path, fake_
         assert st["slm_pending"] == {"routes": 0, "jobs": 0}
         clusters = s.clusters()
         assert clusters and all(c.summary.startswith("memory · ") for c in clusters if c.size >= 2)
-        assert st["llm"]["profiles"]["slm"] == st["llm"]["decisions"]["profile"] >= 1
-        assert st["llm"]["unavailable"] is None
+        assert st["slm_usage"]["profiles"]["slm"] == st["slm_usage"]["decisions"]["profile"] >= 1
+        assert st["slm_usage"]["unavailable"] is None
         assert sum(c.size for c in clusters) >= 120
     assert not [t for t in threading.enumerate() if t.name == "clag-fast-organizer" and t.is_alive()]
 
@@ -481,8 +481,8 @@ def test_deleted_memories_leave_the_lexical_statistics(tmp_path):
         return {h.text: round(h.score, 5) for h in store.search(word, k=5, mode="flat", lexical_weight=1.0)
                 if word in h.text}
 
-    with MemoryStore.open(tmp_path / "a", config=cfg, embedder=HashingEmbedder(), llm=False) as a, \
-            MemoryStore.open(tmp_path / "b", config=cfg, embedder=HashingEmbedder(), llm=False) as b:
+    with MemoryStore.open(tmp_path / "a", config=cfg, embedder=HashingEmbedder(), slm=False) as a, \
+            MemoryStore.open(tmp_path / "b", config=cfg, embedder=HashingEmbedder(), slm=False) as b:
         ids = a.add_many(common[:10] + [doomed] + common[10:])
         b.add_many(common)
         before = lexical_scores(a, "quokka")

@@ -23,7 +23,7 @@ CFG = StoreConfig(slm="off")
 
 
 def open_store(path, **kw):
-    return MemoryStore.open(path, config=CFG, embedder=False, llm=False, **kw)
+    return MemoryStore.open(path, config=CFG, embedder=False, slm=False, **kw)
 
 
 def filled(path, n=400, namespaces=("u1", "u2")):

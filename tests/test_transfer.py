@@ -28,7 +28,7 @@ CFG = StoreConfig(slm="off")
 def open_store(path, **kw):
     kw.setdefault("config", CFG)
     kw.setdefault("embedder", False)
-    return MemoryStore.open(path, llm=False, **kw)
+    return MemoryStore.open(path, slm=False, **kw)
 
 
 def build(path, n=600, seed=0, dim=384):
@@ -234,7 +234,7 @@ KILLED_IMPORT = """
 import sys
 sys.path[:0] = {paths!r}
 from clag_fast import MemoryStore, StoreConfig
-with MemoryStore.open({store!r}, config=StoreConfig(slm="off"), embedder=False, llm=False) as s:
+with MemoryStore.open({store!r}, config=StoreConfig(slm="off"), embedder=False, slm=False) as s:
     s.import_({source!r}, batch_size=500, progress=lambda done, total: print(done, flush=True))
 """
 
@@ -277,7 +277,7 @@ def test_a_new_store_takes_the_exports_width_and_a_fixed_one_refuses_another(tmp
     with open_store(tmp_path / "wide") as s:
         s.add_many([f"w{i}" for i in range(40)], embeddings=v)
         s.export(tmp_path / "wide.jsonl")
-    with MemoryStore.open(tmp_path / "new", llm=False) as s:  # default embedder, nothing added yet
+    with MemoryStore.open(tmp_path / "new", slm=False) as s:  # default embedder, nothing added yet
         s.import_(tmp_path / "wide.jsonl")
         assert s.config.dim == 1536 and len(s) == 40
     with open_store(tmp_path / "narrow", config=CFG.replace(dim=384)) as s:
@@ -288,7 +288,7 @@ def test_a_new_store_takes_the_exports_width_and_a_fixed_one_refuses_another(tmp
 
 def test_records_without_vectors_are_embedded_or_refused(tmp_path):
     records = [{"text": "green tea in the morning", "key": "tea"}, {"text": "a walk at noon", "key": "walk"}]
-    with MemoryStore.open(tmp_path / "e", embedder=HashingEmbedder(64), config=CFG, llm=False) as s:
+    with MemoryStore.open(tmp_path / "e", embedder=HashingEmbedder(64), config=CFG, slm=False) as s:
         assert s.import_(records)["imported"] == 2
         assert s.search("green tea", k=1)[0].key == "tea"
     with open_store(tmp_path / "f") as s:
@@ -383,13 +383,13 @@ def test_mem0_dump_reads_back_through_the_mem0_interface(tmp_path):
     from clag_fast.compat.mem0 import Memory as Mem0
 
     emb = HashingEmbedder(64)
-    with MemoryStore.open(tmp_path / "src", embedder=emb, config=CFG, llm=False) as src_store:
+    with MemoryStore.open(tmp_path / "src", embedder=emb, config=CFG, slm=False) as src_store:
         src = Mem0(store=src_store, embedder=emb)
         src.add("I am vegetarian", user_id="alice", infer=False)
         src.add("Likes hiking in the Alps", user_id="alice", agent_id="planner", infer=False)
         dump = src.get_all(user_id="alice")
     (tmp_path / "mem0.json").write_text(json.dumps(dump), encoding="utf-8")
-    with MemoryStore.open(tmp_path / "dst", embedder=emb, config=CFG, llm=False) as dst_store:
+    with MemoryStore.open(tmp_path / "dst", embedder=emb, config=CFG, slm=False) as dst_store:
         assert dst_store.import_(transfer.from_mem0(tmp_path / "mem0.json"))["imported"] == 2
         back = Mem0(store=dst_store, embedder=emb).get_all(user_id="alice")
         strip = lambda d: sorted(({k: v for k, v in m.items()} for m in d["results"]), key=lambda m: m["id"])  # noqa: E731
@@ -399,7 +399,7 @@ def test_mem0_dump_reads_back_through_the_mem0_interface(tmp_path):
     r = _cli("import", str(tmp_path / "mem0.json"), "--store", str(tmp_path / "cli"), "--from", "mem0")
     assert r.returncode == 0, r.stderr
     assert "imported 2" in r.stdout
-    with MemoryStore.open(tmp_path / "cli", config=CFG, llm=False) as s:
+    with MemoryStore.open(tmp_path / "cli", config=CFG, slm=False) as s:
         assert s.config.dim == 384 and s.search("vegetarian", k=1, namespace="mem0")[0].text == "I am vegetarian"
 
 
@@ -412,7 +412,7 @@ def test_langgraph_in_memory_store(tmp_path):
         lg.put(("users", f"u{i % 3}"), f"item{i}", {"text": f"the user said {i}", "n": i})
     lg.put(("misc",), "raw", {"no_text_field": True})
     emb = HashingEmbedder(64)
-    with MemoryStore.open(tmp_path / "s", embedder=emb, config=CFG, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", embedder=emb, config=CFG, slm=False) as s:
         got = s.import_(transfer.from_langgraph(lg, page=7))
         assert got["imported"] == 31
         m = s.get(key="item4", namespace="users.u1")
@@ -537,18 +537,18 @@ def test_conversations_travel_with_their_memories(tmp_path, fmt):
     again; into a store that gives new ids, an update's older id is left out."""
     rng = np.random.default_rng(4)
     vecs = rng.standard_normal((6, 2)).astype(np.float32)
-    with MemoryStore.open(tmp_path / "a", config=StoreConfig(dim=2), embedder=False, llm=False) as a:
+    with MemoryStore.open(tmp_path / "a", config=StoreConfig(dim=2), embedder=False, slm=False) as a:
         ids = a.add_many([f"turn {i}" for i in range(5)], embeddings=vecs[:5], thread="trip",
                          turns=[5, 1, 2, 3, 4], speakers=["Ann", "Bob", "Ann", "Bob", "Ann"])
         new = a.add("turn 0, changed", embedding=vecs[5], thread="trip", turn=6, supersedes=ids[0])
         a.export(tmp_path / f"a.{fmt}")
         want = [(m.thread, m.turn, m.speaker, m.superseded_by) for m in a.get_many(ids + [new])]
-    with MemoryStore.open(tmp_path / "b", embedder=False, llm=False) as b:
+    with MemoryStore.open(tmp_path / "b", embedder=False, slm=False) as b:
         b.import_(tmp_path / f"a.{fmt}")
         assert [(m.thread, m.turn, m.speaker, m.superseded_by) for m in b.get_many(ids + [new])] == want
         hit = b.search(vecs[2], k=1, context=1)[0]
         assert hit.memory_id == ids[2] and [t.memory_id for t in hit.context] == [ids[1], ids[3]]
-    with MemoryStore.open(tmp_path / "c", config=StoreConfig(dim=2), embedder=False, llm=False) as c:
+    with MemoryStore.open(tmp_path / "c", config=StoreConfig(dim=2), embedder=False, slm=False) as c:
         c.add("already here", embedding=vecs[0])
         c.import_(tmp_path / f"a.{fmt}")
         assert all(m.superseded_by is None for m in c.memories(limit=10).items)

@@ -40,7 +40,7 @@ def _judge(server, verdict):
 def _store(path, server, **slm):
     cfg = StoreConfig(dim=DIM, min_memories_to_cluster=4, target_cluster_size=2, max_cluster_size=8,
                       slm=SLMConfig(updates=True, background=False, profile_min_size=100, **slm))
-    return MemoryStore.open(path, config=cfg, embedder=False, llm=server.url)
+    return MemoryStore.open(path, config=cfg, embedder=False, slm=server.url)
 
 
 def _seed(s):
@@ -73,7 +73,7 @@ def test_a_yes_marks_the_older_memory_superseded(tmp_path, fake_server):
         ids = [h.memory_id for h in hits]
         assert ids.index(new) < ids.index(old)
         assert hits[ids.index(old)].superseded_by == new
-    with MemoryStore.open(tmp_path / "s", embedder=False, llm=False) as s:
+    with MemoryStore.open(tmp_path / "s", embedder=False, slm=False) as s:
         assert s.get(old).superseded_by == new
 
 
@@ -103,7 +103,7 @@ def test_the_judge_is_off_by_default(tmp_path, fake_server):
     _judge(fake_server, {"updates": "yes"})
     cfg = StoreConfig(dim=DIM, min_memories_to_cluster=4, target_cluster_size=2, max_cluster_size=8,
                       slm=SLMConfig(background=False, profile_min_size=100))
-    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, llm=fake_server.url) as s:
+    with MemoryStore.open(tmp_path / "s", config=cfg, embedder=False, slm=fake_server.url) as s:
         old, flight = _seed(s)
         s.add("Moved: the flight to Tokyo now leaves on April 10.", embedding=_vec(4, flight, 0.85))
         s.flush()

@@ -11,6 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from clag_fast._deprecated import renamed_option
+
 #: Hits shown per demo question: what an agent would put in its prompt.
 DEMO_K = 3
 DEMO_CONTEXT = "an agent planning a two-week trip to Japan for a user and their partner"
@@ -35,8 +37,9 @@ def _parser() -> argparse.ArgumentParser:
 
     def store_opts(sp: argparse.ArgumentParser, default: str | None = "clag_store") -> None:
         sp.add_argument("--store", default=default, help=f"store directory (default: {default})")
-        sp.add_argument("--llm", default=None,
-                        help="LLM server base URL; 'managed' (default) starts SmolLM2 when installed; 'off'")
+        sp.add_argument("--slm", default=None,
+                        help="SLM server base URL; 'managed' (default) starts SmolLM2 when installed; 'off'")
+        renamed_option(sp, "--llm", "--slm")
 
     d = sub.add_parser("demo", help="ingest the bundled trip-planning conversation, organise, query")
     d.add_argument("--plot", metavar="FILE.png", default=None,
@@ -157,7 +160,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with resources.as_file(data_path) as p:
         sample = load_dataset(p)[0]
     with _store_dir(args.store) as path:
-        store = _open(path, args.llm, must_exist=False)
+        store = _open(path, args.slm, must_exist=False)
         with store:
             print(f"clag-fast demo: store {path}")
             print(f"SLM: {store.stats()['slm']}")
@@ -204,7 +207,7 @@ class _DemoClock:
         self._slm = self._slm_s()
 
     def _slm_s(self) -> float:
-        return float(self._store.stats().get("llm", {}).get("latency_s", 0.0))
+        return float(self._store.stats().get("slm_usage", {}).get("latency_s", 0.0))
 
     def lap(self) -> tuple[float, float]:
         """(seconds, SLM seconds) since the last lap."""
@@ -239,7 +242,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.ray is not None:
         return _ingest_ray(args)
     texts, kinds, meta = _read_ingest_file(Path(args.file))
-    with _open(Path(args.store), args.llm, must_exist=False) as store:
+    with _open(Path(args.store), args.slm, must_exist=False) as store:
         _add_with_progress(store, texts, kinds, meta, args.namespace)
         print(f"added {len(texts)} memories to {args.store} ({len(store)} in total)")
         if args.organize:
@@ -248,7 +251,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    with _open(Path(args.store), args.llm) as store:
+    with _open(Path(args.store), args.slm) as store:
         hits = store.search(args.query, k=args.k, namespace=args.namespace, mode=args.mode, n_probe=args.n_probe)
         if args.json:
             print(json.dumps([_hit_dict(h) for h in hits], ensure_ascii=False, indent=2))
@@ -300,7 +303,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     path = Path(args.store)
     if not (path / "memories.db").exists():
         raise FileNotFoundError(f"no store at {path}")
-    with MemoryStore.open(path, embedder=False, llm=False) as store, _bar("export") as bar:
+    with MemoryStore.open(path, embedder=False, slm=False) as store, _bar("export") as bar:
         report = store.export(args.out, namespace=args.namespace, cluster=args.cluster, progress=bar)
     print(f"exported {report['memories']} memories and {report['clusters']} clusters to {args.out} "
           f"in {report['seconds']:.1f} s")
@@ -324,7 +327,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     elif args.origin == "langgraph":
         source = transfer.from_langgraph(Path(args.source))
     embedder: Any = False if args.no_embedder else None
-    with MemoryStore.open(Path(args.store), config=StoreConfig(slm="off"), embedder=embedder, llm=False) as store, \
+    with MemoryStore.open(Path(args.store), config=StoreConfig(slm="off"), embedder=embedder, slm=False) as store, \
             _bar("import") as bar:
         report = store.import_(source, namespace=args.namespace, clusters=args.clusters, progress=bar)
         total = len(store)
@@ -341,7 +344,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
     if not (path / "memories.db").exists():
         raise FileNotFoundError(f"no store at {path}")
     # No embedder: nothing here embeds, and embedder=False opens a store made with any.
-    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, llm=False) as store:
+    with MemoryStore.open(path, config=StoreConfig(slm="off"), embedder=False, slm=False) as store:
         if args.action == "show":
             page = store.cluster(args.cluster, namespace=args.namespace, limit=args.limit)
             c = page.info
@@ -385,8 +388,9 @@ class _bar:
 
 
 def _service_store_opts(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--llm", default="off",
+    sp.add_argument("--slm", default="off",
                     help="SLM organiser: 'off' (default: vector-only), 'managed' (SmolLM2 when installed) or a URL")
+    renamed_option(sp, "--llm", "--slm")
     sp.add_argument("--no-embedder", action="store_true",
                     help="bring-your-own-vector store: text adds and text queries are refused")
     sp.add_argument("--dim", type=int, default=None, help="vector width of a new store (default: the embedder's, 384; without one, the first vectors')")
@@ -403,11 +407,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError("--embed-cache is not passed to the Ray shard owners (they keep the default): "
                              "leave it out with --ray")
         run(ServeConfig(store=Path(args.store), host=args.host, port=args.port,
-                        keys=Path(args.keys) if args.keys else None, llm=args.llm, embedder=not args.no_embedder,
+                        keys=Path(args.keys) if args.keys else None, slm=args.slm, embedder=not args.no_embedder,
                         dim=args.dim), address=args.ray, shards=_ray_shards(args), replicas=args.replicas, blocking=True)
         return 0
     serve(ServeConfig(store=Path(args.store), host=args.host, port=args.port,
-                      keys=Path(args.keys) if args.keys else None, llm=args.llm,
+                      keys=Path(args.keys) if args.keys else None, slm=args.slm,
                       embedder=not args.no_embedder, dim=args.dim, fsync=args.fsync,
                       embed_cache=args.embed_cache))
     return 0
@@ -446,23 +450,23 @@ def _ingest_ray(args: argparse.Namespace) -> int:
 def cmd_mcp(args: argparse.Namespace) -> int:
     from clag_fast.server.mcp_tools import run_mcp
 
-    run_mcp(Path(args.store), args.namespace, http=args.http, host=args.host, port=args.port, llm=args.llm,
+    run_mcp(Path(args.store), args.namespace, http=args.http, host=args.host, port=args.port, slm=args.slm,
             embedder=not args.no_embedder, dim=args.dim)
     return 0
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _open(path: Path, llm: str | None, must_exist: bool = True):
+def _open(path: Path, slm: str | None, must_exist: bool = True):
     from clag_fast.config import StoreConfig
     from clag_fast.store import MemoryStore
 
     if must_exist and not (path / "memories.db").exists():
         raise FileNotFoundError(f"no store at {path} (create one with `clag-fast ingest FILE --store {path}`)")
-    if llm in (None, "managed"):
+    if slm in (None, "managed"):
         return MemoryStore.open(path)
-    if llm == "off":
-        return MemoryStore.open(path, llm=False, config=StoreConfig(slm="off"))
-    return MemoryStore.open(path, llm=llm)
+    if slm == "off":
+        return MemoryStore.open(path, slm=False, config=StoreConfig(slm="off"))
+    return MemoryStore.open(path, slm=slm)
 
 
 class _store_dir:
@@ -544,19 +548,19 @@ def _print_clusters(store) -> None:
 
 
 def _print_stats(stats: dict[str, Any]) -> None:
-    llm = stats.get("llm", {})
+    usage = stats.get("slm_usage", {})
     print(f"memories {stats['memories']}, clusters {stats['clusters']} "
           f"(sizes min {stats['cluster_size']['min']}, median {stats['cluster_size']['median']}, max {stats['cluster_size']['max']})")
     print(f"routing: {stats['routing']}")
     n = max(1, stats["memories"])
-    print(f"LLM calls {llm.get('calls', 0)} ({stats['llm_calls_per_memory']:.3f} per memory), "
-          f"prompt tokens {llm.get('prompt_tokens', 0)} ({llm.get('prompt_tokens', 0) / n:.1f} per memory), "
-          f"completion tokens {llm.get('completion_tokens', 0)} ({llm.get('completion_tokens', 0) / n:.1f} per memory), "
-          f"errors {llm.get('errors', 0)}")
-    if llm.get("decisions"):
-        d = llm["decisions"]
+    print(f"SLM calls {usage.get('calls', 0)} ({stats['slm_calls_per_memory']:.3f} per memory), "
+          f"prompt tokens {usage.get('prompt_tokens', 0)} ({usage.get('prompt_tokens', 0) / n:.1f} per memory), "
+          f"completion tokens {usage.get('completion_tokens', 0)} ({usage.get('completion_tokens', 0) / n:.1f} per memory), "
+          f"errors {usage.get('errors', 0)}")
+    if usage.get("decisions"):
+        d = usage["decisions"]
         print(f"SLM work: {d.get('route_slm', 0)} routes, {d.get('topics', 0)} topic proposals, "
-              f"{llm.get('profiles', {}).get('slm', 0)} cluster labels picked in {d.get('profile_calls', 0)} calls")
+              f"{usage.get('profiles', {}).get('slm', 0)} cluster labels picked in {d.get('profile_calls', 0)} calls")
     t = stats["timings_s"]
     print(f"time: embedding {t['embed']:.2f} s, adds {t['add']:.2f} s, organisations {t['organize']:.2f} s, "
           f"searches {t['search']:.3f} s")

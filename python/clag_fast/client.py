@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import httpx
 import numpy as np
 
+from clag_fast._deprecated import STATS_RENAMES, RenamedKeys
 from clag_fast.arguments import batch_namespaces, check_conversation
 from clag_fast.errors import ServiceBusy, ServiceError, ServiceForbidden, ServiceUnauthorized
 from clag_fast.results import ClusterInfo, ClusterPage, Hit, Hits, Memory, MemoryPage, Turn
@@ -361,8 +362,9 @@ class Client(_Requests):
         self._do(_Req("POST", "/v1/flush", parse=lambda d: None))
 
     def stats(self) -> dict[str, Any]:
-        """Counts and timings (only the key's own namespaces for keys that read some)."""
-        return self._do(_Req("GET", "/v1/stats"))
+        """Counts and timings (only the key's own namespaces for keys that read some); the keys
+        of ``MemoryStore.stats()``, whose old ``llm...`` keys read with a DeprecationWarning."""
+        return self._do(_Req("GET", "/v1/stats", parse=_stats))
 
     def health(self) -> dict[str, Any]:
         """/healthz: whether the models are loaded."""
@@ -518,7 +520,7 @@ class AsyncClient(_Requests):
 
     async def stats(self) -> dict[str, Any]:
         """See ``Client.stats``."""
-        return await self._do(_Req("GET", "/v1/stats"))
+        return await self._do(_Req("GET", "/v1/stats", parse=_stats))
 
     async def health(self) -> dict[str, Any]:
         """See ``Client.health``."""
@@ -636,6 +638,10 @@ def _quote(s: str) -> str:
     from urllib.parse import quote
 
     return quote(s, safe="")
+
+
+def _stats(d: dict[str, Any]) -> dict[str, Any]:
+    return RenamedKeys(d, STATS_RENAMES, "Client.stats()")
 
 
 def _hit(h: dict[str, Any]) -> Hit:

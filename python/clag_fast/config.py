@@ -37,7 +37,7 @@ class SLMConfig:
 
     Connection:
       mode: "auto" (managed SmolLM2 llama.cpp server, started on first need, when installed)
-        or "off" (vector-only organisation). ``MemoryStore.open(llm=...)`` overrides it.
+        or "off" (vector-only organisation). ``MemoryStore.open(slm=...)`` overrides it.
       background: SLM work (ambiguous routes, profiles, re-organisation) runs in a worker
         thread, so ``add()`` returns after vector routing; ``flush()``/``close()`` wait for it.
         Off: that work runs inside the ``add()`` that triggers it (seconds with SmolLM2).

@@ -15,8 +15,8 @@ As in A-MEM (Chroma distances) ``score`` is a distance, lower is closer: here
 ``1 - similarity`` of clag_fast's search. ``memories`` is a read-only mapping id -> note.
 
 A-MEM asks its LLM for each note's keywords, context and tags and to evolve neighbours;
-here notes keep the fields they are given, and clag_fast's SLM (``llm=``) organises them
-into clusters instead. With ``llm=False`` organisation is vector-only.
+here notes keep the fields they are given, and clag_fast's SLM (``slm=``) organises them
+into clusters instead. With ``slm=False`` organisation is vector-only.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.config import StoreConfig
 from clag_fast.integrations.storehandle import StoreHandle
 from clag_fast.store import MemoryStore
@@ -74,17 +75,19 @@ class AgenticMemorySystem:
 
     model_name: only "all-MiniLM-L6-v2" (clag_fast's ONNX copy) unless ``embedder`` is given.
     llm_backend / llm_model / api_key: accepted for A-MEM's signature and unused; clag_fast's
-      SLM is chosen with ``llm=`` (False: vector-only organisation).
+      SLM is chosen with ``slm=`` (False: vector-only organisation; ``llm=`` is its
+      deprecated spelling).
     evo_threshold: accepted and unused (clag_fast re-organises on its own triggers).
     store / path / config / embedder / namespace: the ``MemoryStore`` (see ``StoreHandle``; a
       temporary directory without either), an embedder object with ``encode`` (its ``dim``
       attribute or ``config.dim`` gives the width) and the store namespace of the notes.
     """
 
+    @renamed_kwargs(llm="slm")
     def __init__(self, model_name: str = "all-MiniLM-L6-v2", llm_backend: str = "openai",
                  llm_model: str = "gpt-4o-mini", evo_threshold: int = 100, api_key: str | None = None, *,
                  store: MemoryStore | None = None, path: str | Path | None = None,
-                 config: StoreConfig | None = None, embedder: Any = None, llm: Any = False,
+                 config: StoreConfig | None = None, embedder: Any = None, slm: Any = False,
                  namespace: str = "amem") -> None:
         if embedder is None and model_name != "all-MiniLM-L6-v2":
             raise ValueError(f"model_name {model_name!r} is not available: clag_fast ships all-MiniLM-L6-v2; "
@@ -93,7 +96,7 @@ class AgenticMemorySystem:
         self.evo_threshold = evo_threshold
         self.namespace = namespace
         dim = (config.dim if config is not None else None) or getattr(embedder, "dim", None) or 384
-        self._handle = StoreHandle(store, path=path, config=config, encoder=embedder, llm=llm)
+        self._handle = StoreHandle(store, path=path, config=config, encoder=embedder, slm=slm)
         self._store = self._handle.open_now(int(dim))
         self.memories = NoteView(self)
 

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.config import StoreConfig
 from clag_fast.integrations.storehandle import StoreHandle
 from clag_fast.store import MemoryStore
@@ -45,10 +46,10 @@ class Memory:
     ``add(..., infer=True)`` does NOT run mem0's LLM fact extraction and rewriting: each
     message is stored as it is (exact repeats within the same scope are skipped, reported
     with event "NONE") and clag_fast's SLM organisation files it (routing into clusters,
-    cluster profiles, evolution links) when the store has an SLM (``llm=``); with
-    ``llm=False`` organisation is vector-only. ``infer=False`` stores every message as it is.
+    cluster profiles, evolution links) when the store has an SLM (``slm=``); with
+    ``slm=False`` organisation is vector-only. ``infer=False`` stores every message as it is.
 
-    store / path / config / llm: the ``MemoryStore`` (see ``StoreHandle``); without either a
+    store / path / config / slm: the ``MemoryStore`` (see ``StoreHandle``); without either a
       temporary directory is used. embedder: None (clag_fast's MiniLM) or an object with
       ``encode(list[str]) -> float32[n, dim]`` (its ``dim`` attribute, or ``config.dim``,
       gives the width). namespace: the store namespace holding mem0's memories.
@@ -59,12 +60,13 @@ class Memory:
     memory, so a deleted memory has no history.
     """
 
+    @renamed_kwargs(llm="slm")
     def __init__(self, store: MemoryStore | None = None, *, path: str | Path | None = None,
-                 config: StoreConfig | None = None, embedder: Any = None, llm: Any = False,
+                 config: StoreConfig | None = None, embedder: Any = None, slm: Any = False,
                  namespace: str = "mem0") -> None:
         dim = (config.dim if config is not None else None) or getattr(embedder, "dim", None) or 384
         self.namespace = namespace
-        self._handle = StoreHandle(store, path=path, config=config, encoder=embedder, llm=llm)
+        self._handle = StoreHandle(store, path=path, config=config, encoder=embedder, slm=slm)
         self._store = self._handle.open_now(int(dim))
 
     @property
@@ -86,7 +88,7 @@ class Memory:
         ``infer=True`` runs clag_fast's SLM organisation, NOT mem0's LLM fact extraction and
         rewriting: each message is stored as it is (an exact repeat in the same scope is
         skipped and reported with event "NONE"), then routed into clusters and profiled by the
-        store's SLM when it has one (``llm=``), by vectors otherwise. ``infer=False`` stores
+        store's SLM when it has one (``slm=``), by vectors otherwise. ``infer=False`` stores
         every message as it is."""
         scope = _scope(user_id, agent_id, run_id)
         if not scope:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.arguments import batch_namespaces
 from clag_fast.distributed.owner import MAX_CONCURRENCY, RAY_NAMESPACE, ShardOwner
 from clag_fast.distributed.shardmap import ShardMap, decode_id
@@ -64,17 +65,19 @@ class ShardedStore:
     Args:
       root: the sharded store's directory (``cluster.json`` + ``shards/NNNN/``), on storage
         every node that may run an owner can reach (one machine, or a shared filesystem).
-      shards, dim, embedder, llm: the layout, when ``root`` is new (else checked against it).
+      shards, dim, embedder, slm: the layout, when ``root`` is new (else checked against it);
+        ``slm``: "off", "managed" or a server URL (``llm`` is its deprecated spelling).
       timeout_s: how long one call waits for an owner before answering ShardUnavailable.
       placement: called with a shard number, returns extra actor options for its owner when
         this object creates it (say a node-affinity ``scheduling_strategy``); None: Ray decides.
     """
 
+    @renamed_kwargs(llm="slm")
     def __init__(self, root: str | os.PathLike[str], shards: int | None = None, *, dim: int | None = None,
-                 embedder: bool | None = None, llm: str | None = None, timeout_s: float = 30.0,
+                 embedder: bool | None = None, slm: str | None = None, timeout_s: float = 30.0,
                  placement: Callable[[int], dict[str, Any]] | None = None) -> None:
         self._placement = placement
-        self.layout = ShardMap.create_or_load(root, shards, dim=dim, embedder=embedder, llm=llm)
+        self.layout = ShardMap.create_or_load(root, shards, dim=dim, embedder=embedder, slm=slm)
         self.config = SimpleNamespace(dim=self.layout.dim)  # what the routes read (vector width)
         self.timeout_s = timeout_s
         self._handles: dict[int, Any] = {}
@@ -291,7 +294,7 @@ class ShardedStore:
             for k, v in s["routing"].items():
                 routing[k] = routing.get(k, 0) + v
         out["routing"] = routing
-        out["slm"] = next((s["slm"] for s in per.values()), "off" if self.layout.llm == "off" else self.layout.llm)
+        out["slm"] = next((s["slm"] for s in per.values()), "off" if self.layout.slm == "off" else self.layout.slm)
         out["layout"] = {"root": str(self.layout.root), "shards": self.layout.shards, "created": sorted(per),
                          "pins": dict(self.layout.pins)}
         out["shards"] = {str(k): v for k, v in sorted(per.items())}

@@ -60,7 +60,7 @@ class DistributedService(StoreService):
 
     def open(self) -> Any:
         c = self.config
-        self.store = ShardedStore(c.store, self._shards, dim=c.dim, embedder=c.embedder, llm=c.llm,
+        self.store = ShardedStore(c.store, self._shards, dim=c.dim, embedder=c.embedder, slm=c.slm,
                                   timeout_s=self._timeout_s)
         return self.store
 

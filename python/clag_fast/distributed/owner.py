@@ -57,8 +57,8 @@ class ShardOwner:
         self.shard = shard
         path = layout.shard_dir(shard)
         path.parent.mkdir(parents=True, exist_ok=True)
-        config = StoreConfig(dim=layout.dim, slm="off") if layout.llm == "off" else StoreConfig(dim=layout.dim)
-        llm: Any = False if layout.llm == "off" else None if layout.llm == "managed" else layout.llm
+        config = StoreConfig(dim=layout.dim, slm="off") if layout.slm == "off" else StoreConfig(dim=layout.dim)
+        slm: Any = False if layout.slm == "off" else None if layout.slm == "managed" else layout.slm
         embedder: Any = None if layout.embedder else False
         if layout.embedder and layout.dim == ServiceEmbedder.model_dim():
             # As in the HTTP service: 1-thread ONNX sessions. Several owners share a node's
@@ -66,10 +66,10 @@ class ShardOwner:
             # (A store of another width keeps the default embedder, unused: it gets vectors.)
             precision = _recorded_precision(path)
             if precision is None:  # a new shard: the store records its precision by its own rule
-                MemoryStore.open(path, config=config, llm=False).close()
+                MemoryStore.open(path, config=config, slm=False).close()
                 precision = _recorded_precision(path)
             embedder = ServiceEmbedder(precision or "auto")
-        self.store = MemoryStore.open(path, config=config, embedder=embedder, llm=llm)
+        self.store = MemoryStore.open(path, config=config, embedder=embedder, slm=slm)
         log.info("shard %d: opened %s (%d memories)", shard, path, len(self.store))
 
     # -- ids -------------------------------------------------------------------------------

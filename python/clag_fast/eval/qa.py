@@ -48,11 +48,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.config import RankingConfig
 from clag_fast.eval.answer import (ANSWER_MAX_TOKENS, ANSWER_SYSTEM, answer_context, ask_with_reply, is_adversarial,
                                    question_prompt, score_answer)
 from clag_fast.eval.embedders import LookupEmbedder, embed_texts, make_embedder
-from clag_fast.eval.endpoint import llm_endpoint
+from clag_fast.eval.endpoint import slm_endpoint
 from clag_fast.eval.metrics import answer_containment
 from clag_fast.eval.settings import store_config
 from clag_fast.locomo import Sample, conversation, load_dataset
@@ -111,13 +112,14 @@ def _hit_record(h: Any, dia: dict[int, str]) -> dict:
             "cluster_id": h.cluster_id}
 
 
+@renamed_kwargs(llm="slm")
 def run_qa_table(
     dataset: str | Path,
     *,
     out_dir: str | Path = "eval_qa",
     n_questions: int = 200,
     seed: int = 0,
-    llm: str = "managed",
+    slm: str = "managed",
     embedder: Any = "minilm",
     precision: str = "auto",
     threads: int | None = None,
@@ -133,7 +135,8 @@ def run_qa_table(
     Writes ``out_dir/qa.jsonl`` (appended line by line, so a stopped run resumes: pairs
     already in the file are not asked again), ``qa_run.json`` (the parameters and the
     selection rule; a resumed run must match them) and ``qa.json`` / ``qa.md`` (the table).
-    Returns the summary of :func:`summarize`.
+    ``slm``: "managed" (the bundled SmolLM2) or a server URL, answering the questions
+    (``llm`` is its deprecated spelling). Returns the summary of :func:`summarize`.
     """
     from tqdm import tqdm
 
@@ -165,9 +168,9 @@ def run_qa_table(
     jsonl = out / "qa.jsonl"
     done = _resume(out, run)
     todo = _todo(samples, picked, chosen, done)
-    with llm_endpoint(llm) as url, jsonl.open("a", encoding="utf-8") as f:
+    with slm_endpoint(slm) as url, jsonl.open("a", encoding="utf-8") as f:
         if url is None:
-            raise ValueError("the QA table needs an SLM: llm='managed' or a server URL")
+            raise ValueError("the QA table needs an SLM: slm='managed' or a server URL")
         client = LLMClient(url)
         bar = tqdm(total=sum(len(v) for v in todo.values()), desc="qa", unit="q", disable=not progress)
         table = _QATable(chosen, done, cfg, emb, emb_name, Path(cache_dir) if cache_dir is not None else None,
@@ -177,7 +180,7 @@ def run_qa_table(
         bar.close()
     summary = summarize(read_jsonl(jsonl))
     summary["run"] = run
-    summary["llm_stats"] = {k: v for k, v in client.stats.snapshot().items() if isinstance(v, (int, float))}
+    summary["slm_stats"] = {k: v for k, v in client.stats.snapshot().items() if isinstance(v, (int, float))}
     summary["seconds_this_run"] = time.perf_counter() - t_start
     (out / "qa.json").write_text(json.dumps(_nan_to_none(summary), indent=1))
     (out / "qa.md").write_text(to_markdown(summary))
@@ -249,7 +252,7 @@ class _QATable:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="clag-qa-"))
                 config = self.cfg.replace(ranking=RankingConfig.plain()) if plain else self.cfg
                 store = stores[plain] = MemoryStore.open(tmp, config=config, embedder=LookupEmbedder(questions, qv),
-                                                         llm=False)
+                                                         slm=False)
                 stack.callback(store.close)
                 ids = store.add_many(texts, embeddings=tv, metadata=[t.metadata() for t in s.turns],
                                      **conversation(s.turns))

@@ -57,7 +57,7 @@ def to_markdown(report: dict) -> str:
         "adversarial ones): what retrieval puts before the model, whatever the model makes of it.",
         "",
         "| organisation | memories | ingest s | organize s | ms/memory | clusters per sample | size min/p50/p90/max "
-        "| LLM calls/memory | LLM tokens/memory | LLM calls/question (search) | answer calls/question "
+        "| SLM calls/memory | SLM tokens/memory | SLM calls/question (search) | answer calls/question "
         "| re-organisations during search |",
         "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
@@ -69,9 +69,9 @@ def to_markdown(report: dict) -> str:
         lines.append(
             f"| {org} | {o['memories']} | {o['ingest_s']:.2f} | {o['organize_s']:.2f} | "
             f"{o['ingest_ms_per_memory']:.3f} | {count_txt} | {cs['min']}/{_fmt(cs['p50'], 0)}/"
-            f"{_fmt(cs['p90'], 0)}/{cs['max']} | {o['llm_calls_per_memory']:.3f} | "
-            f"{o['llm_tokens_per_memory']:.1f} | {o['llm_calls_per_question_search']:.3f} | "
-            f"{o['llm_calls_per_question_answer']:.3f} | {o.get('organizations_during_search', 0)} |"
+            f"{_fmt(cs['p90'], 0)}/{cs['max']} | {o['slm_calls_per_memory']:.3f} | "
+            f"{o['slm_tokens_per_memory']:.1f} | {o['slm_calls_per_question_search']:.3f} | "
+            f"{o['slm_calls_per_question_answer']:.3f} | {o.get('organizations_during_search', 0)} |"
         )
     lines += _label_lines(report.get("per_sample", []))
     if report["qa"]:

@@ -2,7 +2,7 @@
 
 Does cluster-aware memory give a small model better context than one flat pool, and what does
 it cost? For every sample of the dataset a fresh :class:`~clag_fast.store.MemoryStore` is
-built per organisation ("vector": k-means only, no LLM; "slm": organised by the SLM when a
+built per organisation ("vector": k-means only, no SLM; "slm": organised by the SLM when a
 server is given), every turn is ingested as one memory, the store is organised, and every
 question is searched ``flat`` and ``two_stage`` at several ``n_probe`` values. Retrieval is
 scored against the evidence ``dia_id`` s (Recall@5/10, Precision@5, nDCG@10, search-space
@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from clag_fast._deprecated import RenamedKeys, renamed_kwargs, renamed_option
 from clag_fast.eval.embedders import HashingEmbedder, LookupEmbedder, embed_texts, make_embedder
-from clag_fast.eval.endpoint import llm_endpoint
+from clag_fast.eval.endpoint import slm_endpoint
 from clag_fast.eval.metrics import percentile
 from clag_fast.eval.sample_run import SampleInput, Tallies, Tally, run_sample
 from clag_fast.eval.settings import SEARCH_K, RunSettings, search_configs, store_config
@@ -115,6 +116,7 @@ def _select_samples(samples: list[Sample], spec: Any) -> list[Sample]:
     return picked
 
 
+@renamed_kwargs(llm="slm")
 def run_eval(
     dataset: str | Path,
     *,
@@ -122,7 +124,7 @@ def run_eval(
     samples: int | str | Sequence[str] | None = None,
     max_questions: int | None = None,
     n_probe: Sequence[int] = DEFAULT_N_PROBE,
-    llm: str | None = None,
+    slm: str | None = None,
     embedder: Any = "minilm",
     precision: str = "auto",
     threads: int | None = None,
@@ -141,8 +143,9 @@ def run_eval(
       samples: first N samples (int), or sample ids / indices (list or comma string).
       max_questions: at most this many questions per sample (the first ones).
       n_probe: the two_stage n_probe values to measure.
-      llm: None (retrieval only, vector organisation), a llama.cpp server URL, or "managed"
+      slm: None (retrieval only, vector organisation), a llama.cpp server URL, or "managed"
         (starts the bundled SmolLM2 server). Adds the "slm" organisation and QA metrics.
+        ``llm`` is its deprecated spelling.
       embedder: "minilm" (the product's Embedder), "hash" (:class:`HashingEmbedder`, no model
         needed) or any object with ``encode(list[str])`` and ``dim``.
       precision, threads: passed to the MiniLM Embedder.
@@ -161,7 +164,7 @@ def run_eval(
     picked = _load_samples(dataset, samples, max_questions)
     emb, emb_name = make_embedder(embedder, precision, threads)
     vectors = _embed_samples(picked, emb, emb_name, Path(cache_dir) if cache_dir is not None else None, progress)
-    with llm_endpoint(llm) as url:
+    with slm_endpoint(slm) as url:
         settings = RunSettings(search_configs=tuple(search_configs(n_probe)), qa_modes=tuple(qa_modes), url=url,
                                embedder=emb, store_options=dict(store_options or {}), qa_questions=qa_questions)
         runs = _run_samples(picked, vectors, settings, progress)
@@ -169,7 +172,7 @@ def run_eval(
         "samples": [s.sample_id for s in picked.samples],
         "max_questions": max_questions,
         "n_probe": n_probe,
-        "llm": llm if not isinstance(llm, str) or llm == "managed" else "url",
+        "slm": slm if not isinstance(slm, str) or slm == "managed" else "url",
         "embedder": emb_name,
         "threads": threads,
         "search_k": SEARCH_K,
@@ -257,8 +260,8 @@ class _Runs:
         tot = self.totals.setdefault(rec["organisation"], {"cluster_sizes": [], "cluster_counts": []})
         sums = {key: rec[key] for key in ("memories", "questions", "ingest_s", "organize_s",
                                           "organizations_during_search")}
-        for prefix, name in (("ingest_llm_", "store_llm_ingest"), ("search_llm_", "store_llm_search"),
-                             ("qa_llm_", "qa_llm")):
+        for prefix, name in (("ingest_slm_", "store_slm_ingest"), ("search_slm_", "store_slm_search"),
+                             ("qa_slm_", "qa_slm")):
             sums.update({prefix + key: val for key, val in rec[name].items()})
         for key, val in sums.items():
             tot[key] = tot.get(key, 0) + val
@@ -323,11 +326,17 @@ def _check_evidence(samples: list[Sample], relevant: dict[str, list[set[str]]]) 
         "LoCoMo's D<session>:<turn> form)")
 
 
+#: The old names of the organisation summary's SLM figures, still readable (with a warning).
+_ORG_RENAMES = {f"llm_{k}": f"slm_{k}" for k in (
+    "calls_per_memory", "tokens_per_memory", "calls_per_question_search", "tokens_per_question_search",
+    "calls_per_question_answer", "tokens_per_question_answer", "errors")}
+
+
 def _org_summary(tot: dict) -> dict:
     sizes = tot["cluster_sizes"]
     mem = max(tot["memories"], 1)
     nq = max(tot["questions"], 1)
-    return {
+    return RenamedKeys({
         "memories": int(tot["memories"]),
         "ingest_s": tot["ingest_s"],
         "organize_s": tot["organize_s"],
@@ -340,15 +349,15 @@ def _org_summary(tot: dict) -> dict:
             "max": max(sizes) if sizes else 0,
         },
         "cluster_sizes": sizes,
-        "llm_calls_per_memory": tot["ingest_llm_calls"] / mem,
-        "llm_tokens_per_memory": (tot["ingest_llm_prompt_tokens"] + tot["ingest_llm_completion_tokens"]) / mem,
-        "llm_calls_per_question_search": tot["search_llm_calls"] / nq,
-        "llm_tokens_per_question_search": (tot["search_llm_prompt_tokens"] + tot["search_llm_completion_tokens"]) / nq,
-        "llm_calls_per_question_answer": tot["qa_llm_calls"] / nq,
-        "llm_tokens_per_question_answer": (tot["qa_llm_prompt_tokens"] + tot["qa_llm_completion_tokens"]) / nq,
-        "llm_errors": tot["ingest_llm_errors"] + tot["search_llm_errors"] + tot["qa_llm_errors"],
+        "slm_calls_per_memory": tot["ingest_slm_calls"] / mem,
+        "slm_tokens_per_memory": (tot["ingest_slm_prompt_tokens"] + tot["ingest_slm_completion_tokens"]) / mem,
+        "slm_calls_per_question_search": tot["search_slm_calls"] / nq,
+        "slm_tokens_per_question_search": (tot["search_slm_prompt_tokens"] + tot["search_slm_completion_tokens"]) / nq,
+        "slm_calls_per_question_answer": tot["qa_slm_calls"] / nq,
+        "slm_tokens_per_question_answer": (tot["qa_slm_prompt_tokens"] + tot["qa_slm_completion_tokens"]) / nq,
+        "slm_errors": tot["ingest_slm_errors"] + tot["search_slm_errors"] + tot["qa_slm_errors"],
         "organizations_during_search": int(tot["organizations_during_search"]),
-    }
+    }, _ORG_RENAMES, "run_eval() report['organisation'][...]")
 
 
 def _machine() -> dict:
@@ -424,8 +433,9 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-questions", type=int, default=None, help="at most N questions per sample")
     p.add_argument("--n-probe", type=_int_list, default=list(DEFAULT_N_PROBE),
                    help="two_stage n_probe values, comma-separated; auto = the store's own choice (default: auto,4,8,16,32)")
-    p.add_argument("--llm", default=None,
+    p.add_argument("--slm", default=None,
                    help="llama.cpp server URL, or 'managed' for the bundled SmolLM2 (default: none, retrieval only)")
+    renamed_option(p, "--llm", "--slm")
     p.add_argument("--embedder", choices=["minilm", "hash"], default="minilm",
                    help="minilm (the product's embedder) or hash (bag-of-words, no model; tests only)")
     p.add_argument("--precision", choices=["auto", "fp32", "int8"], default="auto",
@@ -433,12 +443,12 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="embedder threads (default: onnxruntime's)")
     p.add_argument("--qa-modes", default="flat,two_stage", help="search modes answered by the SLM")
     p.add_argument("--qa-questions", type=int, default=None,
-                   help="with --llm: answer only the first N questions per sample (retrieval still uses all)")
+                   help="with --slm: answer only the first N questions per sample (retrieval still uses all)")
     p.add_argument("--cache", default=None, help="directory to cache embeddings between runs")
     p.add_argument("--store-option", action="append", default=[], type=_store_option, metavar="FIELD=VALUE",
                    help="StoreConfig override for every store, e.g. target_cluster_size=32 (repeatable)")
     p.add_argument("--qa-table", action="store_true",
-                   help="with --llm: measure the QA table instead (flat vector RAG vs clag_fast without and with "
+                   help="with --slm: measure the QA table instead (flat vector RAG vs clag_fast without and with "
                         "cluster labels, a fixed stratified question subset; see clag_fast.eval.qa)")
     p.add_argument("--qa-n", type=int, default=200, help="--qa-table: questions in the subset (default 200)")
     p.add_argument("--qa-seed", type=int, default=0, help="--qa-table: seed of the subset (default 0)")
@@ -455,7 +465,7 @@ def _run_from_args(args: argparse.Namespace) -> int:
     try:
         report = run_eval(
             args.dataset, out_dir=args.out, samples=args.samples, max_questions=args.max_questions,
-            n_probe=args.n_probe, llm=args.llm, embedder=args.embedder, precision=args.precision,
+            n_probe=args.n_probe, slm=args.slm, embedder=args.embedder, precision=args.precision,
             threads=args.threads, qa_modes=[m.strip() for m in args.qa_modes.split(",") if m.strip()],
             qa_questions=args.qa_questions,
             cache_dir=args.cache, store_options=dict(args.store_option),
@@ -476,10 +486,10 @@ def _qa_table_from_args(args: argparse.Namespace) -> int:
     from clag_fast.eval.qa import run_qa_table, to_markdown
 
     try:
-        if args.llm is None:
-            raise ValueError("--qa-table needs --llm (managed or a server URL)")
+        if args.slm is None:
+            raise ValueError("--qa-table needs --slm (managed or a server URL)")
         summary = run_qa_table(
-            args.dataset, out_dir=args.out, n_questions=args.qa_n, seed=args.qa_seed, llm=args.llm,
+            args.dataset, out_dir=args.out, n_questions=args.qa_n, seed=args.qa_seed, slm=args.slm,
             embedder=args.embedder, precision=args.precision, threads=args.threads, cache_dir=args.cache,
             store_options=dict(args.store_option), progress=not args.no_progress,
             configs=[c.strip() for c in args.qa_configs.split(",") if c.strip()],

@@ -18,7 +18,7 @@ import numpy as np
 
 from clag_fast.eval.answer import answer_context, ask, is_adversarial, question_prompt, score_answer
 from clag_fast.eval.embedders import LookupEmbedder
-from clag_fast.eval.endpoint import counts_since, llm_counts
+from clag_fast.eval.endpoint import counts_since, slm_counts
 from clag_fast.eval.metrics import answer_containment, ndcg_at_k, precision_at_k, recall_at_k
 from clag_fast.eval.settings import SEARCH_K, RunSettings, SearchConfig
 from clag_fast.locomo import QAItem, Sample, conversation
@@ -87,7 +87,7 @@ def run_sample(data: SampleInput, org: str, settings: RunSettings, tallies: Tall
             # stores fall back to the shared embedder for label phrases (labels/keyphrases ranks
             # them by embedding) and SLM topics (embedded into cluster centres).
             embedder=LookupEmbedder([q.question for q in s.qa], data.q_vecs, fallback=settings.embedder),
-            llm=store_client if store_client is not None else False,
+            slm=store_client if store_client is not None else False,
         )
         try:
             run = _SampleRun(data, org, settings, tallies, store, store_client, qa_client, qa_np=cfg.n_probe or 0)
@@ -105,9 +105,9 @@ def run_sample(data: SampleInput, org: str, settings: RunSettings, tallies: Tall
         "organize_s": built["organize_s"],
         "organize": built["organize"],
         "cluster_sizes": built["cluster_sizes"],
-        "store_llm_ingest": built["store_llm_ingest"],
-        "store_llm_search": asked["store_llm_search"],
-        "qa_llm": asked["qa_llm"],
+        "store_slm_ingest": built["store_slm_ingest"],
+        "store_slm_search": asked["store_slm_search"],
+        "qa_slm": asked["qa_slm"],
         "store_stats": after["store_stats"],
         "organizations_during_search": after["organizations_during_search"],
         "answers": asked["answers"],
@@ -132,7 +132,7 @@ class _SampleRun:
     def build(self) -> dict:
         """Ingest every turn (with its vector), then organise."""
         s, store = self.data.sample, self.store
-        before = llm_counts(self.store_client)
+        before = slm_counts(self.store_client)
         t0 = time.perf_counter()
         ids = store.add_many([t.memory_text() for t in s.turns], embeddings=self.data.turn_vecs,
                              metadata=[t.metadata() for t in s.turns], **conversation(s.turns))
@@ -145,22 +145,22 @@ class _SampleRun:
         self.id_to_dia = {int(mid): t.dia_id for mid, t in zip(ids, s.turns)}
         self.orgs_before = _organizations(store)
         return {"ingest_s": ingest_s, "organize_s": organize_s, "organize": organised,
-                "store_llm_ingest": counts_since(llm_counts(self.store_client), before),
+                "store_slm_ingest": counts_since(slm_counts(self.store_client), before),
                 "cluster_sizes": sorted((c.size for c in store.clusters()), reverse=True)}
 
     def ask_all(self) -> dict:
         """Every question: searched in every configuration, then answered (with an SLM)."""
         s, qa_questions = self.data.sample, self.settings.qa_questions
         answers: list[dict] = []
-        before_search = llm_counts(self.store_client)
-        before_qa = llm_counts(self.qa_client)
+        before_search = slm_counts(self.store_client)
+        before_qa = slm_counts(self.qa_client)
         for qi, (q, rel) in enumerate(zip(s.qa, self.data.relevant)):
             hits_for_qa = self.search(q, rel)
             if self.qa_client is not None and (qa_questions is None or qi < qa_questions):
                 answers.extend(self.answer(q, hits_for_qa))
             self.tallies.tick()
-        return {"store_llm_search": counts_since(llm_counts(self.store_client), before_search),
-                "qa_llm": counts_since(llm_counts(self.qa_client), before_qa), "answers": answers}
+        return {"store_slm_search": counts_since(slm_counts(self.store_client), before_search),
+                "qa_slm": counts_since(slm_counts(self.qa_client), before_qa), "answers": answers}
 
     def search(self, q: QAItem, rel: set[str]) -> dict[str, Any]:
         """One question in every search configuration, tallied; returns the hits the answers

@@ -33,6 +33,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 from pydantic import BaseModel
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.config import StoreConfig
 from clag_fast.integrations.storehandle import StoreHandle, query_vector
 from clag_fast.store import MemoryStore
@@ -75,9 +76,10 @@ class ClagVectorStore(VectorStore):
     """A LangChain vector store on a clag_fast ``MemoryStore``.
 
     embedding: any LangChain ``Embeddings`` (any width), or None for clag_fast's MiniLM.
-    store / path / config / llm: the store to use (see ``StoreHandle``): an open
+    store / path / config / slm: the store to use (see ``StoreHandle``): an open
       ``MemoryStore``, or a directory (None = a temporary one, removed at ``close()``), the
-      ``StoreConfig`` for a new store and the SLM (False = vector-only organisation).
+      ``StoreConfig`` for a new store and the SLM (False = vector-only organisation; ``llm`` is
+      its deprecated spelling).
     collection_name: the store namespace holding this collection's documents.
     search_mode: "two_stage" (clusters, then their members; exact while the store is small)
       or "flat" (always exact).
@@ -86,6 +88,7 @@ class ClagVectorStore(VectorStore):
     default executor (the native search releases the GIL).
     """
 
+    @renamed_kwargs(llm="slm")
     def __init__(
         self,
         embedding: Embeddings | None = None,
@@ -93,7 +96,7 @@ class ClagVectorStore(VectorStore):
         store: MemoryStore | None = None,
         path: str | Path | None = None,
         config: StoreConfig | None = None,
-        llm: Any = False,
+        slm: Any = False,
         collection_name: str = DEFAULT_COLLECTION,
         search_mode: str = "two_stage",
     ) -> None:
@@ -105,7 +108,7 @@ class ClagVectorStore(VectorStore):
         self.collection_name = collection_name
         self.search_mode = search_mode
         self._handle = StoreHandle(store, path=path, config=config,
-                                   encoder=EmbeddingsEncoder(self.embedding), llm=llm)
+                                   encoder=EmbeddingsEncoder(self.embedding), slm=slm)
 
     # -- plumbing ------------------------------------------------------------------------
     @property

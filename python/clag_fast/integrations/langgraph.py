@@ -82,6 +82,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.config import StoreConfig
 from clag_fast.integrations.storehandle import StoreHandle, query_vector
 from clag_fast.store import MemoryStore
@@ -121,8 +122,9 @@ class ClagStore(BaseStore):
     index: LangGraph's ``IndexConfig`` (``dims``, ``embed``: an ``Embeddings``, a function
       or a "provider:model" string, ``fields``: paths embedded by default, "$" = the whole
       value). None: no vectors, queries are ignored (as in ``InMemoryStore``).
-    store / path / config / llm: the ``MemoryStore`` (see ``StoreHandle``); without either a
-      temporary directory is used and removed at ``close()``.
+    store / path / config / slm: the ``MemoryStore`` (see ``StoreHandle``; ``llm`` is the
+      deprecated spelling of ``slm``); without either a temporary directory is used and
+      removed at ``close()``.
     search_mode: "two_stage" or "flat" (exact).
     ttl: LangGraph's ``TTLConfig`` (``default_ttl`` minutes for puts that name none,
       ``refresh_on_read``, ``sweep_interval_minutes``); items expire only when given a TTL.
@@ -130,8 +132,9 @@ class ClagStore(BaseStore):
 
     supports_ttl = True
 
+    @renamed_kwargs(llm="slm")
     def __init__(self, *, index: IndexConfig | None = None, store: MemoryStore | None = None,
-                 path: str | Path | None = None, config: StoreConfig | None = None, llm: Any = False,
+                 path: str | Path | None = None, config: StoreConfig | None = None, slm: Any = False,
                  search_mode: str = "two_stage", ttl: TTLConfig | None = None) -> None:
         if search_mode not in ("two_stage", "flat"):
             raise ValueError(f"search_mode must be 'two_stage' or 'flat', got {search_mode!r}")
@@ -148,7 +151,7 @@ class ClagStore(BaseStore):
             self.embeddings = ensure_embeddings(self.index_config.get("embed"))
             self._fields = [(p, tokenize_path(p) if p != "$" else p) for p in (self.index_config.get("fields") or ["$"])]
         dims = int(self.index_config["dims"]) if self.index_config else 1
-        self._handle = StoreHandle(store, path=path, config=config, llm=llm)
+        self._handle = StoreHandle(store, path=path, config=config, slm=slm)
         self._store = self._handle.open_now(dims)
         # Items with no vector still need a row: a fixed unit vector, of RAW_KIND.
         self._placeholder = np.zeros(dims, np.float32)

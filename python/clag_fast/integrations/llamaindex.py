@@ -40,6 +40,7 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryResult,
 )
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.config import StoreConfig
 from clag_fast.integrations.storehandle import StoreHandle, query_vector
 from clag_fast.store import MemoryStore
@@ -61,9 +62,10 @@ _OPERATORS = {
 class ClagVectorStore(BasePydanticVectorStore):
     """A LlamaIndex vector store on a clag_fast ``MemoryStore``.
 
-    store / path / config / llm: the ``MemoryStore`` (see ``StoreHandle``): an open store, or
+    store / path / config / slm: the ``MemoryStore`` (see ``StoreHandle``): an open store, or
       a directory (None = a temporary one, removed at ``close()``), the ``StoreConfig`` for a
-      new store and the SLM (False = vector-only organisation).
+      new store and the SLM (False = vector-only organisation; ``llm`` is its deprecated
+      spelling).
     namespace: the store namespace holding the nodes.
     search_mode: "two_stage" or "flat" (exact).
     """
@@ -73,13 +75,14 @@ class ClagVectorStore(BasePydanticVectorStore):
     search_mode: str = "two_stage"
     _handle: StoreHandle = PrivateAttr()
 
+    @renamed_kwargs(llm="slm")
     def __init__(self, *, store: MemoryStore | None = None, path: str | Path | None = None,
-                 config: StoreConfig | None = None, llm: Any = False, namespace: str = DEFAULT_NAMESPACE,
+                 config: StoreConfig | None = None, slm: Any = False, namespace: str = DEFAULT_NAMESPACE,
                  search_mode: str = "two_stage") -> None:
         if search_mode not in ("two_stage", "flat"):
             raise ValueError(f"search_mode must be 'two_stage' or 'flat', got {search_mode!r}")
         super().__init__(namespace=namespace, search_mode=search_mode)
-        self._handle = StoreHandle(store, path=path, config=config, llm=llm)
+        self._handle = StoreHandle(store, path=path, config=config, slm=slm)
 
     @classmethod
     def class_name(cls) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.config import StoreConfig
 from clag_fast.errors import DimensionMismatchError
 from clag_fast.store import MemoryStore
@@ -51,11 +52,13 @@ class StoreHandle:
       first vectors written).
     encoder: passed to ``MemoryStore.open(embedder=...)``: an object with ``encode`` (and a
       ``name``, recorded by the store) or False (vectors are always brought).
-    llm: passed to ``MemoryStore.open``; False (the default) keeps organisation vector-only.
+    slm: passed to ``MemoryStore.open(slm=...)``; False (the default) keeps organisation
+      vector-only. ``llm`` is its deprecated spelling.
     """
 
+    @renamed_kwargs(llm="slm")
     def __init__(self, store: MemoryStore | None = None, *, path: str | Path | None = None,
-                 config: StoreConfig | None = None, encoder: Any = False, llm: Any = False) -> None:
+                 config: StoreConfig | None = None, encoder: Any = False, slm: Any = False) -> None:
         if store is not None and path is not None:
             raise ValueError("pass either store= or path=, not both")
         self._owned = store is None
@@ -65,14 +68,14 @@ class StoreHandle:
         self._tmp: str | None = None
         self._config = config
         self._encoder = encoder
-        self._llm = llm
+        self._slm = slm
         if store is None and path is None:
             self._tmp = tempfile.mkdtemp(prefix="clag_fast_")
             path = self._tmp
         self.path = Path(path) if path is not None else store.path
         if self._store is None and self.path.is_dir() and any(self.path.iterdir()):
             # An existing store knows its own width: open it now.
-            self._store = MemoryStore.open(self.path, config=config, embedder=encoder, llm=llm)
+            self._store = MemoryStore.open(self.path, config=config, embedder=encoder, slm=slm)
 
     @property
     def store(self) -> MemoryStore | None:
@@ -93,7 +96,7 @@ class StoreHandle:
                     raise ValueError("this adapter's store is closed")
                 if self._store is None:
                     config = (self._config or StoreConfig()).replace(dim=int(dim))
-                    self._store = MemoryStore.open(self.path, config=config, embedder=self._encoder, llm=self._llm)
+                    self._store = MemoryStore.open(self.path, config=config, embedder=self._encoder, slm=self._slm)
         if self._store.config.dim not in (None, dim):  # None: an empty store takes the first width
             raise DimensionMismatchError(f"vectors of width {dim} do not fit this store, which holds "
                              f"{self._store.config.dim}-dimensional vectors (mixing embedding models?)")

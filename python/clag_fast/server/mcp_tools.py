@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from clag_fast._deprecated import renamed_kwargs
 from clag_fast.server import tenancy
 
 log = logging.getLogger(__name__)
@@ -118,15 +119,17 @@ def build_mcp(service: Any, namespace: str) -> Any:
     return server
 
 
+@renamed_kwargs(llm="slm")
 def run_mcp(path: Path, namespace: str, *, http: bool = False, host: str = "127.0.0.1", port: int = 8421,
-            llm: str = "off", embedder: bool = True, dim: int | None = None) -> None:
-    """Open the store and serve the tools until the client hangs up (stdio) or SIGINT (HTTP)."""
+            slm: str = "off", embedder: bool = True, dim: int | None = None) -> None:
+    """Open the store and serve the tools until the client hangs up (stdio) or SIGINT (HTTP).
+    ``slm``: as ``ServeConfig.slm`` (``llm`` is its deprecated spelling)."""
     from clag_fast.server.service import StoreService
     from clag_fast.server.settings import ServeConfig, is_loopback
 
     if http and not is_loopback(host):
         raise ValueError(f"clag-fast mcp --http serves loopback only (it has no authentication), not {host!r}")
-    service = StoreService(ServeConfig(store=path, llm=llm, embedder=embedder, dim=dim))
+    service = StoreService(ServeConfig(store=path, slm=slm, embedder=embedder, dim=dim))
     store = service.open()
     try:
         server = build_mcp(service, namespace)

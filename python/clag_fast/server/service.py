@@ -80,28 +80,28 @@ class StoreService:
         """Open the store (synchronously, so a locked or foreign directory fails at start-up)."""
         c = self.config
         cfg = None
-        if c.dim is not None or c.llm == "off" or c.fsync or c.embed_cache != StoreConfig().embed_cache:
+        if c.dim is not None or c.slm == "off" or c.fsync or c.embed_cache != StoreConfig().embed_cache:
             stored_dim = _stored_dim(c.store)
             kwargs: dict[str, Any] = {"dim": stored_dim or c.dim, "fsync": c.fsync,
                                       "embed_cache": c.embed_cache}
-            if c.llm == "off":
+            if c.slm == "off":
                 # Periodic re-organisations run in the store's worker, not inside the add batch
                 # that triggers one: the requests committed in that batch are answered at once
                 # instead of after it (0.3-1 s, the adds' p99 in benches/bench_service.py).
                 kwargs["slm"] = StoreConfig().slm.replace(mode="off", vector_in_background=True)
             cfg = StoreConfig(**kwargs)
-        llm: Any = None if c.llm == "managed" else False if c.llm == "off" else c.llm
+        slm: Any = None if c.slm == "managed" else False if c.slm == "off" else c.slm
         embedder: Any = False
         if c.embedder:
             precision = _stored_meta(c.store, "embed_precision")
             if precision is None:
                 # A new store (or one written before precisions were recorded): let the store
                 # settle and record its precision by its own rule, as a plain open does.
-                MemoryStore.open(c.store, config=cfg, llm=False).close()
+                MemoryStore.open(c.store, config=cfg, slm=False).close()
                 precision = _stored_meta(c.store, "embed_precision")
             embedder = ServiceEmbedder(precision or "auto")
         self.embedder = embedder or None
-        self.store = MemoryStore.open(c.store, config=cfg, embedder=embedder, llm=llm)
+        self.store = MemoryStore.open(c.store, config=cfg, embedder=embedder, slm=slm)
         return self.store
 
     async def start(self) -> None:
@@ -310,7 +310,7 @@ def _stored_dim(path: Any) -> int | None:
     except StoreFormatError as e:
         if "migration" not in str(e):
             raise
-        with MemoryStore.open(path, embedder=False, llm=False) as store:
+        with MemoryStore.open(path, embedder=False, slm=False) as store:
             return store.config.dim
     return int(value) if value is not None else None
 

@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clag_fast._deprecated import renamed_fields
 from clag_fast.config import valid_embed_cache
 
 
@@ -36,6 +37,7 @@ class Limits:
     max_pending: int = 4096
 
 
+@renamed_fields(llm="slm")
 @dataclass(frozen=True)
 class ServeConfig:
     """How ``clag-fast serve`` runs.
@@ -43,7 +45,8 @@ class ServeConfig:
     store: the store directory (created when missing).
     host, port: where to listen. Without ``keys`` only a loopback host is accepted.
     keys: the keys file (TOML, see ``server.auth``); None = no authentication, loopback only.
-    llm: "off" (vector-only organisation), "managed" (SmolLM2 when installed) or a server URL.
+    slm: the small language model that organises: "off" (vector-only organisation), "managed"
+      (SmolLM2 when installed) or a server URL. ``llm`` is its deprecated spelling.
     embedder: False for bring-your-own-vector stores (text adds and queries are refused).
     dim: vector width when the store is created (an existing store keeps its own).
     fsync: sync vectors and the database on every write batch (power-loss safety; a process
@@ -60,7 +63,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8420
     keys: Path | None = None
-    llm: str = "off"
+    slm: str = "off"
     embedder: bool = True
     dim: int | None = None
     fsync: bool = False

@@ -423,7 +423,7 @@ class LLMClient:
                 delay = min(8.0, self.backoff * (2**attempt))
                 attempt += 1
                 self.stats._add(retries=1)
-                log.debug("LLM request failed (%s); retry %d in %.2f s", e, attempt, delay)
+                log.debug("SLM request failed (%s); retry %d in %.2f s", e, attempt, delay)
                 time.sleep(delay)
 
     # ---------------------------------------------------------------- public calls
@@ -556,7 +556,7 @@ class LLMClient:
             with self._lock:
                 if remember and self._schema_mode is None:
                     self._schema_mode = mode
-                    log.info("LLM server %s takes schemas as %r", self.base_url, mode)
+                    log.info("SLM server %s takes schemas as %r", self.base_url, mode)
             return content
         assert last is not None
         raise last

@@ -1,6 +1,6 @@
 """The SLM one store asks, connected on first need.
 
-What ``MemoryStore.open(llm=...)`` was given decides: a URL (a client for it), a client, None
+What ``MemoryStore.open(slm=...)`` was given decides: a URL (a client for it), a client, None
 (``SLMConfig.mode="auto"``: the managed SmolLM2 server, started when first needed) or False
 (no SLM). A managed server that cannot start, or a missing package, is reported once (a
 warning, and ``failed`` says why) and leaves vector-only organisation: nothing raises.
@@ -25,21 +25,21 @@ class SLMConnection:
     """The organiser of one store and the SLM behind it, connected lazily.
 
     Args:
-        llm: what ``MemoryStore.open(llm=...)`` was given (None, a URL, a client, False).
+        slm: what ``MemoryStore.open(slm=...)`` was given (None, a URL, a client, False).
         config: the SLM settings.
         labels: templated labels mode (``StoreConfig.labels``).
 
     Attributes:
-        client: the LLM client once connected (None before, and without an SLM).
+        client: the SLM client once connected (None before, and without an SLM).
         failed: why there is no SLM (a server that would not start, a missing package,
             ``mode="off"``); None otherwise.
         niceness: the managed server's nice value: background SLM work yields the cores to
             the caller's (add()'s embedding).
     """
 
-    def __init__(self, llm: Any, config: SLMConfig, labels: Sequence[str] | None = None) -> None:
+    def __init__(self, slm: Any, config: SLMConfig, labels: Sequence[str] | None = None) -> None:
         self.config = config
-        self._arg = llm
+        self._arg = slm
         self._labels = list(labels) if labels else None
         self.client: Any = None
         self.failed: str | None = None
@@ -110,7 +110,7 @@ class SLMConnection:
                 return "managed SmolLM2-135M-Instruct (llama.cpp), starting"
             return f"managed SmolLM2-135M-Instruct (llama.cpp) at {self._server.url}"
         if self.client is not None:
-            return f"LLM server at {getattr(self.client, 'base_url', self.client)}"
+            return f"SLM server at {getattr(self.client, 'base_url', self.client)}"
         return "not started yet (starts on first need)"
 
     def stats(self) -> dict[str, Any]:

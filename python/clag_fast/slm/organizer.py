@@ -1,8 +1,8 @@
 """Organizer: the small language model's decisions about how memory is organised.
 
 Each decision is one prompt plus one answer schema (see :mod:`clag_fast.slm.prompts`). Vectors
-decide first and the SLM is asked only where vectors are unsure, so most memories cost no LLM
-call. Any LLM failure or unusable answer (server down, timeout, HTTP error, garbage, an id that
+decide first and the SLM is asked only where vectors are unsure, so most memories cost no SLM
+call. Any SLM failure or unusable answer (server down, timeout, HTTP error, garbage, an id that
 was not offered, empty topic lists) degrades to the vector decision: the error is counted in
 :attr:`Organizer.errors`, logged once per kind at WARNING (then at DEBUG), and never raised.
 
@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from clag_fast._deprecated import renamed_fields
 from clag_fast.config import SLMConfig
 from clag_fast.slm import prompts
 from clag_fast.labels import keyphrases
@@ -131,20 +132,22 @@ def _clean_tag(tag: Any) -> str | None:
     return None
 
 
+@renamed_fields(llm="slm")
 class Organizer:
     """The SLM's decisions on memory organisation, with vector fallbacks.
 
     Args:
-        llm: an :class:`~clag_fast.slm.client.LLMClient`, or None for vector-only decisions.
+        slm: an :class:`~clag_fast.slm.client.LLMClient`, or None for vector-only decisions
+          (``llm`` is its deprecated spelling).
         config: thresholds (:class:`~clag_fast.config.SLMConfig`); default ``SLMConfig()``.
         labels: templated labels mode: memories never open a new cluster.
 
     Thread-safe: decisions may be taken from a background worker while the store searches.
     """
 
-    def __init__(self, llm: LLMClient | None, config: SLMConfig | None = None,
+    def __init__(self, slm: LLMClient | None, config: SLMConfig | None = None,
                  labels: Sequence[str] | None = None):
-        self.llm = llm
+        self.slm = slm
         self.config = config if config is not None else SLMConfig()
         self.labels = list(labels) if labels else None
         # A fixed label set (templated labels mode): every memory goes under one of the
@@ -156,13 +159,13 @@ class Organizer:
         self._diagnostics: Counter[str] = Counter()
 
     def __repr__(self) -> str:
-        return f"Organizer(llm={self.llm!r}, errors={self.errors})"
+        return f"Organizer(slm={self.slm!r}, errors={self.errors})"
 
     # ------------------------------------------------------------------ bookkeeping
 
     @property
     def errors(self) -> int:
-        """LLM failures and unusable answers so far (each fell back to vectors)."""
+        """SLM failures and unusable answers so far (each fell back to vectors)."""
         with self._lock:
             return sum(self._errors.values())
 
@@ -201,11 +204,11 @@ class Organizer:
     def _ask_result(self, decision: str, system: str, user: str, schema: dict,
                     max_tokens: int) -> tuple[dict | None, Exception | None]:
         """One SLM call: (answer, None), or (None, the error, counted)."""
-        if self.llm is None:
+        if self.slm is None:
             return None, None
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         try:
-            return self.llm.chat_json(messages, schema, max_tokens=max_tokens), None
+            return self.slm.chat_json(messages, schema, max_tokens=max_tokens), None
         except Exception as e:  # a user-supplied client may raise anything; never propagate
             self._fail(decision, e)
             return None, e
@@ -257,7 +260,7 @@ class Organizer:
 
     def needs_slm(self, scores: Sequence[float]) -> bool:
         """True when these candidate scores (best first) leave the choice to the SLM."""
-        return self.llm is not None and self.vector_route(scores) == "ambiguous"
+        return self.slm is not None and self.vector_route(scores) == "ambiguous"
 
     def route(self, items: Sequence[tuple[str, Sequence[ClusterBrief], Sequence[float]]]) -> list[Route]:
         """Route new memories: ``items`` are (text, candidate briefs, their similarities).
@@ -280,7 +283,7 @@ class Organizer:
             if verdict == "new":
                 out[i] = Route(None, "new")
                 self._count("route_new")
-            elif verdict == "clear" or self.llm is None:
+            elif verdict == "clear" or self.slm is None:
                 out[i] = Route(cands[0].id, "vector")
                 self._count("route_vector")
             else:
@@ -358,7 +361,7 @@ class Organizer:
         """
         cfg = self.config
         samples = [s for s in samples if str(s).strip()][: cfg.topic_samples]
-        if self.llm is None or not samples:
+        if self.slm is None or not samples:
             return []
         candidates = topic_candidates(task_context, samples)
         if len(candidates) < 2:
@@ -395,7 +398,7 @@ class Organizer:
         ``retry`` unasked, so a caller can bound how long one pass blocks."""
         out: dict[int, Profile] = {}
         retry: set[int] = set()
-        if self.llm is None:
+        if self.slm is None:
             return ProfileBatch(out, retry)
         cfg = self.config
         # Clusters with something to choose between; the others keep their vector label.
@@ -471,10 +474,10 @@ class Organizer:
         if scores is not None and len(scores) != len(labels):
             raise ValueError(f"{len(labels)} labels but {len(scores)} scores")
         best = max(range(len(labels)), key=lambda i: scores[i]) if scores is not None else None
-        if scores is not None and (self.llm is None or self.vector_route(sorted(map(float, scores), reverse=True)) != "ambiguous"):
+        if scores is not None and (self.slm is None or self.vector_route(sorted(map(float, scores), reverse=True)) != "ambiguous"):
             self._count("label_vector")
             return best
-        if self.llm is None:
+        if self.slm is None:
             return None
         cfg = self.config
         lines = "\n".join(f"Label {i + 1}: {prompts.clip(l, 80)}" for i, l in enumerate(labels))
@@ -494,12 +497,12 @@ class Organizer:
         """Cluster ids a query should search, from ``candidates`` (best vector match first).
 
         Default (``slm_select_clusters`` off, or no SLM, or it fails): all candidates, i.e.
-        the vector choice, with no LLM call. With it on, the SLM's picks first; the vector
+        the vector choice, with no SLM call. With it on, the SLM's picks first; the vector
         order is kept for ties and the best vector candidate is always included so a weak
         SLM cannot make recall collapse.
         """
         ids = [c.id for c in candidates]
-        if not self.config.select_clusters or self.llm is None or len(ids) <= 1:
+        if not self.config.select_clusters or self.slm is None or len(ids) <= 1:
             return ids
         lines = [
             prompts.group_line(i + 1, c.summary, c.tags, c.examples[0] if c.examples else "",
@@ -527,7 +530,7 @@ class Organizer:
         """Whether ``newer`` updates a fact ``older`` states (a constrained yes/no). None when
         judging is off, there is no SLM, or the SLM failed or answered out of its schema: the
         caller then changes nothing."""
-        if not self.config.updates or self.llm is None:
+        if not self.config.updates or self.slm is None:
             return None
         cfg = self.config
         user = (f"Older note: {prompts.note(older, cfg.max_note_chars)}\n"
@@ -549,7 +552,7 @@ class Organizer:
         None when evolution is off, there is no SLM, no neighbours, or the SLM failed: the
         caller then changes nothing.
         """
-        if not self.config.evolution or self.llm is None or not neighbours:
+        if not self.config.evolution or self.slm is None or not neighbours:
             return None
         cfg = self.config
         neighbours = list(neighbours)[:5]

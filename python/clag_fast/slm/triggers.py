@@ -1,6 +1,6 @@
 """Triggers: when the store should re-organise itself.
 
-Pure bookkeeping (no I/O, no LLM), thread-safe, so the store can feed it from ``add()`` and
+Pure bookkeeping (no I/O, no SLM), thread-safe, so the store can feed it from ``add()`` and
 ``search()`` on any thread and poll :meth:`Triggers.due`:
 
 * explicit: :meth:`Triggers.request` (``store.organize()``);

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from clag_fast._deprecated import STATS_RENAMES, RenamedKeys, renamed_kwargs
 from clag_fast.arguments import batch_namespaces
 from clag_fast.config import StoreConfig
 from clag_fast.errors import DimensionMismatchError, StoreFormatError
@@ -72,13 +73,14 @@ class MemoryStore:
         raise TypeError("use MemoryStore.open(path, ...)")
 
     @classmethod
+    @renamed_kwargs(llm="slm")
     def open(
         cls,
         path: str | Path,
         *,
         config: StoreConfig | None = None,
         embedder: Any = None,
-        llm: Any = None,
+        slm: Any = None,
         read_only: bool = False,
     ) -> "MemoryStore":
         """Create or reopen the store in directory ``path``.
@@ -86,15 +88,16 @@ class MemoryStore:
         config: a ``StoreConfig`` (its ``slm=SLMConfig(...)`` holds the organiser's knobs).
         embedder: None (the default ONNX MiniLM Embedder, loaded on first use), an object
           with ``encode(list[str]) -> float32[n, dim]``, or False (bring your own vectors).
-        llm: None (a managed SmolLM2 llama.cpp server when ``config.slm.mode == "auto"`` and
-          it is installed, started on first need), a server base URL, an ``LLMClient``, or
-          False (vector-only organisation).
+        slm: the small language model that organises: None (a managed SmolLM2 llama.cpp server
+          when ``config.slm.mode == "auto"`` and it is installed, started on first need), a
+          server base URL, an ``LLMClient``, or False (vector-only organisation). ``llm=`` is
+          its deprecated spelling.
         """
         self = object.__new__(cls)
-        self._init(Path(path), config, embedder, llm, read_only)
+        self._init(Path(path), config, embedder, slm, read_only)
         return self
 
-    def _init(self, path: Path, config: StoreConfig | None, embedder: Any, llm: Any, read_only: bool) -> None:
+    def _init(self, path: Path, config: StoreConfig | None, embedder: Any, slm: Any, read_only: bool) -> None:
         self.path = path
         self.read_only = read_only
         self._closed = True
@@ -131,7 +134,7 @@ class MemoryStore:
             # Vectors the caller gave while the store's embedder was the default one may come
             # from another model: then nothing is embedded to be compared with them.
             self._foreign = self._catalog.meta(FOREIGN_META) is not None
-            self._slm = SLMScheduler(self._state, llm, lambda texts: self._vectors(texts, None), self._same_space)
+            self._slm = SLMScheduler(self._state, slm, lambda texts: self._vectors(texts, None), self._same_space)
             self._closed = False
             with self._state.lock.write():
                 recovery.adopt_legacy_assignments(self._state)
@@ -1125,15 +1128,20 @@ class MemoryStore:
         return len(self._state)
 
     def stats(self) -> dict[str, Any]:
-        """Counts, cluster sizes, LLM calls and tokens, and timings. ``labels``: cluster labels
-        written since open, by kind (SLM pick, vector keyphrases, neutral, SLM picks replaced);
-        their quality is measured on demand by :meth:`label_quality`."""
+        """Counts, cluster sizes, SLM calls and tokens, and timings.
+
+        ``slm``: the SLM in words; ``slm_usage``: its calls, tokens, decisions and errors;
+        ``slm_calls_per_memory``; ``slm_pending``: its work not applied yet. ``labels``:
+        cluster labels written since open, by kind (SLM pick, vector keyphrases, neutral, SLM
+        picks replaced); their quality is measured on demand by :meth:`label_quality`. The
+        old keys ``llm`` and ``llm_calls_per_memory`` still read, with a DeprecationWarning.
+        """
         self._check_open()
         state = self._state
         c = state.counters
         sizes = state.index.cluster_sizes()
-        llm = self._slm.llm_stats()
-        return {
+        usage = self._slm.usage()
+        return RenamedKeys({
             "memories": len(state),
             "archived": self._catalog.readers().count_state(catalog_mod.ARCHIVED),
             "vector_rows": len(state.index),
@@ -1146,9 +1154,9 @@ class MemoryStore:
                             "size": len(state.embed_cache)},
             "organizations": c["organizations"],
             "routing": {k[7:]: v for k, v in c.items() if k.startswith("routed_")},
-            "llm": llm,
-            "llm_calls_per_memory": (llm.get("calls", 0) / c["adds"]) if c["adds"] else 0.0,
             "slm": self._slm.describe(),
+            "slm_usage": usage,
+            "slm_calls_per_memory": (usage.get("calls", 0) / c["adds"]) if c["adds"] else 0.0,
             "slm_pending": self._slm.pending(),
             "labels": self._slm.label_stats(),
             # The label work the writes earned and spent (``store.label_budget``), and what all
@@ -1160,7 +1168,7 @@ class MemoryStore:
             # labels, phrase ranking and embedding, SLM picks).
             "timings_s": {"embed": c["embed_s"], "add": c["add_s"], "search": c["search_s"],
                           "organize": c["organize_s"], "labels": c["label_s"]},
-        }
+        }, STATS_RENAMES, "MemoryStore.stats()")
 
     def refresh(self) -> None:
         """Read-only stores: reload to see what the writer has committed since open."""

@@ -51,7 +51,7 @@ class SLMScheduler:
 
     Args:
         state: the store's state.
-        llm_arg: what ``MemoryStore.open(llm=...)`` was given (None, a URL, a client, False).
+        slm_arg: what ``MemoryStore.open(slm=...)`` was given (None, a URL, a client, False).
         embed: embeds texts for the store (topics become centres); raises ValueError when the
             store has no embedder.
         same_space: whether ``embed`` embeds into the space of the store's vectors. When it
@@ -59,7 +59,7 @@ class SLMScheduler:
             and the SLM's choice alone, and topics do not become centres.
     """
 
-    def __init__(self, state: StoreState, llm_arg: Any, embed: Callable[[list[str]], np.ndarray],
+    def __init__(self, state: StoreState, slm_arg: Any, embed: Callable[[list[str]], np.ndarray],
                  same_space: Callable[[], bool] = lambda: True) -> None:
         from clag_fast.slm.connection import SLMConnection
         from clag_fast.slm.triggers import Triggers
@@ -73,7 +73,7 @@ class SLMScheduler:
         self.config = cfg.slm
         self._labels = list(cfg.labels) if cfg.labels else None
         #: The organiser and the SLM behind it (connected on first need).
-        self.connection = SLMConnection(llm_arg, self.config, labels=self._labels)
+        self.connection = SLMConnection(slm_arg, self.config, labels=self._labels)
         self._triggers = Triggers(self.config, organize_every=cfg.organize_period(len(state)))
         self._pending: list[tuple[int, int, str, list[int], list[float]]] = []
         self._pending_lock = threading.Lock()
@@ -143,7 +143,7 @@ class SLMScheduler:
         SLM picks replaced by the vector label because they read as another cluster."""
         return dict(self._label_counts)
 
-    def llm_stats(self) -> dict[str, Any]:
+    def usage(self) -> dict[str, Any]:
         """The client's call / token counts, and what the SLM decided: ``organizer_errors``
         (failed calls and unusable answers), ``decisions`` (accepted SLM decisions and vector
         fallbacks by kind: ``route_slm``, ``route_fallback``, ``profile``, ...), ``profiles``
