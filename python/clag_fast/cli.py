@@ -34,13 +34,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clag-fast", description="Adaptive clustered memory for SLM agents.")
     sub = p.add_subparsers(dest="command")
+    _store_commands(sub)
+    _data_commands(sub)
+    _service_commands(sub)
+    try:
+        from clag_fast.eval.runner import add_eval_parser
+    except ImportError:  # the evaluation needs optional extras; the rest of the CLI does not
+        pass
+    else:
+        add_eval_parser(sub)
+    return p
 
-    def store_opts(sp: argparse.ArgumentParser, default: str | None = "clag_store") -> None:
-        sp.add_argument("--store", default=default, help=f"store directory (default: {default})")
-        sp.add_argument("--slm", default=None,
-                        help="SLM server base URL; 'managed' (default) starts SmolLM2 when installed; 'off'")
-        renamed_option(sp, "--llm", "--slm")
 
+def _store_opts(sp: argparse.ArgumentParser, default: str | None = "clag_store") -> None:
+    sp.add_argument("--store", default=default, help=f"store directory (default: {default})")
+    sp.add_argument("--slm", default=None,
+                    help="SLM server base URL; 'managed' (default) starts SmolLM2 when installed; 'off'")
+    renamed_option(sp, "--llm", "--slm")
+
+
+def _store_commands(sub: Any) -> None:
+    """demo, ingest, search, clusters, stats: the commands that open a store in-process."""
+    store_opts = _store_opts
     d = sub.add_parser("demo", help="ingest the bundled trip-planning conversation, organise, query")
     d.add_argument("--plot", metavar="FILE.png", default=None,
                    help="where to draw the cluster map (default: ./clag_fast_demo_clusters.png)")
@@ -80,17 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     store_opts(st)
     st.set_defaults(func=cmd_stats)
 
-    sv = sub.add_parser("serve", help="run the store as an HTTP service (JSON API under /v1)")
-    sv.add_argument("--store", required=True, help="store directory (created when missing)")
-    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (non-loopback needs --keys)")
-    sv.add_argument("--port", type=int, default=8420)
-    sv.add_argument("--keys", default=None, help="keys file (TOML): API keys and the namespaces each may use")
-    sv.add_argument("--embed-cache", type=int, default=4096, metavar="N",
-                    help="vectors of recent texts kept, so a repeated query is not embedded again (0: none)")
-    _service_store_opts(sv)
-    _ray_opts(sv)
-    sv.set_defaults(func=cmd_serve)
 
+def _data_commands(sub: Any) -> None:
+    """export, import, topic: data in and out, and operations on one cluster."""
     ex = sub.add_parser("export", help="write the store's memories and clusters to a .jsonl or .parquet file")
     ex.add_argument("out", help="the file to write (.jsonl or .parquet)")
     ex.add_argument("--store", required=True, help="store directory")
@@ -134,6 +141,20 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--namespace", default=None, help="only the members of this namespace")
     tp.set_defaults(func=cmd_topic)
 
+
+def _service_commands(sub: Any) -> None:
+    """serve and mcp: the store behind HTTP or MCP."""
+    sv = sub.add_parser("serve", help="run the store as an HTTP service (JSON API under /v1)")
+    sv.add_argument("--store", required=True, help="store directory (created when missing)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (non-loopback needs --keys)")
+    sv.add_argument("--port", type=int, default=8420)
+    sv.add_argument("--keys", default=None, help="keys file (TOML): API keys and the namespaces each may use")
+    sv.add_argument("--embed-cache", type=int, default=4096, metavar="N",
+                    help="vectors of recent texts kept, so a repeated query is not embedded again (0: none)")
+    _service_store_opts(sv)
+    _ray_opts(sv)
+    sv.set_defaults(func=cmd_serve)
+
     m = sub.add_parser("mcp", help="serve one namespace of the store as MCP tools (stdio, or --http)")
     m.add_argument("--store", required=True, help="store directory (created when missing)")
     m.add_argument("--namespace", default="default", help="the one namespace the tools read and write")
@@ -142,14 +163,6 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--port", type=int, default=8421, help="with --http: port")
     _service_store_opts(m)
     m.set_defaults(func=cmd_mcp)
-
-    try:
-        from clag_fast.eval.runner import add_eval_parser
-    except ImportError:  # the evaluation needs optional extras; the rest of the CLI does not
-        pass
-    else:
-        add_eval_parser(sub)
-    return p
 
 
 # -- commands ---------------------------------------------------------------------------------
