@@ -337,3 +337,19 @@ def test_the_package_exports_every_error():
     for name in errors.__all__:
         assert getattr(clag_fast, name) is getattr(errors, name)
 
+
+
+#: Longest function body, in lines (its docstring aside): past this a step can take a name.
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_its_steps_need():
+    long = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                lines = node.end_lineno - node.lineno + 1 - (len(doc.splitlines()) + 1 if doc else 0)
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert long == []
