@@ -73,10 +73,10 @@ def test_record_replaces_this_machines_row_and_keeps_the_others(results, monkeyp
 
 def test_record_drops_the_remeasure_mark_of_the_row_it_replaces(results, monkeypatch):
     monkeypatch.setattr(record, "machine_id", lambda machines=None: "epyc-avx512")
-    tab = record.load("quality")["tables"]["locomo"]
-    assert any(r.get("remeasure") for r in tab["rows"] if r["key"] == "two-stage-hybrid@epyc-avx512")
-    record.record("quality", "locomo", "two-stage-hybrid", _cells(tab, "0.7"), command="clag-fast eval x.json")
-    row = next(r for r in record.load("quality")["tables"]["locomo"]["rows"] if r["key"] == "two-stage-hybrid@epyc-avx512")
+    tab = record.load("quality")["tables"]["fusion"]
+    assert any(r.get("remeasure") for r in tab["rows"] if r["key"] == "minmax-0.5@epyc-avx512")
+    record.record("quality", "fusion", "minmax-0.5", _cells(tab, "0.7"), command="python benches/eval_hybrid.py x")
+    row = next(r for r in record.load("quality")["tables"]["fusion"]["rows"] if r["key"] == "minmax-0.5@epyc-avx512")
     assert "remeasure" not in row
 
 
