@@ -179,6 +179,19 @@ class TableEmbedder:
 CFG = dict(slm="off", cache_size=0)
 
 
+def _open(path, **kw):
+    """``MemoryStore.open`` without an SLM, spelled for the build under test: ``--before`` may
+    name a build that predates the ``slm=`` spelling."""
+    from clag_fast import MemoryStore
+
+    try:
+        return MemoryStore.open(path, slm=False, **kw)
+    except TypeError as e:
+        if "slm" not in str(e):
+            raise
+        return MemoryStore.open(path, llm=False, **kw)
+
+
 def build_store(path: Path, n: int, syn: Synthetic, n_rate: int) -> dict:
     """Fill store ``path`` with n memories through ``add_many`` (batches of 10,000); over the
     first ``n_rate`` memories a second store with the lexical feed patched off (the
@@ -187,8 +200,8 @@ def build_store(path: Path, n: int, syn: Synthetic, n_rate: int) -> dict:
 
     out: dict = {"n": n}
     cfg = StoreConfig(**CFG)
-    a = MemoryStore.open(path, config=cfg, embedder=False, slm=False)
-    b = MemoryStore.open(path.with_name(path.name + "-vec"), config=cfg, embedder=False, slm=False)
+    a = _open(path, config=cfg, embedder=False)
+    b = _open(path.with_name(path.name + "-vec"), config=cfg, embedder=False)
     b._searcher.lexical.add = lambda *args: None  # noqa: SLF001 -- the vector-only baseline
     ta = tb = 0.0
     for c in range(0, n, BATCH):
@@ -230,11 +243,11 @@ def measure_store(path: Path, syn: Synthetic, nq: int, rounds: int, rebuild_open
         aside = lex.with_name("lexical.bin.bench-aside")
         lex.rename(aside)
         t0 = time.perf_counter()
-        MemoryStore.open(path, config=cfg, embedder=emb, slm=False, read_only=True).close()
+        _open(path, config=cfg, embedder=emb, read_only=True).close()
         out["open_s_rebuild"] = time.perf_counter() - t0
         aside.rename(lex)
     t0 = time.perf_counter()
-    a = MemoryStore.open(path, config=cfg, embedder=emb, slm=False, read_only=True)
+    a = _open(path, config=cfg, embedder=emb, read_only=True)
     out["open_s"] = time.perf_counter() - t0
     modes = (("vector_two_stage", 0.0, "two_stage"), ("hybrid_two_stage", None, "two_stage"),
              ("hybrid_flat", None, "flat"), ("vector_flat", 0.0, "flat"))
@@ -337,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child == "migrate":  # one writable open brings a store to this build's schema
         from clag_fast import MemoryStore, StoreConfig
 
-        MemoryStore.open(Path(args.path), config=StoreConfig(**CFG), embedder=False, slm=False).close()
+        _open(Path(args.path), config=StoreConfig(**CFG), embedder=False).close()
         print(json.dumps({}))
         return 0
     res: dict = {}
