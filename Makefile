@@ -45,7 +45,12 @@ install-test: install
 demo: install
 	$(BIN)/clag-fast demo
 
-test: install-test test-rust test-python
+# The Rust tests compile while pip installs the test tools: one waits mostly on the network,
+# the other on the CPU. A failed compile shows again, with its errors, in test-rust.
+test: install
+	cargo test --release --no-run -q >/dev/null 2>&1 & pid=$$!; \
+	$(MAKE) --no-print-directory install-test; rc=$$?; wait $$pid; exit $$rc
+	$(MAKE) --no-print-directory test-rust test-python
 
 test-rust:
 	cargo test --release
