@@ -979,28 +979,39 @@ def _talk_pools(found: dict[int, ClusterPhrases], top: int, slot: dict[int, int]
     """Per cluster: its talk phrases (``_talk_phrases``) ordered by margin, one per idea, the
     best ``WIDE_TALK``."""
     every = {c: _talk_phrases(ph, top) for c, ph in found.items()}
-    todo = [c for c in every if every[c]]
+    got = _cluster_margins({c: [k.text for k in pool] for c, pool in every.items()}, slot, centres, vectors)
+    return {c: _best_per_idea(every[c], mine, WIDE_TALK) for c, mine in got.items()}
+
+
+def _cluster_margins(texts: dict[int, list[str]], slot: dict[int, int], centres: np.ndarray,
+                     vectors: "_Vectors") -> dict[int, list[float]]:
+    """Per cluster with texts: each text's margin towards the cluster's centre (``margins``),
+    every cluster's texts embedded in one batch."""
+    todo = [c for c in texts if texts[c]]
     if not todo:
         return {}
-    m = margins(vectors([k.text for c in todo for k in every[c]]), [slot[c] for c in todo for _ in every[c]],
+    m = margins(vectors([t for c in todo for t in texts[c]]), [slot[c] for c in todo for _ in texts[c]],
                 centres).tolist()
-    out: dict[int, list[Keyphrase]] = {}
-    at = 0
+    out, at = {}, 0
     for c in todo:
-        pool = every[c]
-        mine = m[at:at + len(pool)]
-        at += len(pool)
-        taken: list[Keyphrase] = []
-        used: set[str] = set()
-        for j in sorted(range(len(pool)), key=lambda j: (-mine[j], j)):
-            words = _idea(pool[j].text)
-            if not words & used:
-                taken.append(pool[j])
-                used |= words
-            if len(taken) >= WIDE_TALK:
-                break
-        out[c] = taken
+        out[c] = m[at:at + len(texts[c])]
+        at += len(texts[c])
     return out
+
+
+def _best_per_idea(pool: list[Keyphrase], mine: list[float], limit: int) -> list[Keyphrase]:
+    """``pool`` by margin (``mine``), best first, dropping a phrase that shares a word of its
+    idea with a better one; at most ``limit``."""
+    taken: list[Keyphrase] = []
+    used: set[str] = set()
+    for j in sorted(range(len(pool)), key=lambda j: (-mine[j], j)):
+        words = _idea(pool[j].text)
+        if not words & used:
+            taken.append(pool[j])
+            used |= words
+        if len(taken) >= limit:
+            break
+    return taken
 
 
 def _measure_talk(live: dict[int, ClusterPhrases], pools: dict[int, list[Keyphrase]], slot: dict[int, int],
@@ -1022,15 +1033,8 @@ def _small_talk(live: dict[int, ClusterPhrases], got: dict[int, float], unsettle
     phrases does: their members talk ("thanks", "help", "see you") more than they say what
     about, and a member's stray noun would name a neighbour's topic."""
     talk = {c: [k.text for k in _talk_phrases(live[c], top)] for c in unsettled}
-    todo = [c for c in unsettled if talk[c]]
-    if todo:
-        m = margins(vectors([t for c in todo for t in talk[c]]), [slot[c] for c in todo for _ in talk[c]],
-                    centres).tolist()
-        at = 0
-        for c in todo:
-            mine = m[at:at + len(talk[c])]
-            at += len(talk[c])
-            live[c].talk = max(live[c].talk, max(mine))
+    for c, mine in _cluster_margins(talk, slot, centres, vectors).items():
+        live[c].talk = max(live[c].talk, max(mine))
     for c in unsettled:
         ph = live[c]
         if not _topical(ph) or ph.talk > 0 or ph.talk > got[c]:
@@ -1049,29 +1053,8 @@ def _wide_pools(found: dict[int, ClusterPhrases], slot: dict[int, int], centres:
     ``WIDE_PHRASES``), embedded in one batch for all clusters, ordered by margin, one per idea
     (a phrase sharing a word with a better one is dropped), the best ``WIDE_SHORTLIST``."""
     every = {c: ph.every_phrase(WIDE_PHRASES) for c, ph in found.items()}
-    todo = [c for c in every if every[c]]
-    texts = [k.text for c in todo for k in every[c]]
-    if not texts:
-        return {}
-    m = margins(vectors(texts), [slot[c] for c in todo for _ in every[c]], centres).tolist()
-    out: dict[int, list[Keyphrase]] = {}
-    at = 0
-    for c in todo:
-        pool = every[c]
-        mine = m[at:at + len(pool)]
-        at += len(pool)
-        taken: list[Keyphrase] = []
-        used: set[str] = set()
-        for j in sorted(range(len(pool)), key=lambda j: (-mine[j], j)):
-            words = _idea(pool[j].text)
-            if words & used:
-                continue
-            taken.append(pool[j])
-            used |= words
-            if len(taken) >= WIDE_SHORTLIST:
-                break
-        out[c] = taken
-    return out
+    got = _cluster_margins({c: [k.text for k in pool] for c, pool in every.items()}, slot, centres, vectors)
+    return {c: _best_per_idea(every[c], mine, WIDE_SHORTLIST) for c, mine in got.items()}
 
 
 def _look_again(live: dict[int, ClusterPhrases], got: dict[int, float], pools: dict[int, list[Keyphrase]],
