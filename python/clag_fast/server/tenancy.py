@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
+from clag_fast.store import routing
+
 
 def listed_in(memory: Any, margin: float) -> list[int]:
-    """The clusters that list ``memory``: its primary, and each secondary whose affinity is
-    within ``margin`` (``StoreConfig.spill_margin``) of the primary's."""
+    """The clusters that list ``memory``: the store's own membership rule
+    (``store.routing.memberships``) applied to its affinity records."""
     if not memory.clusters:
         return []
-    best = memory.clusters[0][1]
-    return [cid for rank, (cid, affinity) in enumerate(memory.clusters) if rank == 0 or affinity >= best - margin]
+    ids = np.asarray([[cid for cid, _ in memory.clusters]], np.int64)
+    scores = np.asarray([[affinity for _, affinity in memory.clusters]], np.float32)
+    return [int(c) for c in routing.memberships(ids, scores, ids.shape[1], margin)[0] if c >= 0]
 
 
 def cluster_namespaces(store: Any) -> dict[int, frozenset[str]]:
