@@ -243,8 +243,9 @@ class StoreService:
                 self._table = None
                 return
             margin = float(self.store.config.spill_margin)
-            for m in self.store.get_many(ids):
-                for cid in tenancy.listed_in(m, margin):
+            memories = self.store.get_many(ids)
+            for m, cids in zip(memories, tenancy.listed_in(memories, margin)):
+                for cid in cids:
                     self._table.setdefault(cid, set()).add(m.namespace)
 
     def cluster_namespaces(self) -> dict[int, set[str]]:

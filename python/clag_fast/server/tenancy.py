@@ -9,21 +9,26 @@ cosine 0.01) lists nothing and writes nothing into the label."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from clag_fast.store import routing
 
 
-def listed_in(memory: Any, margin: float) -> list[int]:
-    """The clusters that list ``memory``: the store's own membership rule
-    (``store.routing.memberships``) applied to its affinity records."""
-    if not memory.clusters:
-        return []
-    ids = np.asarray([[cid for cid, _ in memory.clusters]], np.int64)
-    scores = np.asarray([[affinity for _, affinity in memory.clusters]], np.float32)
-    return [int(c) for c in routing.memberships(ids, scores, ids.shape[1], margin)[0] if c >= 0]
+def listed_in(memories: Sequence[Any], margin: float) -> list[list[int]]:
+    """Per memory, the clusters that list it: the store's own membership rule
+    (``store.routing.memberships``) applied to its affinity records, one call per batch."""
+    k = max((len(m.clusters) for m in memories), default=0)
+    if k == 0:
+        return [[] for _ in memories]
+    ids = np.full((len(memories), k), -1, np.int64)
+    scores = np.full((len(memories), k), -np.inf, np.float32)
+    for i, m in enumerate(memories):
+        for j, (cid, affinity) in enumerate(m.clusters):
+            ids[i, j], scores[i, j] = cid, affinity
+    listed = routing.memberships(ids, scores, k, margin)
+    return [[int(c) for c in row if c >= 0] for row in listed.tolist()]
 
 
 def cluster_namespaces(store: Any) -> dict[int, frozenset[str]]:
@@ -34,8 +39,8 @@ def cluster_namespaces(store: Any) -> dict[int, frozenset[str]]:
     cursor = None
     while True:
         page = store.memories(limit=1000, cursor=cursor)
-        for m in page.items:
-            for cid in listed_in(m, margin):
+        for m, cids in zip(page.items, listed_in(page.items, margin)):
+            for cid in cids:
                 seen.setdefault(cid, set()).add(m.namespace)
         cursor = page.next_cursor
         if cursor is None:
