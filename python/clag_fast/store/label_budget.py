@@ -26,9 +26,9 @@ import threading
 __all__ = ["LabelBudget", "VECTOR_CREDIT", "TEXT_CREDIT", "EMBED_COST", "FIRST_LABEL_COST", "CALL_CREDIT"]
 
 # One unit: one member text ranked for a cluster's phrases, or one text's phrases extracted,
-# about 0.01-0.03 ms on 2 cores.
-#: Credit a memory added with its vector given earns: labelling then takes at most about a
-#: fifth of an add that runs at 5-10k memories/s (0.1-0.2 ms each).
+# 0.03-0.04 ms on 2 cores (0.08 ms on blob data; BENCHMARKS.md, "Labelling inside add_many").
+#: Credit a memory added with its vector given earns. The aim is labelling at about a fifth of
+#: an add; at the measured unit cost it takes 12-47% by data shape (the same topic).
 VECTOR_CREDIT = 1.0
 #: A new cluster's first label (its first member's phrases ranked alone, about 0.2 ms).
 FIRST_LABEL_COST = 8.0
