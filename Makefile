@@ -40,7 +40,7 @@ install: $(NATIVE_STAMP)
 install-test: install
 	$(BIN)/pip install -q pytest pytest-benchmark hypothesis matplotlib langchain-tests schemathesis \
 		fastapi uvicorn httpx 'mcp>=2,<3' langchain-core langgraph llama-index-core 'ray[serve,data]>=2.60,<3' \
-		pyarrow orjson pybase64 chromadb
+		pyarrow orjson pybase64 chromadb mem0ai langchain
 
 demo: install
 	$(BIN)/clag-fast demo

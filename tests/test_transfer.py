@@ -10,6 +10,7 @@ import io
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -401,6 +402,52 @@ def test_mem0_dump_reads_back_through_the_mem0_interface(tmp_path):
     assert "imported 2" in r.stdout
     with MemoryStore.open(tmp_path / "cli", config=CFG, slm=False) as s:
         assert s.config.dim == 384 and s.search("vegetarian", k=1, namespace="mem0")[0].text == "I am vegetarian"
+
+
+def test_mem0_package_dump(tmp_path, monkeypatch):
+    """A dump of the real mem0 ``Memory`` (its local Qdrant and SQLite history; memories added
+    with ``infer=False``, so no LLM is asked) imports with its ids, scopes, metadata and times."""
+    monkeypatch.setenv("MEM0_TELEMETRY", "False")
+    mem0 = pytest.importorskip("mem0")
+    pytest.importorskip("langchain")  # mem0's "langchain" embedder provider imports it
+    from langchain_core.embeddings import Embeddings
+
+    emb = HashingEmbedder(64)
+
+    class HashEmbeddings(Embeddings):
+        def embed_documents(self, texts):
+            return emb.encode(list(texts)).tolist()
+
+        def embed_query(self, text):
+            return emb.encode([text])[0].tolist()
+
+    m = mem0.Memory.from_config({
+        "vector_store": {"provider": "qdrant", "config": {"path": str(tmp_path / "qdrant"), "on_disk": True,
+                                                          "embedding_model_dims": 64, "collection_name": "t"}},
+        "embedder": {"provider": "langchain", "config": {"model": HashEmbeddings()}},
+        # Never called: infer=False stores the texts as given.
+        "llm": {"provider": "openai", "config": {"api_key": "unused", "openai_base_url": "http://127.0.0.1:9/v1"}},
+        "history_db_path": str(tmp_path / "history.db"),
+    })
+    m.add("I am allergic to peanuts", user_id="alice", infer=False, metadata={"source": "chat"})
+    m.add([{"role": "user", "content": "My flight leaves on Friday"}], user_id="alice", agent_id="planner",
+          infer=False)
+    m.add("I like green tea", user_id="bob", infer=False)
+    dump = m.get_all(filters={"user_id": "alice"})
+    assert len(dump["results"]) == 2
+    with MemoryStore.open(tmp_path / "dst", embedder=emb, config=CFG, slm=False) as s:
+        assert s.import_(transfer.from_mem0(dump))["imported"] == 2
+        for item in dump["results"]:
+            got = s.get(key=item["id"], namespace="mem0")
+            assert got.text == item["memory"]
+            assert got.metadata["user_id"] == "alice" and got.metadata["hash"] == item["hash"]
+            assert got.created_at == pytest.approx(datetime.fromisoformat(item["created_at"]).timestamp())
+        peanuts = next(i for i in dump["results"] if i["memory"].startswith("I am allergic"))
+        assert s.get(key=peanuts["id"], namespace="mem0").metadata["source"] == "chat"
+        flight = next(i for i in dump["results"] if i["memory"].startswith("My flight"))
+        assert s.get(key=flight["id"], namespace="mem0").metadata["agent_id"] == "planner"
+        assert s.search("peanuts", k=1, namespace="mem0")[0].key == peanuts["id"]
+        assert s.import_(transfer.from_mem0(dump))["imported"] == 0  # idempotent by mem0's id
 
 
 def test_langgraph_in_memory_store(tmp_path):
