@@ -94,6 +94,44 @@ def test_word_signals_read_from_the_installed_word_list_and_lexicon():
     assert not wc.specific_word("plan") and wc.specific_word("hotel") and not wc.specific_word("hotel", 2000)
 
 
+def test_word_class_cache_answers_as_the_packages_do(tmp_path, monkeypatch):
+    """The compact copy in the cache directory gives every lexicon word the parts of speech and
+    noun lemma ``lemminflect.getAllLemmas`` gives it and the ranks of ``wordfreq``'s list,
+    whether built now, read back, or rebuilt over a damaged file."""
+    import random
+
+    from lemminflect import getAllLemmas
+    from lemminflect.core.Lemmatizer import Lemmatizer
+    from wordfreq import top_n_list
+
+    from clag_fast.labels import wordclass as wc
+
+    monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
+    table = Lemmatizer()._getLemmaDict()
+    words = random.Random(0).sample(sorted(w for w in table if w == w.lower()), 3000)
+    words += ["hotels", "kaiseki", "committed", "ryokan", "12", "running", "children"]
+    ranked = top_n_list("en", wc._RANKED, wordlist="small")
+
+    def check() -> None:
+        for w in words:
+            want = getAllLemmas(w)
+            assert wc._classes(w) == frozenset(want), w
+            assert wc._entry(w)[1] == (want["NOUN"][0] if "NOUN" in want else None), w
+        assert all(wc.english_rank(w) == ranked.index(w) for w in ranked[:300])
+
+    for damage in (None, b"not marshal data", b"\xe9\x00\x00\x00\x00"):
+        monkeypatch.setattr(wc, "_lexicon", None)
+        monkeypatch.setattr(wc, "_ranks", None)
+        if damage is not None:
+            wc._cache_file().write_bytes(damage)
+        check()
+        assert wc._cache_file().is_file() and wc._cache_file().parent == tmp_path
+        assert len(list(tmp_path.iterdir())) == 1  # written in place, no temp file left
+    monkeypatch.setattr(wc, "_lexicon", None)
+    monkeypatch.setattr(wc, "_ranks", None)
+    check()  # read back from the file the last pass wrote
+
+
 def test_common_words_never_take_the_idea_of_a_topic_phrase():
     """"card" is shared by more members than "Suica card", but it is a common word: the topic
     phrase ranks first and keeps its idea."""
