@@ -653,6 +653,24 @@ def test_background_counts_hand_out_copies_and_forget_old_namespaces():
     assert len(read) == 8, "namespace 0 was the least recently counted of three: dropped, counted afresh"
 
 
+def test_background_counts_read_at_most_their_limit_and_stand_for_the_whole_sample():
+    bc = kp.BackgroundCounts()
+    phr = {r: {"all": "all", "even" if r % 2 == 0 else "odd": "x"} for r in range(100)}
+    read: list[int] = []
+
+    def phrases_of(rows: list[int]) -> dict[int, dict[str, str]]:
+        read.extend(rows)
+        return {r: phr[r] for r in rows}
+
+    assert bc.counts(0, list(range(100)), phrases_of, limit=0) is None and read == []
+    part = bc.counts(0, list(range(100)), phrases_of, limit=20)
+    assert len(read) == 20 and len(set(read)) == 20
+    assert part["all"] == 100 and 30 <= part["even"] <= 70  # 20 rows spread over the sample, scaled up
+    rest = bc.counts(0, list(range(100)), phrases_of, limit=1000)
+    assert len(read) == 100 and sorted(read) == list(range(100)), "each row read once"
+    assert rest["all"] == 100 and rest["even"] == 50 and rest["odd"] == 50
+
+
 # -- the fast tokeniser and extract against their plain versions ----------------------------
 # Pieces that exercise every rule: joiners, stopwords, numbers with separators, abbreviations,
 # markers, speakers, apostrophes, arrows, underscores, Greek and accented letters (casefold),
