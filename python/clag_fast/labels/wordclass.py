@@ -18,7 +18,7 @@ tell the kinds apart without a model:
 A word is **specific** when it may be a noun and is not common, or when it is a code written
 with letters and digits ("HK-220931", "AC1"); a number alone is not. Pure functions of a word,
 memoised. The word list and the lexicon are read once per process, on first use: from a
-compact copy in the cache directory (``$CLAG_FAST_CACHE`` or ``~/.cache/clag_fast``, about 30 ms),
+compact copy in the cache directory (``$CLAG_FAST_CACHE`` or ``~/.cache/clag_fast``, about 50 ms),
 which the first process builds from the two packages (about 0.4 s with their imports, a cost
 that otherwise fell on the first labels of every process: BENCHMARKS.md, "Labelling inside
 add_many").
