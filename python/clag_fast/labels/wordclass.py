@@ -18,7 +18,7 @@ tell the kinds apart without a model:
 A word is **specific** when it may be a noun and is not common, or when it is a code written
 with letters and digits ("HK-220931", "AC1"); a number alone is not. Pure functions of a word,
 memoised. The word list and the lexicon are read once per process, on first use: from a
-compact copy in the cache directory (``$CLAG_FAST_CACHE`` or ``~/.cache/clag_fast``, about 50 ms),
+compact copy in the cache directory (``$CLAG_FAST_CACHE`` or ``~/.cache/clag_fast``, about 30 ms),
 which the first process builds from the two packages (about 0.4 s with their imports, a cost
 that otherwise fell on the first labels of every process: BENCHMARKS.md, "Labelling inside
 add_many").
@@ -100,12 +100,13 @@ _ED_NOUNS = frozenset(
 
 _lock = threading.Lock()
 # word -> (the parts of speech it may be, its first noun lemma or None), and the English ranks.
-_lexicon: dict[str, tuple[frozenset[str], str | None]] | None = None
+_lexicon: dict[str, frozenset[str]] | None = None
+_nouns: dict[str, str] = {}  # a noun whose first lemma is another word ("hotels") -> that lemma
 _ranks: dict[str, int] | None = None
 # Parts of speech a noun phrase may start with (an adjective, a noun, a number, a name).
 _NOUN_PHRASE_START = frozenset({"NOUN", "PROPN", "ADJ", "NUM"})
 # Bump when what the cached copy holds changes.
-_CACHE_FORMAT = "2"
+_CACHE_FORMAT = "3"
 log = logging.getLogger(__name__)
 
 
@@ -114,7 +115,11 @@ log = logging.getLogger(__name__)
 _SOURCES = (("wordfreq", "data/small_en.msgpack.gz"), ("lemminflect", "resources/lemma_lu.csv.gz"),
             ("lemminflect", "resources/lemma_overrides.csv"))
 
-Lexicon = dict[str, tuple[frozenset[str], "str | None"]]
+# The copy as stored: the ranked words, then per set of parts of speech ("NOUN,VERB") its words,
+# then the nouns whose first lemma differs and those lemmas; each list one string, words one a
+# line. Splitting a few strings and filling a dict per set reads it in a few milliseconds where
+# unmarshalling a dict of 64k tuples took 25-50.
+Stored = tuple[str, dict[str, str], str, str]
 
 
 def _cache_file() -> Path | None:
@@ -141,10 +146,10 @@ def _cache_file() -> Path | None:
     return cache_dir() / f"wordclass-{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}.marshal"
 
 
-def _build() -> tuple[list[str], Lexicon]:
+def _build() -> Stored:
     """From the packages: the ``_RANKED`` most frequent English words, and each lower-case word
     of ``lemminflect``'s lexicon (its overrides applied, as ``getAllLemmas`` does) with its
-    parts of speech and first noun lemma (equal sets shared, so the copy stores each once)."""
+    parts of speech and first noun lemma."""
     try:
         from wordfreq import top_n_list
     except ImportError as e:  # pragma: no cover - a declared dependency
@@ -158,25 +163,31 @@ def _build() -> tuple[list[str], Lexicon]:
     ranked = top_n_list("en", _RANKED, wordlist="small")
     lemmatizer = Lemmatizer()
     table, overrides = lemmatizer._getLemmaDict(), lemmatizer._getOverridesDict()
-    kinds: dict[frozenset[str], frozenset[str]] = {}
-    words: Lexicon = {}
+    by_kind: dict[str, list[str]] = {}
+    plurals: list[str] = []
+    lemmas: list[str] = []
     # getAllLemmas looks words up lower-cased: capitalised entries are never found.
-    for w in sorted(w for w in set(table) | set(overrides) if w == w.lower()):
+    for w in sorted(w for w in set(table) | set(overrides) if w == w.lower() and "\n" not in w):
         entry = dict(table.get(w, {}))
         entry.update(overrides.get(w, {}))
         if entry:
+            by_kind.setdefault(",".join(sorted(entry)), []).append(w)
             noun = entry.get("NOUN", ())
-            words[w] = (kinds.setdefault(frozenset(entry), frozenset(entry)), noun[0].lower() if noun else None)
-    return ranked, words
+            if noun and noun[0].lower() != w:
+                plurals.append(w)
+                lemmas.append(noun[0].lower())
+    return ("\n".join(ranked), {k: "\n".join(ws) for k, ws in by_kind.items()}, "\n".join(plurals),
+            "\n".join(lemmas))
 
 
 def _valid(data: object) -> bool:
-    return (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], list) and isinstance(data[1], dict)
-            and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], frozenset)
-                    for v in list(data[1].values())[:100]))
+    return (isinstance(data, tuple) and len(data) == 4 and isinstance(data[0], str) and isinstance(data[1], dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in data[1].items())
+            and isinstance(data[2], str) and isinstance(data[3], str)
+            and data[2].count("\n") == data[3].count("\n"))
 
 
-def _read_or_build() -> tuple[list[str], Lexicon]:
+def _read_or_build() -> Stored:
     """The cached copy, or a fresh one (then written to the cache, replaced atomically). A
     cache that cannot be read or written only costs the build."""
     path = _cache_file()
@@ -203,12 +214,16 @@ def _read_or_build() -> tuple[list[str], Lexicon]:
 
 
 def _load() -> None:
-    global _lexicon, _ranks
+    global _lexicon, _nouns, _ranks
     if _lexicon is None:
         with _lock:  # once, not by two threads at once
             if _lexicon is None:
-                ranked, words = _read_or_build()
-                _ranks = {w: i for i, w in enumerate(ranked)}
+                ranked, by_kind, plurals, lemmas = _read_or_build()
+                _ranks = {w: i for i, w in enumerate(ranked.split("\n"))}
+                _nouns = dict(zip(plurals.split("\n"), lemmas.split("\n"))) if plurals else {}
+                words: dict[str, frozenset[str]] = {}
+                for kind, ws in by_kind.items():
+                    words.update(dict.fromkeys(ws.split("\n"), frozenset(kind.split(","))))
                 _lexicon = words
 
 
@@ -246,22 +261,22 @@ def function_word(word: str) -> bool:
     return _bare(word) in FUNCTION_WORDS
 
 
-_NONE: tuple[frozenset[str], None] = (frozenset(), None)
+_NONE: frozenset[str] = frozenset()
 
 
-def _entry(word: str) -> tuple[frozenset[str], str | None]:
-    """(parts of speech (Universal POS tags), first noun lemma) of a lower-case ``word`` in
-    ``lemminflect``'s lexicon; nothing for a word it does not know (names, foreign words,
-    codes)."""
+def _classes(word: str) -> frozenset[str]:
+    """The parts of speech (Universal POS tags) ``word`` (bare, casefolded) may be in
+    ``lemminflect``'s lexicon; empty for a word it does not know (names, foreign words, codes)."""
     if _lexicon is None:
         _load()
     assert _lexicon is not None
     return _lexicon.get(word.lower(), _NONE)
 
 
-def _classes(word: str) -> frozenset[str]:
-    """The parts of speech ``word`` (bare, casefolded) may be; empty for an unknown word."""
-    return _entry(word)[0]
+def _noun_lemma(word: str) -> str | None:
+    """The first noun lemma of a lower-case ``word`` ("hotels" -> "hotel"); None when the
+    lexicon does not know it as a noun."""
+    return _nouns.get(word, word) if "NOUN" in _classes(word) else None
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -291,7 +306,7 @@ def singular(word: str) -> str:
     w = word.casefold()
     if not w.endswith("s") or not w.isalpha():
         return w
-    return _entry(w)[1] or w
+    return _noun_lemma(w) or w
 
 
 @functools.lru_cache(maxsize=1 << 16)
