@@ -94,6 +94,44 @@ def test_word_signals_read_from_the_installed_word_list_and_lexicon():
     assert not wc.specific_word("plan") and wc.specific_word("hotel") and not wc.specific_word("hotel", 2000)
 
 
+def test_word_class_cache_answers_as_the_packages_do(tmp_path, monkeypatch):
+    """The compact copy in the cache directory gives every lexicon word the parts of speech and
+    noun lemma ``lemminflect.getAllLemmas`` gives it and the ranks of ``wordfreq``'s list,
+    whether built now, read back, or rebuilt over a damaged file."""
+    import random
+
+    from lemminflect import getAllLemmas
+    from lemminflect.core.Lemmatizer import Lemmatizer
+    from wordfreq import top_n_list
+
+    from clag_fast.labels import wordclass as wc
+
+    monkeypatch.setenv("CLAG_FAST_CACHE", str(tmp_path))
+    table = Lemmatizer()._getLemmaDict()
+    words = random.Random(0).sample(sorted(w for w in table if w == w.lower()), 3000)
+    words += ["hotels", "kaiseki", "committed", "ryokan", "12", "running", "children"]
+    ranked = top_n_list("en", wc._RANKED, wordlist="small")
+
+    def check() -> None:
+        for w in words:
+            want = getAllLemmas(w)
+            assert wc._classes(w) == frozenset(want), w
+            assert wc._noun_lemma(w) == (want["NOUN"][0] if "NOUN" in want else None), w
+        assert all(wc.english_rank(w) == ranked.index(w) for w in ranked[:300])
+
+    for damage in (None, b"not marshal data", b"\xe9\x00\x00\x00\x00"):
+        monkeypatch.setattr(wc, "_lexicon", None)
+        monkeypatch.setattr(wc, "_ranks", None)
+        if damage is not None:
+            wc._cache_file().write_bytes(damage)
+        check()
+        assert wc._cache_file().is_file() and wc._cache_file().parent == tmp_path
+        assert len(list(tmp_path.iterdir())) == 1  # written in place, no temp file left
+    monkeypatch.setattr(wc, "_lexicon", None)
+    monkeypatch.setattr(wc, "_ranks", None)
+    check()  # read back from the file the last pass wrote
+
+
 def test_common_words_never_take_the_idea_of_a_topic_phrase():
     """"card" is shared by more members than "Suica card", but it is a common word: the topic
     phrase ranks first and keeps its idea."""
@@ -613,6 +651,24 @@ def test_background_counts_hand_out_copies_and_forget_old_namespaces():
     read: list[int] = []
     bc.counts(0, list(range(2, 10)), lambda rows: read.extend(rows) or {r: phr[r] for r in rows})
     assert len(read) == 8, "namespace 0 was the least recently counted of three: dropped, counted afresh"
+
+
+def test_background_counts_read_at_most_their_limit_and_stand_for_the_whole_sample():
+    bc = kp.BackgroundCounts()
+    phr = {r: {"all": "all", "even" if r % 2 == 0 else "odd": "x"} for r in range(100)}
+    read: list[int] = []
+
+    def phrases_of(rows: list[int]) -> dict[int, dict[str, str]]:
+        read.extend(rows)
+        return {r: phr[r] for r in rows}
+
+    assert bc.counts(0, list(range(100)), phrases_of, limit=0) is None and read == []
+    part = bc.counts(0, list(range(100)), phrases_of, limit=20)
+    assert len(read) == 20 and len(set(read)) == 20
+    assert part["all"] == 100 and 30 <= part["even"] <= 70  # 20 rows spread over the sample, scaled up
+    rest = bc.counts(0, list(range(100)), phrases_of, limit=1000)
+    assert len(read) == 100 and sorted(read) == list(range(100)), "each row read once"
+    assert rest["all"] == 100 and rest["even"] == 50 and rest["odd"] == 50
 
 
 # -- the fast tokeniser and extract against their plain versions ----------------------------

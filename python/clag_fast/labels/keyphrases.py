@@ -369,6 +369,9 @@ class ClusterPhrases:
     # cluster, and the label is the best of hundreds of combinations embedded.
     wide: bool = False
     members: int = 0  # the cluster's live members (``rank``: those it read; the wide look serves bigger clusters first)
+    # The document counts came from the namespace's whole sample (not only the part of it a
+    # bounded pass read so far: ``BackgroundCounts.counts``'s ``limit``).
+    complete: bool = True
     # Each embedded phrase's margin alone (``by_distinctness``): > 0 when it points at this
     # cluster's centre rather than another.
     margins: dict[str, float] = field(default_factory=dict)
@@ -468,12 +471,17 @@ class BackgroundCounts:
         self.max_namespaces = max_namespaces
         self._by_ns: OrderedDict[int, tuple[dict[int, tuple[str, ...]], Counter[str]]] = OrderedDict()
         self._lock = threading.Lock()
+        #: Whether the last ``counts`` call counted every row of its sample.
+        self.last_complete = True
 
     def counts(self, ns: int, take: list[int], phrases_of: Callable[[list[int]], dict[int, dict[str, str]]],
-               scale: float = 1.0) -> Counter[str]:
+               scale: float = 1.0, limit: int | None = None) -> Counter[str] | None:
         """Counts over the rows ``take``, each times ``scale`` (rounded: the sample stands for
         ``scale`` times as many rows); ``phrases_of(rows)`` gives the phrases of rows not
-        counted yet (a row it leaves out counts as having none, as before)."""
+        counted yet (a row it leaves out counts as having none, as before). ``limit``: read at
+        most that many rows not counted yet (spread evenly over them); the counts then stand
+        for the whole sample from the rows counted so far, and the rest are read by later
+        calls. None when no row of the sample is counted."""
         with self._lock:
             held, df = self._by_ns.get(ns, ({}, Counter()))
             wanted = set(take)
@@ -483,7 +491,9 @@ class BackgroundCounts:
                 held, df, gone, new = {}, Counter(), [], list(take)
             for r in gone:
                 df.subtract(held.pop(r))
-            got = phrases_of(new)
+            if limit is not None and len(new) > limit:
+                new = new[::-(-len(new) // max(1, limit))][:limit] if limit > 0 else []
+            got = phrases_of(new) if new else {}
             for r in new:
                 keys = tuple(got.get(r, {}))
                 held[r] = keys
@@ -492,6 +502,10 @@ class BackgroundCounts:
             self._by_ns.move_to_end(ns)
             while len(self._by_ns) > self.max_namespaces:
                 self._by_ns.popitem(last=False)
+            self.last_complete = len(held) == len(take)
+            if not held:
+                return None
+            scale *= len(take) / len(held)
             # A copy: the ranking keeps the counts in closures used after this returns, and
             # the next pass updates the held ones in place.
             if scale == 1.0:

@@ -17,14 +17,22 @@ tell the kinds apart without a model:
 
 A word is **specific** when it may be a noun and is not common, or when it is a code written
 with letters and digits ("HK-220931", "AC1"); a number alone is not. Pure functions of a word,
-memoised; the word list and the lexicon are read once, on first use (together under a second
-with the imports).
+memoised. The word list and the lexicon are read once per process, on first use: from a
+compact copy in the cache directory (``$CLAG_FAST_CACHE`` or ``~/.cache/clag_fast``, about 30 ms),
+which the first process builds from the two packages (about 0.4 s with their imports, a cost
+that otherwise fell on the first labels of every process: BENCHMARKS.md, "Labelling inside
+add_many").
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import marshal
+import os
+import sys
 import threading
+from pathlib import Path
 
 __all__ = ["COMMON_WORDS", "english_rank", "is_common", "noun_like", "opens_noun_phrase", "specific_word",
            "singular", "function_word", "FUNCTION_WORDS", "CHAT_WORDS", "TIME_WORDS"]
@@ -91,25 +99,139 @@ _ED_NOUNS = frozenset(
 )
 
 _lock = threading.Lock()
+# word -> (the parts of speech it may be, its first noun lemma or None), and the English ranks.
+_lexicon: dict[str, frozenset[str]] | None = None
+_nouns: dict[str, str] = {}  # a noun whose first lemma is another word ("hotels") -> that lemma
 _ranks: dict[str, int] | None = None
-_lexicon_ready = False
 # Parts of speech a noun phrase may start with (an adjective, a noun, a number, a name).
 _NOUN_PHRASE_START = frozenset({"NOUN", "PROPN", "ADJ", "NUM"})
+# Bump when what the cached copy holds changes.
+_CACHE_FORMAT = "3"
+log = logging.getLogger(__name__)
+
+
+# The package files the copy is made from: it is keyed by their sizes and times, so a new
+# version of either package makes a new copy.
+_SOURCES = (("wordfreq", "data/small_en.msgpack.gz"), ("lemminflect", "resources/lemma_lu.csv.gz"),
+            ("lemminflect", "resources/lemma_overrides.csv"))
+
+# The copy as stored: the ranked words, then per set of parts of speech ("NOUN,VERB") its words,
+# then the nouns whose first lemma differs and those lemmas; each list one string, words one a
+# line. Splitting a few strings and filling a dict per set reads it in a few milliseconds where
+# unmarshalling a dict of 64k tuples took 25-50.
+Stored = tuple[str, dict[str, str], str, str]
+
+
+def _cache_file() -> Path | None:
+    """The cached copy for the installed packages and this Python (``marshal``'s format is
+    Python's own), or None when a source file is not where it is looked for (then nothing is
+    cached). The packages are found without importing them (their imports take most of the
+    build's time)."""
+    import hashlib
+    import importlib.util
+
+    from clag_fast.embed.modelfiles import cache_dir
+
+    key = [_CACHE_FORMAT, sys.version]
+    for package, name in _SOURCES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        f = Path(list(spec.submodule_search_locations)[0]) / name
+        try:
+            st = f.stat()
+        except OSError:
+            return None
+        key += [str(f), str(st.st_size), str(st.st_mtime_ns)]
+    return cache_dir() / f"wordclass-{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}.marshal"
+
+
+def _build() -> Stored:
+    """From the packages: the ``_RANKED`` most frequent English words, and each lower-case word
+    of ``lemminflect``'s lexicon (its overrides applied, as ``getAllLemmas`` does) with its
+    parts of speech and first noun lemma."""
+    try:
+        from wordfreq import top_n_list
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise ImportError("label specificity needs wordfreq: pip install wordfreq") from e
+    try:
+        from lemminflect.core.Lemmatizer import Lemmatizer
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise ImportError("label specificity needs lemminflect: pip install lemminflect") from e
+    # The small list: every word this module ranks is in it, and it reads in ~20 ms where the
+    # large one takes seconds.
+    ranked = top_n_list("en", _RANKED, wordlist="small")
+    lemmatizer = Lemmatizer()
+    table, overrides = lemmatizer._getLemmaDict(), lemmatizer._getOverridesDict()
+    by_kind: dict[str, list[str]] = {}
+    plurals: list[str] = []
+    lemmas: list[str] = []
+    # getAllLemmas looks words up lower-cased: capitalised entries are never found.
+    for w in sorted(w for w in set(table) | set(overrides) if w == w.lower() and "\n" not in w):
+        entry = dict(table.get(w, {}))
+        entry.update(overrides.get(w, {}))
+        if entry:
+            by_kind.setdefault(",".join(sorted(entry)), []).append(w)
+            noun = entry.get("NOUN", ())
+            if noun and noun[0].lower() != w:
+                plurals.append(w)
+                lemmas.append(noun[0].lower())
+    return ("\n".join(ranked), {k: "\n".join(ws) for k, ws in by_kind.items()}, "\n".join(plurals),
+            "\n".join(lemmas))
+
+
+def _valid(data: object) -> bool:
+    return (isinstance(data, tuple) and len(data) == 4 and isinstance(data[0], str) and isinstance(data[1], dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in data[1].items())
+            and isinstance(data[2], str) and isinstance(data[3], str)
+            and data[2].count("\n") == data[3].count("\n"))
+
+
+def _read_or_build() -> Stored:
+    """The cached copy, or a fresh one (then written to the cache, replaced atomically). A
+    cache that cannot be read or written only costs the build."""
+    path = _cache_file()
+    if path is not None:
+        try:
+            data = marshal.loads(path.read_bytes())
+            if _valid(data):
+                return data
+            log.debug("%s: not a word-class cache, rebuilt", path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, EOFError, TypeError) as e:
+            log.debug("%s unreadable (%s: %s), rebuilt", path, type(e).__name__, e)
+    data = _build()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(marshal.dumps(data))
+            os.replace(tmp, path)
+        except OSError as e:
+            log.debug("word-class cache not written to %s (%s: %s)", path, type(e).__name__, e)
+    return data
+
+
+def _load() -> None:
+    global _lexicon, _nouns, _ranks
+    if _lexicon is None:
+        with _lock:  # once, not by two threads at once
+            if _lexicon is None:
+                ranked, by_kind, plurals, lemmas = _read_or_build()
+                _ranks = {w: i for i, w in enumerate(ranked.split("\n"))}
+                _nouns = dict(zip(plurals.split("\n"), lemmas.split("\n"))) if plurals else {}
+                words: dict[str, frozenset[str]] = {}
+                for kind, ws in by_kind.items():
+                    words.update(dict.fromkeys(ws.split("\n"), frozenset(kind.split(","))))
+                _lexicon = words
 
 
 def _english_ranks() -> dict[str, int]:
     """Rank (0 = most frequent) of the ``_RANKED`` most frequent English words."""
-    global _ranks
     if _ranks is None:
-        with _lock:
-            if _ranks is None:
-                try:
-                    from wordfreq import top_n_list
-                except ImportError as e:  # pragma: no cover - a declared dependency
-                    raise ImportError("label specificity needs wordfreq: pip install wordfreq") from e
-                # The small list: every word this module ranks is in it, and it reads in ~20 ms
-                # where the large one takes seconds.
-                _ranks = {w: i for i, w in enumerate(top_n_list("en", _RANKED, wordlist="small"))}
+        _load()
+    assert _ranks is not None
     return _ranks
 
 
@@ -139,24 +261,22 @@ def function_word(word: str) -> bool:
     return _bare(word) in FUNCTION_WORDS
 
 
-def _lemmas(word: str) -> dict[str, tuple[str, ...]]:
-    """``lemminflect``'s lemmas of ``word`` (casefolded) by part of speech (Universal POS tags);
-    empty for a word its lexicon does not know (names, foreign words, codes)."""
-    global _lexicon_ready
-    try:
-        from lemminflect import getAllLemmas
-    except ImportError as e:  # pragma: no cover - a declared dependency
-        raise ImportError("label specificity needs lemminflect: pip install lemminflect") from e
-    if not _lexicon_ready:
-        with _lock:  # its lexicon loads on the first lookup: once, not by two threads at once
-            getAllLemmas("word")
-            _lexicon_ready = True
-    return getAllLemmas(word)
+_NONE: frozenset[str] = frozenset()
 
 
 def _classes(word: str) -> frozenset[str]:
-    """The parts of speech ``word`` (bare, casefolded) may be; empty for an unknown word."""
-    return frozenset(_lemmas(word))
+    """The parts of speech (Universal POS tags) ``word`` (bare, casefolded) may be in
+    ``lemminflect``'s lexicon; empty for a word it does not know (names, foreign words, codes)."""
+    if _lexicon is None:
+        _load()
+    assert _lexicon is not None
+    return _lexicon.get(word.lower(), _NONE)
+
+
+def _noun_lemma(word: str) -> str | None:
+    """The first noun lemma of a lower-case ``word`` ("hotels" -> "hotel"); None when the
+    lexicon does not know it as a noun."""
+    return _nouns.get(word, word) if "NOUN" in _classes(word) else None
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -186,8 +306,7 @@ def singular(word: str) -> str:
     w = word.casefold()
     if not w.endswith("s") or not w.isalpha():
         return w
-    lemmas = _lemmas(w).get("NOUN", ())
-    return lemmas[0] if lemmas else w
+    return _noun_lemma(w) or w
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -40,9 +40,12 @@ def _phrases_of_rows(state: StoreState, row_list: list[int], cache: PhraseCache)
 
 
 def cluster_phrases(state: StoreState, cids: Iterable[int], cache: PhraseCache,
-                    limit: int = 12) -> dict[int, ClusterPhrases]:
+                    limit: int = 12, background_reads: int | None = None) -> dict[int, ClusterPhrases]:
     """Ranked candidates for clusters ``cids`` against their namespace (the namespace most of
-    their members are in). Call under the store's read lock."""
+    their members are in). ``background_reads``: rows of the namespaces' samples read for the
+    first time at most (None: every one; ``BackgroundCounts.counts``'s ``limit``, shared in
+    order); a cluster whose namespace has no row counted yet is ranked as a first label is,
+    without document counts. Call under the store's read lock."""
     idx, rows = state.index, state.rows
     cids = [int(c) for c in cids]
     if not cids:
@@ -84,14 +87,23 @@ def cluster_phrases(state: StoreState, cids: Iterable[int], cache: PhraseCache,
         need.update(m.tolist())
     row_text = _texts_of_rows(state, sorted(need))
     phr = {r: cache.get(t) for r, t in row_text.items()}
-    bg_df: dict[int, tuple[Counter, int]] = {}
-    for ns, (take, scale) in background.items():
-        df = cache.background.counts(ns, take.tolist(), lambda rows: _phrases_of_rows(state, rows, cache), scale)
-        bg_df[ns] = (df, int(round(len(take) * scale)))
+    bg_df: dict[int, tuple[Counter | None, int]] = {}
+    left = background_reads
+    partial: set[int] = set()
+    for ns, (take, scale) in sorted(background.items()):
+        misses = cache.misses
+        df = cache.background.counts(ns, take.tolist(), lambda rows: _phrases_of_rows(state, rows, cache), scale,
+                                     limit=left)
+        if left is not None:
+            left = max(0, left - (cache.misses - misses))
+        bg_df[ns] = (df, int(round(len(take) * scale)) if df is not None else 0)
+        if not cache.background.last_complete:
+            partial.add(ns)
     out = {}
     for c, m in members.items():
         df, n_bg = bg_df[ns_of[c]]
         read = [r for r in m.tolist() if r in phr]
         out[c] = rank([phr[r] for r in read], df, n_bg, limit, texts=[row_text[r] for r in read])
         out[c].members = sizes[c]
+        out[c].complete = ns_of[c] not in partial
     return out

@@ -3,16 +3,21 @@
 Labelling inside ``add_many`` (a new cluster's first label, the periodic passes' profiles) costs
 about the same whatever the memories are, while an add costs very different amounts: a
 memory whose text the store embeds takes milliseconds, one whose vector is given a few
-microseconds. Without a bound, data that opens a cluster for most memories (isotropic
+hundredths of one. Without a bound, data that opens a cluster for most memories (isotropic
 vectors) spent nearly all of ``add_many`` labelling. So every memory added earns credit in
 proportion to what adding it cost, and label work spends it: a text ranked for a cluster's
 phrases counts one unit, a text read for the first time (a new member, a row new to the
 namespace's sample: about once per row) one more, a phrase embedded ``EMBED_COST``, a new
-cluster's first label ``FIRST_LABEL_COST``. A pass starts only with credit for the clusters
-it takes and is charged what it did, so label work runs ahead of the credit by at most one
-pass. Work the credit does not cover waits: a new cluster keeps an empty label
-and a periodic pass labels fewer clusters (unlabelled first) until later adds pay for it;
-``MemoryStore.organize()`` labels everything, and the cold start its clusters, unbudgeted.
+cluster's first label ``FIRST_LABEL_COST``, a pass that labels ``PASS_COST`` besides.
+
+Label work never runs ahead of the credit. A pass takes a cluster only where the credit covers
+the most it can cost (every member read for the first time), and reads the rows of the
+namespace's sample it has not counted yet with what is left: the rest are read by later
+passes, and a label ranked against part of the sample is redone by the next pass that gets to
+it. Work the credit does not cover waits: a new cluster keeps an empty label and a periodic pass
+labels fewer clusters (unlabelled first) until later adds pay for it. ``MemoryStore.organize()``
+labels everything, and the cold start its clusters (so a small store has every cluster
+labelled), unbudgeted.
 
 The units are counts, not seconds, so a store labels the same clusters whatever the machine's
 load; the constants say what a unit costs next to an add (BENCHMARKS.md, "Labelling inside
@@ -23,19 +28,23 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["LabelBudget", "VECTOR_CREDIT", "TEXT_CREDIT", "EMBED_COST", "FIRST_LABEL_COST", "CALL_CREDIT"]
+__all__ = ["LabelBudget", "VECTOR_CREDIT", "TEXT_CREDIT", "EMBED_COST", "FIRST_LABEL_COST", "CALL_CREDIT",
+           "PASS_COST"]
 
 # One unit: one member text ranked for a cluster's phrases, or one text's phrases extracted,
-# 0.03-0.04 ms on 2 cores (0.08 ms on blob data; BENCHMARKS.md, "Labelling inside add_many").
-#: Credit a memory added with its vector given earns. The aim is labelling at about a fifth of
-#: an add; at the measured unit cost it takes 12-47% by data shape (the same topic).
-VECTOR_CREDIT = 1.0
+# 0.03-0.05 ms on 2 cores (BENCHMARKS.md, "Labelling inside add_many").
+#: Credit a memory added with its vector given earns. An add with its vector given costs about
+#: 0.05-0.2 ms of which labelling is to take at most a fifth: 0.4 units, with the call's own
+#: credit, holds the labelling share to 9-18% by data shape (the same topic).
+VECTOR_CREDIT = 0.4
 #: A new cluster's first label (its first member's phrases ranked alone, about 0.2 ms).
 FIRST_LABEL_COST = 8.0
 #: Credit every write call earns besides its memories': a call costs a transaction (about a
 #: millisecond), and this lets each pay for a first label, so small writes keep every cluster
 #: labelled.
 CALL_CREDIT = FIRST_LABEL_COST
+#: A pass that labels: its reads and the transaction that writes its labels (about 3 ms).
+PASS_COST = 64.0
 #: A label phrase embedded (a few tokens through the embedder, about 1 ms on 2 cores).
 EMBED_COST = 25.0
 #: Credit a memory whose text the store embeds earns (its embedding, 5-20 ms): a fifth of it.

@@ -27,7 +27,7 @@ import numpy as np
 from clag_fast.labels import keyphrases
 from clag_fast.store import organize as org_ops
 from clag_fast.store.cluster_phrases import MAX_MEMBERS, cluster_phrases
-from clag_fast.store.label_budget import EMBED_COST, LabelBudget
+from clag_fast.store.label_budget import EMBED_COST, PASS_COST, LabelBudget
 from clag_fast.store import placement as place_ops
 from clag_fast.store.state import StoreState
 
@@ -459,8 +459,9 @@ class SLMScheduler:
                 settled = state.catalog.clusters_created_before(float(before)) if before else set()
         report["profiles"], report["profiles_deferred"] = self.write_profiles(
             use_slm=use_slm, budget_s=budget, progress=progress, recheck=reason == "explicit", slm_only=settled,
-            # The cold start labels its clusters unbudgeted: once per store, about two texts
-            # read per row of the first batch, less than its k-means costs.
+            # The cold start labels its clusters unbudgeted, so a small store has every cluster
+            # labelled: once per store, about two texts read per row of the first batch
+            # (a few milliseconds per hundred rows), less than its k-means costs.
             budgeted=reason not in ("explicit", "cold_start"),
             limit=label_limit if label_limit is not None or reason in ("explicit", "cold_start")
             else LABELS_PER_PASS)
@@ -498,11 +499,12 @@ class SLMScheduler:
                         progress: Callable[[str, int, int], None] | None, recheck: bool, limit: int | None,
                         slm_only: set[int] | None, budgeted: bool) -> tuple[int, int]:
         todo = self._profile_todo(limit, ordered=budgeted)
+        reads = None
         if budgeted:
-            todo = self._affordable(todo)
+            todo, reads = self._affordable(todo)
         relabel = self._stale_labels(set(todo)) if recheck else []
         misses = self._phrases.misses
-        look = self._look(todo, relabel)
+        look = self._look(todo, relabel, reads)
         # Texts read for the first time (new members, rows new to the namespace's sample; each
         # row about once in its life) count once more: they were fetched and their phrases
         # extracted.
@@ -513,7 +515,8 @@ class SLMScheduler:
         if not todo and not relabel:
             return 0, 0
         embed, best, embedded = self._rank_phrases(look)
-        units = sum(min(ph.members, MAX_MEMBERS) for ph in look.phrases.values()) + fresh + EMBED_COST * embedded
+        units = (PASS_COST + sum(min(ph.members, MAX_MEMBERS) for ph in look.phrases.values()) + fresh
+                 + EMBED_COST * embedded)
         self._state.count("label_units", units)
         if budgeted:
             self.labels.spend(units)
@@ -552,7 +555,10 @@ class SLMScheduler:
         with self._state.lock.write():
             # Sizes as the labels saw them: in background mode adds keep coming while the SLM
             # answers, and a cluster that grew meanwhile must be profiled again.
-            org_ops.save_profiles(self._state, profiles, time.time(), unprofiled=pending_slm,
+            # A label ranked against part of the namespace's sample (a bounded pass) is redone
+            # by the next pass that gets to it, as a first label is.
+            partial = {c for c in profiles if c in look.phrases and not look.phrases[c].complete}
+            org_ops.save_profiles(self._state, profiles, time.time(), unprofiled=pending_slm | partial,
                                   sizes_then=look.sizes_then)
         if progress is not None:
             progress("profiles", len(profiles), len(todo))
@@ -571,24 +577,32 @@ class SLMScheduler:
                 todo = todo[:limit]
         return todo
 
-    def _affordable(self, todo: list[int]) -> list[int]:
-        """The first clusters of ``todo`` the label budget covers: each costs its members read
-        (at most ``MAX_MEMBERS``) and, with an embedder of the store's space, its phrases
-        embedded (``PHRASES_PER_LABEL``). The pass then charges what it really did, the texts
-        it read for the first time included, so the credit may end a pass below zero: the
-        next passes wait until writes have paid it back."""
+    def _affordable(self, todo: list[int]) -> tuple[list[int], int]:
+        """The first clusters of ``todo`` the label budget covers, and how many rows of the
+        namespace samples the pass may read for the first time with the credit they leave.
+        A cluster is taken at the most it can cost: its members ranked and each read for the
+        first time (at most ``MAX_MEMBERS``), and, with an embedder of the store's space, its
+        phrases embedded (``PHRASES_PER_LABEL``); the first one also pays ``PASS_COST``. The pass then charges what it did, so it
+        never spends more than the credit it started with. No cluster covered: no pass."""
         state = self._state
         with state.lock.read():
             _, size = state.cluster_table()
         per = EMBED_COST * PHRASES_PER_LABEL if self._space_embed() is not None else 0.0
-        return todo[:self.labels.affordable([min(size.get(c, 0), MAX_MEMBERS) + per for c in todo])]
+        costs = [2 * min(size.get(c, 0), MAX_MEMBERS) + per for c in todo]
+        if costs:
+            costs[0] += PASS_COST  # the pass itself comes with its first cluster
+        n = self.labels.affordable(costs)
+        if n == 0:
+            return [], 0
+        return todo[:n], max(0, int(self.labels.credit - sum(costs[:n])))
 
-    def _look(self, todo: list[int], relabel: list[int]) -> "_ProfileLook":
-        """What the labels are made from, read under the read lock in one look."""
+    def _look(self, todo: list[int], relabel: list[int], reads: int | None = None) -> "_ProfileLook":
+        """What the labels are made from, read under the read lock in one look (``reads``:
+        ``cluster_phrases``'s ``background_reads``)."""
         state = self._state
         with state.lock.read():
             briefs = self._briefs(set(todo))
-            phrases = cluster_phrases(state, todo + relabel, self._phrases)
+            phrases = cluster_phrases(state, todo + relabel, self._phrases, background_reads=reads)
             _, sizes_then = state.cluster_table()
             ids = state.index.cluster_ids().tolist()
             centres = np.array(state.index.centres(), np.float32)
