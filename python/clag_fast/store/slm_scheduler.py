@@ -582,8 +582,9 @@ class SLMScheduler:
         namespace samples the pass may read for the first time with the credit they leave.
         A cluster is taken at the most it can cost: its members ranked and each read for the
         first time (at most ``MAX_MEMBERS``), and, with an embedder of the store's space, its
-        phrases embedded (``PHRASES_PER_LABEL``); the first one also pays ``PASS_COST``. The pass then charges what it did, so it
-        never spends more than the credit it started with. No cluster covered: no pass."""
+        phrases embedded (``PHRASES_PER_LABEL``); the first one also pays ``PASS_COST``. The
+        pass then charges what it did, so it never spends more than the credit it started
+        with. No cluster covered: no pass."""
         state = self._state
         with state.lock.read():
             _, size = state.cluster_table()
