@@ -155,14 +155,17 @@ def _build() -> Stored:
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise ImportError("label specificity needs wordfreq: pip install wordfreq") from e
     try:
-        from lemminflect.core.Lemmatizer import Lemmatizer
+        from lemminflect import config as lemminflect_config
+        from lemminflect.codecs.LemmaLUCodec import LemmaLUCodec
+        from lemminflect.codecs.OverridesCodec import OverridesCodec
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise ImportError("label specificity needs lemminflect: pip install lemminflect") from e
     # The small list: every word this module ranks is in it, and it reads in ~20 ms where the
     # large one takes seconds.
     ranked = top_n_list("en", _RANKED, wordlist="small")
-    lemmatizer = Lemmatizer()
-    table, overrides = lemmatizer._getLemmaDict(), lemmatizer._getOverridesDict()
+    # The two files lemminflect's Lemmatizer reads, through its own codecs.
+    table = LemmaLUCodec.load(lemminflect_config.lemma_lu_fn)
+    overrides = OverridesCodec.load(lemminflect_config.lemma_overrides_fn)
     by_kind: dict[str, list[str]] = {}
     plurals: list[str] = []
     lemmas: list[str] = []
