@@ -63,7 +63,12 @@ def test_a_managed_server_that_cannot_start_is_reported_once(tmp_path, monkeypat
         assert st["slm"] == st["slm_usage"]["unavailable"]
         assert st["slm_usage"].get("calls", 0) == 0
         assert st["organizations"] >= 2 and len(s.clusters()) >= 2, "vector organisation goes on"
+        # Labels made from the members' phrases, within what the writes paid for
+        # (store.label_budget); an explicit organisation labels every cluster.
+        assert any(c.summary for c in s.clusters())
+        s.organize()
         assert all(c.summary for c in s.clusters())
+        assert s.stats()["slm_usage"].get("calls", 0) == 0
         assert s.search(vecs[0], k=1)[0].memory_id == ids[0]
     unavailable = [r for r in caplog.records if r.levelno == logging.WARNING and "SLM unavailable" in r.getMessage()]
     assert len(unavailable) == 1, [r.getMessage()[:120] for r in caplog.records]
