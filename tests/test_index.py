@@ -688,6 +688,32 @@ def test_merge_candidates_match_every_pair_of_centres(tmp_path):
             assert want, "the data should give some pairs at this threshold"
 
 
+def test_merge_candidates_after_changes_equal_a_fresh_comparison(tmp_path):
+    """A later merge_candidates compares only the centres written since the last call: the
+    answer equals that of an index opened fresh on the same saved state (which compares every
+    pair), after merges, new clusters and rows joining clusters."""
+    x, _, _ = blobs(6_000, 700, spread=0.3, seed=3)
+    with VectorIndex.open(tmp_path / "ix", dim=DIM) as ix:
+        ix.append(x[:4_000])
+        ix.kmeans(600, seed=1)
+        first = ix.merge_candidates(0.75)
+        assert first
+        for a, b, _ in first[:30]:
+            if a in ix.cluster_ids() and b in ix.cluster_ids():
+                ix.merge(a, b)
+        rows = ix.append(x[4_000:])
+        fresh = [ix.new_cluster() for _ in range(300)]
+        targets = np.resize(np.asarray(fresh + ix.cluster_ids()[::3].tolist(), np.int64), len(rows))
+        ix.assign(rows, targets[:, None])
+        got = ix.merge_candidates(0.75)
+        ix.flush()
+        with VectorIndex.open(tmp_path / "ix", dim=DIM, read_only=True) as again:
+            want = again.merge_candidates(0.75)
+    assert {(a, b) for a, b, _ in got} == {(a, b) for a, b, _ in want} != {(a, b) for a, b, _ in first}
+    sims = {(a, b): s for a, b, s in want}
+    assert all(abs(s - sims[(a, b)]) < 1e-5 for a, b, s in got)
+
+
 def test_split_many_is_split_for_each_and_all_or_nothing(tmp_path):
     """split_many fits the clusters' 2-means side by side: each cluster ends split exactly as
     split() alone splits it (same member sets), and a bad list changes nothing."""

@@ -348,6 +348,28 @@ def test_periodic_organisation_profiles_new_clusters(tmp_path):
         assert all(c.summary for c in s.clusters())
 
 
+def test_periodic_organisations_leave_the_saved_index_state_to_checkpoints(tmp_path):
+    """A periodic organisation does not rewrite ``clusters.bin`` before ``SAVE_ROWS`` rows
+    were added since the last save (a kill after it is repaired on open: ``test_store_crash``);
+    flush(), an explicit organize() and close do."""
+    cfg = StoreConfig(min_memories_to_cluster=30, organize_every=20, slm="off")
+    state_file = tmp_path / "s" / "index" / "clusters.bin"
+    with open_store(tmp_path / "s", cfg) as s:
+        for seed in range(3):
+            fill(s, 20, topics=4, seed=seed)
+        assert s.stats()["organizations"] >= 2 and not state_file.exists()
+        s.flush()
+        saved = state_file.read_bytes()
+        for seed in range(3, 6):
+            fill(s, 20, topics=4, seed=seed)
+        assert s.stats()["organizations"] >= 4 and state_file.read_bytes() == saved
+        s.organize()
+        assert state_file.read_bytes() != saved
+        clusters = sorted((c.id, c.size) for c in s.clusters())
+    with open_store(tmp_path / "s", cfg) as s:
+        assert sorted((c.id, c.size) for c in s.clusters()) == clusters
+
+
 def test_vector_organisations_in_the_worker_when_asked(tmp_path, monkeypatch):
     """SLMConfig(vector_in_background=True): the add that makes a vector-only organisation
     due returns before it (it runs in the store's worker, held here until released);

@@ -8,9 +8,10 @@ One directory holds a store:
 
 Write order (why a crash never loses a returned add): the vector row is appended first, then
 the SQLite transaction that references it commits, then ``add`` returns. A crash between the
-two leaves an unreferenced vector row, which is ignored. Cluster state is saved at
-organisations, flushes and close; on open ``recovery.reconcile`` re-routes whatever the last
-saved cluster state does not cover, so SQLite and the index always agree after a restart.
+two leaves an unreferenced vector row, which is ignored. Cluster state is saved at explicit
+organisations, at a periodic one once ``organize.SAVE_ROWS`` rows were added since the last
+save, at flushes and close; on open ``recovery.reconcile`` re-routes whatever the last saved
+cluster state does not cover, so SQLite and the index always agree after a restart.
 """
 
 from __future__ import annotations

@@ -49,6 +49,14 @@ COHERENT_CAP = 8
 # 2-means fit and a gather of its members' vectors; at a million blob vectors most clusters
 # would otherwise be split and put back at every organisation).
 RETEST_GROWTH = 1.25
+# Rows added since the last save of the index state past which a periodic organisation saves
+# it. Each save rewrites the whole cluster state (every centre and member list) and
+# checkpoints the database; at every pass that was about 28% of the add time of isotropic
+# vectors at 5k memories (BENCHMARKS.md, "Labelling inside add_many"). A kill between saves
+# costs nothing: the reopen repairs the older state from the database and the assignment
+# records (``recovery.reconcile``). Readers in other processes scan the rows a saved state
+# does not place exactly, so this also bounds their extra work (8k rows: 12 MB at dim 384).
+SAVE_ROWS = 8_192
 #: The database meta key recording a re-organisation that deferred writes
 #: (``MemoryStore.add_many(defer_organize=True)``) left owed; every organisation clears it.
 OWED_META = "organize_owed"
@@ -114,10 +122,11 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
         sync_clusters(state, now)
         state.catalog.set_meta("last_organized", repr(now))
         state.catalog.delete_meta(OWED_META)
-    # Rows synced, the state saved so a reopen finds it; the state file itself is fsynced
-    # only with ``StoreConfig.fsync`` (derived state: one lost with the power is rebuilt on
-    # open from the rows and the database).
-    state.flush_index(durable=state.config.fsync)
+    if _saves(state, reason):
+        # Rows synced, the state saved so a reopen finds it; the state file itself is fsynced
+        # only with ``StoreConfig.fsync`` (derived state: one lost with the power is rebuilt on
+        # open from the rows and the database).
+        state.flush_index(durable=state.config.fsync)
     _settle_references(state, touched_all)
     state.count("organizations")
     state.cache.clear()
@@ -125,6 +134,13 @@ def organize(state: StoreState, *, reason: str = "explicit", topics: list[str] |
     report["seconds"] = round(time.perf_counter() - t0, 4)
     log.info("organised (%s): %s", reason, report)
     return report
+
+
+def _saves(state: StoreState, reason: str) -> bool:
+    """Whether an organisation ends by saving the index state (and checkpointing the
+    database): an explicit one, any with ``StoreConfig.fsync``, a periodic one once
+    ``SAVE_ROWS`` rows were added since the last save."""
+    return reason == "explicit" or state.config.fsync or state.rows_since_checkpoint >= SAVE_ROWS
 
 
 def create_label_clusters(state: StoreState, labels: list[str], vectors: np.ndarray) -> list[int]:

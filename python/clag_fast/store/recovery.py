@@ -183,17 +183,19 @@ def reconcile(state: StoreState) -> dict[str, int]:
 
     The cluster state on disk is the last one saved (organisation, flush, close); memories
     added after it are unassigned in the index, and clusters opened after it are unknown to
-    it. Unknown clusters are dropped from the database; rows the index does not place go
-    where their assignment record says when it names clusters the index has (the record was
-    written with the row: an add's routing, an import's exported clusters), else they are
-    routed again; rows the database no longer holds are removed from the clusters, and the
-    records follow the index (``settle_assignments``).
+    it. Unknown clusters are dropped from the database; rows the index does not place, and
+    rows it places where their assignment record does not (organisations since the save moved
+    them), go where their assignment record says when it names clusters the index has (the
+    record was written with the row's last assignment: an add's routing, an organisation, an
+    import's exported clusters), else they are routed again; rows the database no longer
+    holds are removed from the clusters, and the records follow the index
+    (``settle_assignments``).
     """
     idx, rows = state.index, state.rows
     live = rows.live_rows()
     with state.catalog.transaction():
         sync_clusters(state, time.time())
-    fixed = {"restored": 0, "rerouted": 0, "unassigned": 0, "records": 0}
+    fixed = {"restored": 0, "moved": 0, "rerouted": 0, "unassigned": 0, "records": 0}
     n_idx = len(idx)
     if n_idx:
         placed = idx.cluster_of(np.arange(n_idx, dtype=np.int64))
@@ -203,9 +205,12 @@ def reconcile(state: StoreState) -> dict[str, int]:
             fixed["unassigned"] = int(len(dead))
         if len(idx.cluster_ids()):
             lost = live[placed[live] < 0]
-            if len(lost):
-                rest = place_from_records(state, lost)
-                fixed["restored"] = int(len(lost) - len(rest))
+            moved = _moved_since_save(state, live, placed[live])
+            todo = np.concatenate([lost, moved])
+            if len(todo):
+                rest = place_from_records(state, todo)
+                fixed["restored"] = int(len(lost) - np.isin(rest, lost).sum())
+                fixed["moved"] = int(len(moved) - np.isin(rest, moved).sum())
                 if len(rest):
                     fixed["rerouted"] = reassign(state, rest)
         elif len(live):
@@ -216,6 +221,17 @@ def reconcile(state: StoreState) -> dict[str, int]:
         state.flush_index()
         log.warning("recovered %s: %s", state.path, fixed)
     return fixed
+
+
+def _moved_since_save(state: StoreState, live: np.ndarray, placed: np.ndarray) -> np.ndarray:
+    """The ``live`` rows the saved state places (``placed``: their primary there) whose
+    assignment record names another primary: an organisation after the save moved them (a
+    merge, a split, a drift). The record is the newer (records are written with every
+    assignment, the state only at saves), and left in its old cluster such a row can sit
+    under a centre that the rows coming back to that cluster carry away from it."""
+    recorded, _ = state.assignments.read(live)
+    first = recorded[:, 0]
+    return live[(placed >= 0) & (first >= 0) & (first != placed)]
 
 
 def place_from_records(state: StoreState, rows: np.ndarray) -> np.ndarray:
