@@ -93,6 +93,20 @@ def tokenize(text: str) -> list[str]:
 def committed_rows(path: str) -> int:
     """Rows the vector file in index directory ``path`` commits (its header alone)."""
 
+def parse_export_lines(
+    data: bytes, start: int, names: list[str], kinds: list[str], dim: int | None, max_lines: int
+) -> tuple[
+    int,
+    int,
+    bool,
+    list[list[object] | None],
+    npt.NDArray[np.float32],
+    tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None,
+]:
+    """Up to ``max_lines`` export lines of ``data`` from byte ``start`` as columns (rust/records.rs):
+    (lines taken, bytes read, whether a line not taken stopped it, one list per field (None
+    for the vector and pairs fields), the vectors, the pairs padded with -1 or None)."""
+
 class Lexical:
     """BM25 postings over vector rows with per-namespace term statistics (rust/lexical.rs)."""
 
