@@ -36,6 +36,9 @@ pub enum Value {
     Int(i64),
     Float(f64),
     Bool(bool),
+    /// An object's JSON text, `input[start..end]`; `canonical`: it is the text Python's
+    /// `json.dumps(value, ensure_ascii=False)` makes of the value it reads as.
+    Object { start: usize, end: usize, canonical: bool },
 }
 
 /// The lines parsed: `values[field][line]`, the vectors row by row (`dim` wide; zero rows are
@@ -207,7 +210,8 @@ impl<'a> Line<'a> {
                             let start = self.at;
                             let ok = self.peek() == Some(b'{') && self.skip_value(0);
                             ok && std::str::from_utf8(&self.buf[start..self.at]).is_ok() && {
-                                row[f] = Value::Str { start, end: self.at, copied: false };
+                                let canonical = canonical(&self.buf[start..self.at]);
+                                row[f] = Value::Object { start, end: self.at, canonical };
                                 true
                             }
                         }
@@ -463,6 +467,171 @@ impl<'a> Line<'a> {
     }
 }
 
+/// Whether `json` (valid JSON, as `Line::skip_value` took it) is exactly the text Python's
+/// `json.dumps(value, ensure_ascii=False)` writes for the value `json.loads` reads from it:
+/// ", " and ": " separators and no other space, each key once, strings escaped as
+/// `json.encoder.encode_basestring` escapes them, numbers as `int` / `float.__repr__` write
+/// them. Such text is stored as it stands; any other is rewritten in that form.
+pub fn canonical(json: &[u8]) -> bool {
+    let mut c = Canon { b: json, at: 0 };
+    c.value() && c.at == json.len()
+}
+
+struct Canon<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Canon<'_> {
+    fn next_is(&mut self, text: &[u8]) -> bool {
+        if self.b[self.at..].starts_with(text) {
+            self.at += text.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self) -> bool {
+        match self.b.get(self.at) {
+            Some(b'{') => {
+                self.at += 1;
+                if self.next_is(b"}") {
+                    return true;
+                }
+                let mut keys: Vec<&[u8]> = Vec::new();
+                loop {
+                    let start = self.at;
+                    if !self.string() {
+                        return false;
+                    }
+                    let key = &self.b[start..self.at];
+                    if keys.contains(&key) {
+                        return false;
+                    }
+                    keys.push(key);
+                    if !self.next_is(b": ") || !self.value() {
+                        return false;
+                    }
+                    if self.next_is(b"}") {
+                        return true;
+                    }
+                    if !self.next_is(b", ") {
+                        return false;
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.at += 1;
+                if self.next_is(b"]") {
+                    return true;
+                }
+                loop {
+                    if !self.value() {
+                        return false;
+                    }
+                    if self.next_is(b"]") {
+                        return true;
+                    }
+                    if !self.next_is(b", ") {
+                        return false;
+                    }
+                }
+            }
+            Some(b'"') => self.string(),
+            Some(b't') => self.next_is(b"true"),
+            Some(b'f') => self.next_is(b"false"),
+            Some(b'n') => self.next_is(b"null"),
+            _ => self.number(),
+        }
+    }
+
+    /// A string escaped as `encode_basestring` escapes: `\"`, `\\`, `\n`, `\r`, `\t`, `\b`,
+    /// `\f`, other control characters as lowercase `\u00xx`, nothing else.
+    fn string(&mut self) -> bool {
+        if !self.next_is(b"\"") {
+            return false;
+        }
+        loop {
+            match self.b.get(self.at) {
+                None => return false,
+                Some(b'"') => {
+                    self.at += 1;
+                    return true;
+                }
+                Some(b'\\') => {
+                    let ok = match self.b.get(self.at + 1) {
+                        Some(b'"' | b'\\' | b'n' | b'r' | b't' | b'b' | b'f') => {
+                            self.at += 2;
+                            true
+                        }
+                        Some(b'u') => {
+                            let h = self.b.get(self.at + 2..self.at + 6).unwrap_or(b"");
+                            let ok = h.len() == 4
+                                && h.starts_with(b"00")
+                                && h.iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+                                && hex4(h).is_some_and(|c| c < 0x20 && !matches!(c, 0x8 | 0x9 | 0xA | 0xC | 0xD));
+                            self.at += 6;
+                            ok
+                        }
+                        _ => false,
+                    };
+                    if !ok {
+                        return false;
+                    }
+                }
+                Some(_) => self.at += 1,
+            }
+        }
+    }
+
+    fn number(&mut self) -> bool {
+        let start = self.at;
+        while self.b.get(self.at).is_some_and(|c| matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')) {
+            self.at += 1;
+        }
+        let token = &self.b[start..self.at];
+        if token.is_empty() {
+            return false;
+        }
+        if token.iter().all(|c| c.is_ascii_digit() || *c == b'-') {
+            return token != b"-0";
+        }
+        let Some(x) = std::str::from_utf8(token).ok().and_then(|t| t.parse::<f64>().ok()) else { return false };
+        x.is_finite() && python_repr(x).as_bytes() == token
+    }
+}
+
+/// `float.__repr__` of a finite double: the shortest digits that read back to it, fixed
+/// notation for exponents -4..16 (".0" after a whole number), else "d.ddde+XX".
+pub fn python_repr(x: f64) -> String {
+    let e = format!("{x:e}"); // shortest round-trip digits: "-1.25e-7", "1e16", "0e0"
+    let (mant, exp) = e.split_once('e').expect("exponent");
+    let exp: i32 = exp.parse().expect("exponent");
+    let neg = mant.starts_with('-');
+    let digits: String = mant.chars().filter(char::is_ascii_digit).collect();
+    let body = if (-4..16).contains(&exp) {
+        if exp >= 0 {
+            let whole = exp as usize + 1;
+            if digits.len() <= whole {
+                format!("{digits}{}.0", "0".repeat(whole - digits.len()))
+            } else {
+                format!("{}.{}", &digits[..whole], &digits[whole..])
+            }
+        } else {
+            format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
+        }
+    } else {
+        let m = if digits.len() == 1 { digits.clone() } else { format!("{}.{}", &digits[..1], &digits[1..]) };
+        format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    };
+    if neg {
+        format!("-{body}")
+    } else {
+        body
+    }
+}
+
 fn hex4(h: &[u8]) -> Option<u32> {
     let s = std::str::from_utf8(h).ok()?;
     if !s.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -659,6 +828,29 @@ mod tests {
             assert_eq!((p.lines, p.stopped), (1, true), "{bad}");
             assert_eq!(p.consumed, input.find('\n').unwrap() + 1);
             assert_eq!((p.vectors.len(), p.pair_counts.len(), p.pair_ids.len()), (2, 1, 1), "{bad}");
+        }
+    }
+
+    #[test]
+    fn python_float_repr() {
+        for (x, want) in [(0.0, "0.0"), (-0.0, "-0.0"), (1.0, "1.0"), (0.1, "0.1"), (1e16, "1e+16"),
+                          (1.5e16, "1.5e+16"), (1e15, "1000000000000000.0"), (0.0001, "0.0001"),
+                          (1e-05, "1e-05"), (1.0 / 7.0, "0.14285714285714285"), (-2.5e-300, "-2.5e-300"),
+                          (123456.789, "123456.789"), (1.7976931348623157e308, "1.7976931348623157e+308")] {
+            assert_eq!(python_repr(x), want);
+        }
+    }
+
+    #[test]
+    fn canonical_is_json_dumps_form() {
+        for yes in [r#"{}"#, r#"{"a": 1, "b": [true, null, "x\n\u001f\"\\"], "c": {"d": -2.5}}"#,
+                    "{\"\u{e9}\": \"\u{fc}/\u{7f}\", \"n\": 12345678901234567890123}", r#"{"x": 0.14285714285714285}"#] {
+            assert!(canonical(yes.as_bytes()), "{yes}");
+        }
+        for no in [r#"{"a":1}"#, r#"{"a": 1,"b": 2}"#, r#"{ "a": 1}"#, r#"{"a": 1, "a": 2}"#, r#"{"a": "\/"}"#,
+                   r#"{"a": "\u00e9"}"#, r#"{"a": "\u001F"}"#, r#"{"a": "\u000a"}"#, r#"{"a": 1.50}"#,
+                   r#"{"a": 1e2}"#, r#"{"a": -0}"#, r#"{"a": 1E+16}"#, r#"{"a": [1,2]}"#] {
+            assert!(!canonical(no.as_bytes()), "{no}");
         }
     }
 

@@ -10,7 +10,8 @@ use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString};
 use crate::records::{self, Kind, Parsed, Value};
 
 /// (lines taken, bytes read, whether a line not taken stopped the parse, one list per field
-/// (None for the vector and pairs fields), the vectors (lines x width float32), the pairs as
+/// (None for the vector and pairs fields; an object field's values are str when the text is
+/// in `json.dumps` form, else the JSON text as bytes), the vectors (lines x width float32), the pairs as
 /// (ids, affinities) lines x k arrays padded with -1 / 0, or None when no line has any).
 type Columns<'py> = (usize, usize, bool, Bound<'py, PyList>, Bound<'py, PyArray2<f32>>, Option<PairArrays<'py>>);
 type PairArrays<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>);
@@ -67,6 +68,12 @@ fn column<'py>(py: Python<'py>, col: &[Value], input: &[u8], text: &[u8]) -> PyR
             Value::Int(i) => PyInt::new(py, i).into_any(),
             Value::Float(x) => PyFloat::new(py, x).into_any(),
             Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+            // Text in the stored form as a str, other text as bytes (the caller rewrites it).
+            Value::Object { start, end, canonical: true } => {
+                // SAFETY: `records` took only objects that are valid UTF-8.
+                PyString::new(py, unsafe { std::str::from_utf8_unchecked(&input[start..end]) }).into_any()
+            }
+            Value::Object { start, end, canonical: false } => PyBytes::new(py, &input[start..end]).into_any(),
             Value::Str { start, end, copied } => {
                 let bytes = if copied { &text[start..end] } else { &input[start..end] };
                 match &last {

@@ -279,4 +279,11 @@ def _assemble(pieces: list[tuple[int, list[Any], np.ndarray, tuple[np.ndarray, n
                     aff[at:at + n, :got[1].shape[1]] = got[1]
                 at += n
             pairs = (ids, aff)
-    return Batch(values, vectors, pairs, lambda i: f"{name} line {first + i}")
+    for f in fields_:
+        if f.type == "json":
+            # Objects not in the stored form came as their text (bytes): read here, written
+            # in that form by the check, as the general path does.
+            col = values[f.name]
+            if bytes in set(map(type, col)):
+                values[f.name] = [loads_json(v) if type(v) is bytes else v for v in col]
+    return Batch(values, vectors, pairs, lambda i: f"{name} line {first + i}", stored_json=True)
