@@ -1,5 +1,7 @@
-//! Export records (JSON Lines) parsed into columns: the import's fast path.
+//! Export records (JSON Lines) parsed into columns, the import's fast path (`parse_lines`), and
+//! written from columns, the export's (`export_lines`).
 //!
+//! Reading:
 //! A line is taken only when it is a JSON object whose every member is a known field with a
 //! value of the field's JSON type, in the plain form an export writes (vectors as unpadded or
 //! padded base64 of one width, cluster pairs as `[int, number]`). The first line that is not
@@ -779,6 +781,125 @@ fn push_pairs(text: &[u8], out: &mut Parsed) -> bool {
     true
 }
 
+/// Export lines, appended to `out`: per line `{"name":text,...,"vector":"<base64>","clusters":[[id,affinity],...]}`
+/// and a newline. `texts[field][line]`: each field's value as JSON text; `vectors`: the lines'
+/// vectors row by row (`dim` wide, base64 of their float32 little-endian bytes); `pair_ids` /
+/// `pair_aff`: `k` pairs per line, best first, those with an id < 0 left out, affinities
+/// written with nine significant digits (`%.9g`), which name each float32 exactly.
+pub fn export_lines(names: &[&[u8]], texts: &[Vec<&[u8]>], vectors: &[f32], dim: usize, pair_ids: &[i64],
+                    pair_aff: &[f32], k: usize, out: &mut Vec<u8>) {
+    let lines = if dim > 0 { vectors.len() / dim } else { texts.first().map_or(0, Vec::len) };
+    let per_line: usize = names.iter().map(|n| n.len() + 4).sum::<usize>() + b64_len(dim * 4) + 32 + 32 * k;
+    out.reserve(lines * per_line + texts.iter().flatten().map(|t| t.len()).sum::<usize>());
+    let mut raw = vec![0u8; dim * 4];
+    for line in 0..lines {
+        out.push(b'{');
+        for (f, name) in names.iter().enumerate() {
+            if f > 0 {
+                out.push(b',');
+            }
+            out.push(b'"');
+            out.extend_from_slice(name);
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(texts[f][line]);
+        }
+        out.extend_from_slice(b",\"vector\":\"");
+        for (b, v) in raw.chunks_exact_mut(4).zip(&vectors[line * dim..(line + 1) * dim]) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+        b64_encode(&raw, out);
+        out.extend_from_slice(b"\",\"clusters\":[");
+        let mut first = true;
+        for j in 0..k {
+            let id = pair_ids[line * k + j];
+            if id < 0 {
+                continue;
+            }
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            out.push(b'[');
+            out.extend_from_slice(id.to_string().as_bytes());
+            out.push(b',');
+            g9(pair_aff[line * k + j] as f64, out);
+            out.push(b']');
+        }
+        out.extend_from_slice(b"]}\n");
+    }
+}
+
+/// C's `%.9g` of a finite double: nine significant digits, fixed notation for exponents
+/// -4..9, else `d.ddde+XX`, trailing zeros dropped. A value halfway between two nine-digit
+/// decimals may round the other way than C's printf; either reads back to the same float32.
+pub fn g9(x: f64, out: &mut Vec<u8>) {
+    if x == 0.0 {
+        out.extend_from_slice(if x.is_sign_negative() { b"-0" } else { b"0" });
+        return;
+    }
+    let e = format!("{x:.8e}"); // nine digits, correctly rounded: "-1.23456789e-5"
+    let (mant, exp) = e.split_once('e').expect("exponent");
+    let exp: i32 = exp.parse().expect("exponent");
+    if mant.starts_with('-') {
+        out.push(b'-');
+    }
+    let digits: Vec<u8> = mant.bytes().filter(u8::is_ascii_digit).collect();
+    if !(-4..9).contains(&exp) {
+        let d = &digits[..digits.iter().rposition(|&c| c != b'0').map_or(1, |i| i + 1)];
+        out.push(d[0]);
+        if d.len() > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&d[1..]);
+        }
+        out.extend_from_slice(format!("e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs()).as_bytes());
+        return;
+    }
+    let (whole, frac): (Vec<u8>, Vec<u8>) = if exp >= 0 {
+        let w = exp as usize + 1;
+        (digits[..w].to_vec(), digits[w..].to_vec())
+    } else {
+        (b"0".to_vec(), [vec![b'0'; (-exp - 1) as usize], digits].concat())
+    };
+    out.extend_from_slice(&whole);
+    let keep = frac.iter().rposition(|&c| c != b'0').map_or(0, |i| i + 1);
+    if keep > 0 {
+        out.push(b'.');
+        out.extend_from_slice(&frac[..keep]);
+    }
+}
+
+const B64_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding, appended to `out`.
+fn b64_encode(data: &[u8], out: &mut Vec<u8>) {
+    let mut chunks = data.chunks_exact(3);
+    for c in &mut chunks {
+        let v = (c[0] as u32) << 16 | (c[1] as u32) << 8 | c[2] as u32;
+        out.extend_from_slice(&[
+            B64_ALPHABET[(v >> 18) as usize & 63],
+            B64_ALPHABET[(v >> 12) as usize & 63],
+            B64_ALPHABET[(v >> 6) as usize & 63],
+            B64_ALPHABET[v as usize & 63],
+        ]);
+    }
+    match *chunks.remainder() {
+        [a] => {
+            let v = (a as u32) << 16;
+            out.extend_from_slice(&[B64_ALPHABET[(v >> 18) as usize & 63], B64_ALPHABET[(v >> 12) as usize & 63], b'=', b'=']);
+        }
+        [a, b] => {
+            let v = (a as u32) << 16 | (b as u32) << 8;
+            out.extend_from_slice(&[
+                B64_ALPHABET[(v >> 18) as usize & 63],
+                B64_ALPHABET[(v >> 12) as usize & 63],
+                B64_ALPHABET[(v >> 6) as usize & 63],
+                b'=',
+            ]);
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -828,6 +949,31 @@ mod tests {
             assert_eq!((p.lines, p.stopped), (1, true), "{bad}");
             assert_eq!(p.consumed, input.find('\n').unwrap() + 1);
             assert_eq!((p.vectors.len(), p.pair_counts.len(), p.pair_ids.len()), (2, 1, 1), "{bad}");
+        }
+    }
+
+    #[test]
+    fn export_lines_read_back() {
+        let names: [&[u8]; 2] = [b"id", b"text"];
+        let texts = vec![vec![&b"1"[..], b"2"], vec![&b"\"a\""[..], b"null"]];
+        let mut out = Vec::new();
+        export_lines(&names, &texts, &[1.0, 2.0, 3.0, 4.0], 2, &[4, -1, -1, -1], &[0.5, 0.0, 0.0, 0.0], 2, &mut out);
+        assert_eq!(std::str::from_utf8(&out).unwrap(),
+                   "{\"id\":1,\"text\":\"a\",\"vector\":\"AACAPwAAAEA=\",\"clusters\":[[4,0.5]]}\n\
+                    {\"id\":2,\"text\":null,\"vector\":\"AABAQAAAgEA=\",\"clusters\":[]}\n");
+        let p = parse_lines(&out, &names, &[Kind::Count, Kind::Str], None, 9);
+        assert_eq!((p.lines, p.stopped), (0, true)); // no vector field named: not taken
+    }
+
+    #[test]
+    fn nine_significant_digits_as_printf() {
+        for (x, want) in [(0.0, "0"), (0.5, "0.5"), (0.650258839, "0.650258839"), (1.0, "1"), (-0.25, "-0.25"),
+                          (0.0409482084, "0.0409482084"), (1.5e-5, "1.5e-05"), (123456789.0, "123456789"),
+                          (1234567890.0, "1.23456789e+09"), (0.0001, "0.0001"), (0.99999999999, "1"),
+                          (f32::MIN_POSITIVE as f64, "1.17549435e-38")] {
+            let mut out = Vec::new();
+            g9(x, &mut out);
+            assert_eq!(std::str::from_utf8(&out).unwrap(), want, "{x}");
         }
     }
 

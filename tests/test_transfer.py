@@ -655,3 +655,30 @@ def test_a_malformed_line_inside_a_native_batch_stops_there(tmp_path):
         c.export(tmp_path / "c.jsonl")
     body = lambda p: p.read_bytes().split(b"\n", 1)[1]  # noqa: E731
     assert body(tmp_path / "c.jsonl") == body(tmp_path / "a.jsonl")
+
+
+def test_export_lines_spell_pairs_and_vectors_as_printf_and_base64(tmp_path):
+    """The native line writer: affinities as C's %.9g (each float32 exactly), pairs with -1
+    ids left out, vectors as base64 of their float32 bytes, fields as their JSON texts."""
+    import base64
+
+    rng = np.random.default_rng(3)
+    n, k = 500, 4
+    aff = np.concatenate([rng.random((n, k)), rng.random((n, k)) * 1e-6, rng.random((n, k)) * 1e9]).astype(np.float32)
+    ids = rng.integers(-1, 50, size=aff.shape)
+    vecs = rng.normal(size=(len(aff), 6)).astype(np.float32)
+    n = len(aff)
+    cols = [[i + 1 for i in range(n)] if f.name == "id" else [f"t{i} é\n\"" for i in range(n)] if f.name == "text"
+            else [None] * n if f.nullable else [1.5] * n if f.type == "float" else [0] * n if f.type == "int"
+            else ["ns"] * n for f in transfer.FIELDS]
+    out = io.BytesIO()
+    transfer.jsonl.Writer(out).memories(cols, vecs, ids, aff, [False] * n)
+    lines = out.getvalue().decode("utf-8").splitlines()
+    assert len(lines) == n
+    for i, line in enumerate(lines):
+        want = ",".join("[%d,%.9g]" % (c, a) for c, a in zip(ids[i].tolist(), aff[i].tolist()) if c >= 0)
+        assert line.endswith(f'"clusters":[{want}]}}'), (line[-200:], want)
+        rec = json.loads(line)
+        assert rec["text"] == f"t{i} é\n\"" and rec["id"] == i + 1 and rec["created_at"] == 1.5
+        assert base64.b64decode(rec["vector"]) == vecs[i].astype("<f4").tobytes()
+        assert np.array_equal(np.asarray([p[1] for p in rec["clusters"]], np.float32), aff[i][ids[i] >= 0])

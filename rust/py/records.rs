@@ -2,7 +2,7 @@
 //! out (the parse runs with the GIL released; only the values' objects are made with it).
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray2};
+use numpy::{IntoPyArray, PyArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString};
@@ -113,4 +113,40 @@ fn pairs<'py>(py: Python<'py>, p: &Parsed) -> Option<PairArrays<'py>> {
     let ids = Array2::from_shape_vec((p.lines, k), ids).expect("shape").into_pyarray(py);
     let aff = Array2::from_shape_vec((p.lines, k), aff).expect("shape").into_pyarray(py);
     Some((ids, aff))
+}
+
+/// Export lines as bytes (`records::export_lines`): `names` the fields, `texts[field]` their
+/// JSON texts per line (str), `vectors` the lines' vectors, `pair_ids` / `pair_aff` their
+/// pairs (lines x k, ids < 0 left out). The lines are made without the GIL.
+#[pyfunction]
+pub fn format_export_lines<'py>(
+    py: Python<'py>, names: Vec<String>, texts: Vec<Bound<'py, PyList>>, vectors: numpy::PyReadonlyArray2<'py, f32>,
+    pair_ids: numpy::PyReadonlyArray2<'py, i64>, pair_aff: numpy::PyReadonlyArray2<'py, f32>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let lines = vectors.shape()[0];
+    if names.len() != texts.len() || texts.iter().any(|t| t.len() != lines) || pair_ids.shape()[0] != lines
+        || pair_ids.shape() != pair_aff.shape()
+    {
+        return Err(PyValueError::new_err("every field, the vectors and the pairs need one entry per line"));
+    }
+    let (dim, k) = (vectors.shape()[1], pair_ids.shape()[1]);
+    let contiguous = |what: &str| PyValueError::new_err(format!("{what} must be C-contiguous"));
+    let flat = vectors.as_slice().map_err(|_| contiguous("vectors"))?;
+    let ids = pair_ids.as_slice().map_err(|_| contiguous("pair_ids"))?;
+    let aff = pair_aff.as_slice().map_err(|_| contiguous("pair_aff"))?;
+    let strs: Vec<Vec<Bound<'py, PyString>>> = texts
+        .iter()
+        .map(|t| t.iter().map(|v| v.cast_into::<PyString>().map_err(PyErr::from)).collect::<PyResult<Vec<_>>>())
+        .collect::<PyResult<_>>()?;
+    let texts: Vec<Vec<&[u8]>> = strs
+        .iter()
+        .map(|col| col.iter().map(|s| s.to_str().map(str::as_bytes)).collect::<PyResult<Vec<_>>>())
+        .collect::<PyResult<_>>()?;
+    let name_bytes: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+    let out = py.detach(|| {
+        let mut out = Vec::new();
+        records::export_lines(&name_bytes, &texts, flat, dim, ids, aff, k, &mut out);
+        out
+    });
+    Ok(PyBytes::new(py, &out))
 }
