@@ -663,7 +663,7 @@ fn b64_len(bytes: usize) -> usize {
 /// Strict base64 (no whitespace, padding only to complete the last group, zero bits after
 /// the last byte) decoded into `out`, which must be exactly the decoded length.
 fn b64_decode(text: &[u8], out: &mut [u8]) -> bool {
-    if text.is_empty() || text.len() % 4 != 0 {
+    if text.is_empty() || !text.len().is_multiple_of(4) {
         return false;
     }
     let pad = text.iter().rev().take(2).take_while(|&&c| c == b'=').count();
@@ -719,7 +719,7 @@ fn push_vector(text: &[u8], width: &mut Option<usize>, vectors: &mut Vec<f32>) -
             // The first vector: its width from its length (whole float32 values only).
             let pad = text.iter().rev().take(2).take_while(|&&c| c == b'=').count();
             let bytes = (text.len() / 4 * 3).saturating_sub(pad);
-            if text.len() % 4 != 0 || bytes == 0 || bytes % 4 != 0 {
+            if !text.len().is_multiple_of(4) || bytes == 0 || !bytes.is_multiple_of(4) {
                 return false;
             }
             bytes / 4
@@ -786,9 +786,10 @@ fn push_pairs(text: &[u8], out: &mut Parsed) -> bool {
 /// vectors row by row (`dim` wide, base64 of their float32 little-endian bytes); `pair_ids` /
 /// `pair_aff`: `k` pairs per line, best first, those with an id < 0 left out, affinities
 /// written with nine significant digits (`%.9g`), which name each float32 exactly.
+#[allow(clippy::too_many_arguments)]
 pub fn export_lines(names: &[&[u8]], texts: &[Vec<&[u8]>], vectors: &[f32], dim: usize, pair_ids: &[i64],
                     pair_aff: &[f32], k: usize, out: &mut Vec<u8>) {
-    let lines = if dim > 0 { vectors.len() / dim } else { texts.first().map_or(0, Vec::len) };
+    let lines = vectors.len().checked_div(dim).unwrap_or_else(|| texts.first().map_or(0, Vec::len));
     let per_line: usize = names.iter().map(|n| n.len() + 4).sum::<usize>() + b64_len(dim * 4) + 32 + 32 * k;
     out.reserve(lines * per_line + texts.iter().flatten().map(|t| t.len()).sum::<usize>());
     let mut raw = vec![0u8; dim * 4];
