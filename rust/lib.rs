@@ -29,6 +29,8 @@ pub mod index;
 pub mod lexical;
 /// Hybrid search's final scores from thread neighbours, questions, length and speakers.
 pub mod context;
+/// Export records (JSON Lines) read into columns and written from them.
+pub mod records;
 
 #[cfg(feature = "python")]
 mod py;

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import shutil
 import subprocess
 import sys
 from datetime import datetime
@@ -615,3 +616,116 @@ def test_export_to_file_objects_text_or_binary(tmp_path):
     with open_store(tmp_path / "b") as b:
         b.import_(io.StringIO(text.getvalue()))
         assert snapshot(b) == want
+
+
+def _awkward_lines(dim=4):
+    """Memory lines in every form a JSONL file may hold them that the native reader takes or
+    leaves: escapes, unicode, nulls, ints where floats go, "-0", metadata in and out of the
+    stored form (spaces, floats, duplicate keys), threads, archived records, pairs."""
+    rng = np.random.default_rng(5)
+    vecs = rng.normal(size=(40, dim)).astype(np.float32)
+    b64 = transfer.fields.encode_vectors(vecs)
+    metas = [None, {"a": 1}, '{"a":1}', '{"b": [1.5, "x\\u00e9\\n"], "c": {"d": -0.0}}', '{"k": 1, "k": 2}',
+             '{"e": 1e2, "f": 1E+16}', '{"g": "\\/\\u001f"}', '{"h": 0.1}', '{ "i" : true }']
+    lines = []
+    for i in range(40):
+        meta = metas[i % len(metas)]
+        meta_text = "null" if meta is None else meta if isinstance(meta, str) else json.dumps(meta)
+        text = ["plain", r'tab\there \"q\" \\', r"\u00e9\ud83d\ude00 é😀", r"a\/b"][i % 4] + f" {i}"
+        fields = [f'"id": {i + 1}', f'"key": {json.dumps(f"k{i}") if i % 3 else "null"}',
+                  f'"namespace": "ns{i % 2}"', f'"text": "{text}"', f'"metadata": {meta_text}',
+                  f'"created_at": {["1700000000.25", "1700000000", "-0", "17e8"][i % 4]}',
+                  f'"last_accessed": {"null" if i % 2 else "1700000001.5"}', f'"access_count": {i % 5}',
+                  f'"strength": {["1", "0.5", "2.0"][i % 3]}', f'"archived": {"true" if i % 7 == 6 else "false"}',
+                  f'"thread": {json.dumps(f"t{i % 3}") if i % 2 else "null"}', f'"turn": {i if i % 2 else "null"}',
+                  f'"speaker": {"null" if i % 2 else chr(34) + "me" + chr(34)}', f'"vector": "{b64[i]}"',
+                  f'"clusters": {["[]", "null", "[[0, 0.75], [1, 1]]"][i % 3]}']
+        if i % 5 == 4:
+            fields = fields[::-1]  # another order of the same fields
+        lines.append("{" + (", " if i % 2 else ",").join(fields) + "}\n")
+    return lines
+
+
+def test_the_native_reader_stores_what_the_general_reader_stores(tmp_path):
+    """Lines read natively (a binary file) and by the general path (a text file object) make
+    the same store, field for field, and the same export."""
+    lines = _awkward_lines()
+    header = json.dumps({"format": transfer.fields.FORMAT, "version": 1, "store_id": "s", "dim": 4,
+                         "memories": len(lines), "clusters": 2, "soft_k": 3})
+    clusters = [json.dumps({"cluster": {"id": c, "summary": f"c{c}", "tags": [], "source": "import",
+                                        "created_at": 1.0, "updated_at": 1.0, "profiled_size": 0,
+                                        "last_hit_at": None}}) for c in (0, 1)]
+    path = tmp_path / "awkward.jsonl"
+    path.write_text("\n".join([header] + clusters) + "\n" + "".join(lines), encoding="utf-8")
+    with open_store(tmp_path / "native") as a:
+        assert a.import_(path)["imported"] == len(lines)
+        a.export(tmp_path / "native.jsonl")
+        got = snapshot(a)
+    with open_store(tmp_path / "general") as b, open(path, encoding="utf-8") as text:
+        assert b.import_(text)["imported"] == len(lines)
+        b.export(tmp_path / "general.jsonl")
+        want = snapshot(b)
+    assert got[0] == want[0]  # every memory, field for field
+    # Records without pairs were routed into new clusters, made at each import's own time.
+    untimed = lambda cs: [dataclasses.replace(c, created_at=0, updated_at=0) for c in cs]  # noqa: E731
+    assert untimed(got[1]) == untimed(want[1])
+    memory_lines = lambda p: [x for x in p.read_bytes().split(b"\n")[1:] if not x.startswith(b'{"cluster"')]  # noqa: E731
+    assert memory_lines(tmp_path / "native.jsonl") == memory_lines(tmp_path / "general.jsonl")
+
+
+def test_a_malformed_line_inside_a_native_batch_stops_there(tmp_path):
+    """A bad line between good ones (one batch): the lines before it are stored, it and every
+    line after are not, its number is named; a valid line the native reader leaves (a vector
+    as a list) is read by the general path with the lines after it."""
+    build(tmp_path / "a", n=120)
+    with open_store(tmp_path / "a") as a:
+        a.export(tmp_path / "a.jsonl")
+    lines = (tmp_path / "a.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if i and '"cluster"' not in line[:12]) + 1  # 1-based
+    for bad, message in [('{"text": "x", "vector": "AAAA", }\n', "not valid JSON"),
+                         (lines[first + 40][:-2] + ', "access_count": -1}\n', "access_count must be a non-negative"),
+                         (lines[first + 40][:-2] + ', "text": "  "}\n', "text is empty")]:
+        broken = lines[:first + 59] + [bad] + lines[first + 59:]
+        (tmp_path / "bad.jsonl").write_text("".join(broken), encoding="utf-8")
+        with open_store(tmp_path / "b") as b:
+            with pytest.raises(MalformedRecordError, match=rf"bad.jsonl line {first + 60}: {message}") as e:
+                b.import_(tmp_path / "bad.jsonl")
+            assert e.value.imported == 60 and len(snapshot(b)[0]) == 60
+        shutil.rmtree(tmp_path / "b")
+    # A list vector midway: valid, left to the general path, which reads it and the rest.
+    rec = json.loads(lines[first + 59])
+    rec["vector"] = np.frombuffer(__import__("base64").b64decode(rec["vector"]), "<f4").tolist()
+    mixed = lines[:first + 59] + [json.dumps(rec) + "\n"] + lines[first + 60:]
+    (tmp_path / "mixed.jsonl").write_text("".join(mixed), encoding="utf-8")
+    with open_store(tmp_path / "c") as c:
+        assert c.import_(tmp_path / "mixed.jsonl")["imported"] == len(lines) - first + 1
+        c.export(tmp_path / "c.jsonl")
+    body = lambda p: p.read_bytes().split(b"\n", 1)[1]  # noqa: E731
+    assert body(tmp_path / "c.jsonl") == body(tmp_path / "a.jsonl")
+
+
+def test_export_lines_spell_pairs_and_vectors_as_printf_and_base64(tmp_path):
+    """The native line writer: affinities as C's %.9g (each float32 exactly), pairs with -1
+    ids left out, vectors as base64 of their float32 bytes, fields as their JSON texts."""
+    import base64
+
+    rng = np.random.default_rng(3)
+    n, k = 500, 4
+    aff = np.concatenate([rng.random((n, k)), rng.random((n, k)) * 1e-6, rng.random((n, k)) * 1e9]).astype(np.float32)
+    ids = rng.integers(-1, 50, size=aff.shape)
+    vecs = rng.normal(size=(len(aff), 6)).astype(np.float32)
+    n = len(aff)
+    cols = [[i + 1 for i in range(n)] if f.name == "id" else [f"t{i} é\n\"" for i in range(n)] if f.name == "text"
+            else [None] * n if f.nullable else [1.5] * n if f.type == "float" else [0] * n if f.type == "int"
+            else ["ns"] * n for f in transfer.FIELDS]
+    out = io.BytesIO()
+    transfer.jsonl.Writer(out).memories(cols, vecs, ids, aff, [False] * n)
+    lines = out.getvalue().decode("utf-8").splitlines()
+    assert len(lines) == n
+    for i, line in enumerate(lines):
+        want = ",".join("[%d,%.9g]" % (c, a) for c, a in zip(ids[i].tolist(), aff[i].tolist()) if c >= 0)
+        assert line.endswith(f'"clusters":[{want}]}}'), (line[-200:], want)
+        rec = json.loads(line)
+        assert rec["text"] == f"t{i} é\n\"" and rec["id"] == i + 1 and rec["created_at"] == 1.5
+        assert base64.b64decode(rec["vector"]) == vecs[i].astype("<f4").tobytes()
+        assert np.array_equal(np.asarray([p[1] for p in rec["clusters"]], np.float32), aff[i][ids[i] >= 0])

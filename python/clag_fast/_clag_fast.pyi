@@ -93,6 +93,30 @@ def tokenize(text: str) -> list[str]:
 def committed_rows(path: str) -> int:
     """Rows the vector file in index directory ``path`` commits (its header alone)."""
 
+def parse_export_lines(
+    data: bytes, start: int, names: list[str], kinds: list[str], dim: int | None, max_lines: int
+) -> tuple[
+    int,
+    int,
+    bool,
+    list[list[object] | None],
+    npt.NDArray[np.float32],
+    tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None,
+]:
+    """Up to ``max_lines`` export lines of ``data`` from byte ``start`` as columns (rust/records.rs):
+    (lines taken, bytes read, whether a line not taken stopped it, one list per field (None
+    for the vector and pairs fields), the vectors, the pairs padded with -1 or None)."""
+
+def format_export_lines(
+    names: list[str],
+    texts: list[list[str]],
+    vectors: npt.NDArray[np.float32],
+    pair_ids: npt.NDArray[np.int64],
+    pair_aff: npt.NDArray[np.float32],
+) -> bytes:
+    """Export lines (rust/records.rs): each field's JSON texts, the vectors in base64 and the
+    pairs (ids < 0 left out, affinities as %.9g) joined into lines."""
+
 class Lexical:
     """BM25 postings over vector rows with per-namespace term statistics (rust/lexical.rs)."""
 

@@ -6,6 +6,7 @@ mod context;
 mod errors;
 mod index;
 mod lexical;
+mod records;
 
 #[pymodule]
 fn _clag_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -16,5 +17,7 @@ fn _clag_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lexical::tokenize, m)?)?;
     m.add_function(wrap_pyfunction!(index::committed_rows, m)?)?;
     m.add_function(wrap_pyfunction!(context::context_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(records::parse_export_lines, m)?)?;
+    m.add_function(wrap_pyfunction!(records::format_export_lines, m)?)?;
     Ok(())
 }

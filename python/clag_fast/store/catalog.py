@@ -325,6 +325,10 @@ def _ids(n: int) -> str:
 # into chunks well below it.
 _IN_CHUNK = 10_000
 
+#: Rows per INSERT statement of an import (``Catalog.import_rows``; 64 rows of 16 columns
+#: bind 1,024 values, far under SQLite's limit of 32,766).
+_ROWS_PER_INSERT = 64
+
 #: Values written into a statement as literals (``_batch_literal``): nothing that could quote.
 _PLAIN = re.compile(r"[A-Za-z0-9_.:@/+-]{0,64}\Z")
 
@@ -925,9 +929,22 @@ class Catalog:
                 yield out
 
     def import_rows(self, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        """Insert memories with every column given (an import keeps ids, times and counts)."""
+        """Insert memories with every column given (an import keeps ids, times and counts).
+        ``_ROWS_PER_INSERT`` rows per statement: each step of a statement releases the GIL and
+        takes it back, and one step per row left the writer thread waiting for the GIL behind
+        the import's reader (and a tenth more SQLite work per row)."""
         names = self._columns("memories", columns)
-        self.db.executemany(f"INSERT INTO memories ({names}) VALUES ({_ids(len(columns))})", rows)
+        one = f"({_ids(len(columns))})"
+        rows = list(rows)
+        per = _ROWS_PER_INSERT
+        full = len(rows) // per * per
+        if full:
+            many = ", ".join([one] * per)
+            flat = itertools.chain.from_iterable
+            self.db.executemany(f"INSERT INTO memories ({names}) VALUES {many}",
+                                (tuple(flat(rows[i:i + per])) for i in range(0, full, per)))
+        if full < len(rows):
+            self.db.executemany(f"INSERT INTO memories ({names}) VALUES {one}", rows[full:])
 
     def transfer_clusters(self, columns: Sequence[str]) -> list[tuple]:
         """``columns`` of every live cluster, by id."""

@@ -20,8 +20,7 @@ from clag_fast.store.catalog import ARCHIVED, Catalog
 from clag_fast.store.state import StoreState
 from clag_fast.store.transfer import fields as record
 from clag_fast.store.transfer import jsonl, parquet
-from clag_fast.store.transfer.fields import (ANCHOR, ANCHORED, CLUSTER_FIELDS, FORMAT, VERSION, encode_vectors,
-                                              encode_vectors_raw, no_gc)
+from clag_fast.store.transfer.fields import ANCHOR, ANCHORED, CLUSTER_FIELDS, FORMAT, VERSION, encode_vectors, no_gc
 
 BATCH = 65_536
 
@@ -104,11 +103,10 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
             for part in reader.transfer_rows(columns, ids=None if ids is None else ids.tolist(), batch=batch):
                 cols = list(zip(*part))  # one transposition; the writers work column by column
                 vrows = np.asarray(cols[-1], np.int64)
-                block = vectors[vrows]
+                block = _rows_of(vectors, vrows)
                 cids, aff = _carried_pairs(*state.assignments.read(vrows), carried)
                 archived = (np.asarray(cols[state_at]) == ARCHIVED).tolist()
-                vec = encode_vectors_raw(block) if fmt == "jsonl" else block
-                writer.memories(cols, vec, cids, aff, archived)
+                writer.memories(cols, block, cids, aff, archived)
                 done += len(part)
                 if progress is not None:
                     progress(done, total)
@@ -116,6 +114,15 @@ def export(state: StoreState, reader: Catalog, out: Path | IO[str], *, fmt: str,
             close()
     return {"memories": done, "clusters": len(clusters), "seconds": round(time.perf_counter() - t0, 3),
             "store_id": source_id}
+
+
+def _rows_of(vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``vectors[rows]``: a view of the memory-mapped file where the rows run consecutively
+    (a store filled in order, exported by id), else a gathered copy. The view spares a copy
+    of every vector into fresh pages before it is encoded or handed to Arrow."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and bool((np.diff(rows) == 1).all()):
+        return vectors[int(rows[0]):int(rows[-1]) + 1]
+    return vectors[rows]
 
 
 def _carried_pairs(ids: np.ndarray, aff: np.ndarray, carried: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -226,13 +226,16 @@ class Batch:
     where it was left out), before checking. ``vectors``: per record its vector as read (None:
     none) or an (n, dim) array; ``clusters``: per record its pairs (None: none) or (ids, affinities)
     arrays padded with -1. ``error``: the record after these could not be read (its position
-    and why): the reader stopped there."""
+    and why): the reader stopped there. ``stored_json``: the str values of "json" fields are
+    JSON objects in the stored form already (the native JSONL reader checked them), so they
+    are kept without being read again."""
 
     values: dict[str, list[Any]]
     vectors: list[Any] | np.ndarray
     clusters: list[Any] | tuple[np.ndarray, np.ndarray] | None
     position: Callable[[int], str]
     error: tuple[str, str] | None = None
+    stored_json: bool = False
 
     def __len__(self) -> int:
         return len(self.values["text"])
@@ -421,7 +424,9 @@ def _meta_encoder() -> Callable[[Any], str]:
 _META_JSON = _meta_encoder()
 
 
-def _metadata(values: list[Any], name: str = "metadata") -> list[str | None]:
+def _metadata(values: list[Any], name: str = "metadata", stored: bool = False) -> list[str | None]:
+    if stored and set(map(type, values)) <= {str, type(None)}:
+        return values
     out: list[str | None] = []
     enc = _META_JSON
     for i, v in enumerate(values):
@@ -590,7 +595,8 @@ def _head(batch: Batch, n: int) -> Batch:
         clusters = (clusters[0][:n], clusters[1][:n])
     elif clusters is not None:
         clusters = clusters[:n]
-    return Batch({k: v[:n] for k, v in batch.values.items()}, batch.vectors[:n], clusters, batch.position)
+    return Batch({k: v[:n] for k, v in batch.values.items()}, batch.vectors[:n], clusters, batch.position,
+                 stored_json=batch.stored_json)
 
 
 def _ids(values: list[Any]) -> np.ndarray | None:
@@ -603,7 +609,7 @@ def _ids(values: list[Any]) -> np.ndarray | None:
     return np.asarray([-1 if v is None else v for v in values], np.int64)
 
 
-def _check_field(f: Field, values: list[Any], now: float) -> Any:
+def _check_field(f: Field, values: list[Any], now: float, stored_json: bool = False) -> Any:
     """One field's column checked and typed (``_Bad`` names the first bad record)."""
     default = now if f.default is NOW else f.default
     if f.type in ("str", "key", "text") and not f.nullable and default is not None and default is not REQUIRED:
@@ -617,7 +623,7 @@ def _check_field(f: Field, values: list[Any], now: float) -> Any:
     if f.type == "str":
         return _strings(values, f.name, REQUIRED if default is None and not f.nullable else default, f.nullable)
     if f.type == "json":
-        return _metadata(values, f.name)
+        return _metadata(values, f.name, stored_json)
     if f.type == "archived":
         i = _first(values, lambda v: v is None or type(v) is bool)
         if i >= 0:
@@ -635,7 +641,7 @@ def _check_field(f: Field, values: list[Any], now: float) -> Any:
 
 def _check(batch: Batch, n: int, dim: int | None, now: float | None) -> tuple[Checked, int | None]:
     now = time.time() if now is None else now
-    values = {f.name: _check_field(f, batch.values[f.name], now) for f in FIELDS}
+    values = {f.name: _check_field(f, batch.values[f.name], now, batch.stored_json) for f in FIELDS}
     vectors, has, width = _vectors(batch.vectors, dim)
     cids, aff = _clusters(batch.clusters, n)
     return Checked(n, values, vectors, has, cids, aff), width

@@ -40,37 +40,13 @@ def _encode(kind: str, nullable: bool, col: Sequence[Any]) -> list[str]:
     return list(map(str, map(int, col)))
 
 
-def _pairs(cluster_ids: np.ndarray, affinities: np.ndarray) -> list[bytes]:
-    """Each row's pairs as JSON ("[c,a],[c,a]"), -1 ids left out: every pair formatted by
-    one C-level map per column, rows joined likewise; only rows with -1 padding take a
-    Python loop. Affinities are float32: nine significant digits name each one exactly (a
-    reader's nearest double rounds back to it), in half the time and text of the double's
-    shortest repr."""
-    k = cluster_ids.shape[1]
-    cols = [list(map(b"[%d,%.9g]".__mod__, zip(cluster_ids[:, j].tolist(), affinities[:, j].tolist())))
-            for j in range(k)]
-    out = list(map(b",".join, zip(*cols)))
-    for i in np.flatnonzero((cluster_ids < 0).any(axis=1)).tolist():
-        out[i] = b",".join(c[i] for c, cid in zip(cols, cluster_ids[i].tolist()) if cid >= 0)
-    return out
-
-
-def _head() -> str:
-    """A memory line up to its vector, a %-format of its values as JSON texts: the fields in
-    ``FIELDS`` order, then the vector key (the vector and the clusters follow: ``_LINE``)."""
-    return "{" + ",".join(f'"{f.name}":%s' for f in fields.FIELDS) + f',"{VECTOR}":"'
-
-
-#: The whole line: its head (``_head``, as bytes), the vector, the clusters.
-_LINE = f'%s%s","{CLUSTERS}":[%s]}}\n'.encode()
-
-#: Lines per write: about 9 MB at dim 384, so the buffers are reused, not mapped afresh.
+#: Lines per native call and write: about 9 MB at dim 384, so the buffers are reused, not
+#: mapped afresh.
 _CHUNK = 4096
 
 
 class Writer:
-    """Writes an export to a file object: binary (the fast path: lines are built as bytes,
-    each vector a view of one base64 block), or text (UTF-8 text is written)."""
+    """Writes an export to a file object: binary, or text (UTF-8 text is written)."""
 
     def __init__(self, out: IO[Any]) -> None:
         self.out = out
@@ -84,21 +60,30 @@ class Writer:
         lines += [json.dumps({"cluster": c}, ensure_ascii=False) for c in clusters]
         self._write(("\n".join(lines) + "\n").encode("utf-8"))
 
-    def memories(self, columns: Sequence[Sequence[Any]], vectors: Sequence[Any], cluster_ids: np.ndarray,
+    def memories(self, columns: Sequence[Sequence[Any]], vectors: np.ndarray, cluster_ids: np.ndarray,
                  affinities: np.ndarray, archived: Sequence[bool]) -> None:
         """``columns``: the FIELDS values of the memories as the catalog stores them, one
-        sequence per field (``archived`` given apart, as bools); ``vectors``: base64 rows
-        (bytes or views); pairs with -1 ids are left out. Built column by column, then one
-        %-format per line: per-field work per record cost three times as much, and every
-        copy of a 2 kB vector counts (it is copied once, into its line)."""
-        if not len(archived):
+        sequence per field (``archived`` given apart, as bools); ``vectors``: their float32
+        rows; pairs with -1 ids are left out. Each field's JSON texts are made column by
+        column (one C-level pass each), then the native side joins them with the field names,
+        the base64 of each vector and the pairs (affinities at nine significant digits: each
+        float32 exactly) into lines, without the GIL
+        (``_clag_fast.format_export_lines``): per-line %-formats in Python and a base64 block
+        cut into views cost half the export's time."""
+        from clag_fast._clag_fast import format_export_lines
+
+        n = len(archived)
+        if not n:
             return
         texts = [_encode(f.type, f.nullable, archived if f.type == "archived" else columns[i])
                  for i, f in enumerate(fields.FIELDS)]
-        heads = map(str.encode, map(_head().__mod__, zip(*texts)))
-        lines = list(map(_LINE.__mod__, zip(heads, vectors, _pairs(cluster_ids, affinities))))
-        for i in range(0, len(lines), _CHUNK):
-            self._write(b"".join(lines[i:i + _CHUNK]))
+        names = [f.name for f in fields.FIELDS]
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        ids = np.ascontiguousarray(cluster_ids, dtype=np.int64)
+        aff = np.ascontiguousarray(affinities, dtype=np.float32)
+        for i in range(0, n, _CHUNK):
+            j = i + _CHUNK
+            self._write(format_export_lines(names, [t[i:j] for t in texts], vectors[i:j], ids[i:j], aff[i:j]))
 
 
 def read(f: IO[bytes], batch_size: int, name: str = "input") -> Source:
@@ -109,6 +94,7 @@ def read(f: IO[bytes], batch_size: int, name: str = "input") -> Source:
     header = None
     clusters: list[dict[str, Any]] = []
     pending: tuple[int, Any] | None = None  # the first memory line, read while looking for clusters
+    first: Any = None  # that line as read
     error: tuple[str, str] | None = None
     for raw in f:
         lineno += 1
@@ -131,10 +117,15 @@ def read(f: IO[bytes], batch_size: int, name: str = "input") -> Source:
                 break
             clusters.append(value["cluster"])
             continue
-        pending = (lineno, value)
+        pending, first = (lineno, value), raw
         break
     total = int(header["memories"]) if header is not None and isinstance(header.get("memories"), int) else None
-    return Source(header, clusters, _batches(f, batch_size, name, lineno, pending, error), total)
+    if pending is not None and error is None and isinstance(first, bytes) and fast_fields() is not None:
+        dim = header.get("dim") if header is not None else None
+        batches = _fast_batches(f, batch_size, name, pending[0], first, dim if type(dim) is int and dim > 0 else None)
+    else:
+        batches = _batches(f, batch_size, name, lineno, pending, error)
+    return Source(header, clusters, batches, total)
 
 
 #: Bytes of lines read per call (about 28,000 export lines at dim 384).
@@ -142,17 +133,19 @@ _READ = 64 << 20
 
 
 def _batches(f: IO[bytes], batch_size: int, name: str, lineno: int, pending: tuple[int, Any] | None,
-             error: tuple[str, str] | None) -> Iterator[Batch]:
+             error: tuple[str, str] | None, before: list[bytes] | None = None) -> Iterator[Batch]:
     """Batches of ``batch_size`` records. Lines are read many at a time and parsed by one
     ``map`` (a Python loop per line cost more than the parse); a chunk holding a blank or
-    malformed line is parsed line by line, which names it."""
+    malformed line is parsed line by line, which names it. ``before``: lines read already,
+    the first of them line ``lineno + 1``."""
     records: list[Any] = []
     lines: list[int] = []
     if pending is not None:
         lines.append(pending[0])
         records.append(pending[1])
     while error is None:
-        chunk = f.readlines(_READ)
+        chunk = before or f.readlines(_READ)
+        before = None
         if not chunk:
             break
         try:
@@ -188,3 +181,94 @@ def _line_by_line(chunk: list[bytes], lineno: int, name: str) -> tuple[list[Any]
 
 def _batch(records: list[Any], lines: list[int], name: str, error: tuple[str, str] | None = None) -> Batch:
     return batch_from_dicts(records, lambda i: f"{name} line {lines[i]}", error)
+
+
+#: Bytes read per call on the fast path: under glibc's largest mmap threshold (32 MiB), so
+#: the buffer comes back from the heap each time instead of fresh pages (faulting in fresh
+#: pages made a copy about six times slower on the BENCHMARKS.md machine).
+_FAST_READ = 16 << 20
+
+#: How the native parser reads each field type (``records.rs``).
+_NATIVE_KIND = {"id": "count", "int": "count", "float": "float", "str": "str", "key": "str", "text": "str",
+                "json": "object", "archived": "bool"}
+
+
+def fast_fields() -> tuple[list[str], list[str]] | None:
+    """(record names, their native kinds) for the native parser, or None when a field's type
+    has no native reading (the general path then reads every line)."""
+    kinds = [_NATIVE_KIND.get(f.type) for f in fields.FIELDS]
+    if None in kinds:
+        return None
+    return [f.name for f in fields.FIELDS] + [VECTOR, CLUSTERS], [str(k) for k in kinds] + ["vector", "pairs"]
+
+
+def _fast_batches(f: IO[bytes], batch_size: int, name: str, lineno: int, first: bytes,
+                  dim: int | None) -> Iterator[Batch]:
+    """Batches of ``batch_size`` records, ``first`` (line ``lineno``) and the lines after it,
+    parsed by the native reader (``_clag_fast.parse_export_lines``, without the GIL):
+    columns come out whole, vectors decoded into one float32 block. At the first line it does
+    not take (another layout, a null vector, a malformed line...) the records before it go as
+    a batch and that line and the rest are read by the general path (``_batches``), which
+    reads, checks and names what the native one left."""
+    from clag_fast._clag_fast import parse_export_lines
+
+    names, kinds = fast_fields()  # type: ignore[misc]
+    pieces: list[tuple[int, list[Any], np.ndarray, tuple[np.ndarray, np.ndarray] | None]] = []
+    have, start, data, pos = 0, lineno, first, 0
+    while True:
+        if pos >= len(data):
+            data, pos = f.read(_FAST_READ), 0
+            if not data:
+                break
+            if not data.endswith(b"\n"):
+                data += f.readline()
+        n, used, stopped, columns, vectors, pairs = parse_export_lines(data, pos, names, kinds, dim,
+                                                                       batch_size - have)
+        pos += used
+        if n:
+            pieces.append((n, columns, vectors, pairs))
+            have += n
+            dim = vectors.shape[1]
+        if have == batch_size or (stopped and have):
+            yield _assemble(pieces, name, start)
+            start += have
+            pieces, have = [], 0
+        if stopped:
+            rest = data[pos:].split(b"\n")
+            before = [line + b"\n" for line in rest[:-1]] + ([rest[-1]] if rest[-1] else [])
+            yield from _batches(f, batch_size, name, start - 1, None, None, before)
+            return
+    if pieces:
+        yield _assemble(pieces, name, start)
+
+
+def _assemble(pieces: list[tuple[int, list[Any], np.ndarray, tuple[np.ndarray, np.ndarray] | None]], name: str,
+              first: int) -> Batch:
+    """One ``Batch`` of the native reader's pieces (consecutive lines from line ``first``)."""
+    fields_ = fields.FIELDS
+    if len(pieces) == 1:
+        _, columns, vectors, pairs = pieces[0]
+        values = {f.name: columns[i] for i, f in enumerate(fields_)}
+    else:
+        values = {f.name: [v for p in pieces for v in p[1][i]] for i, f in enumerate(fields_)}
+        vectors = np.concatenate([p[2] for p in pieces])
+        pairs = None
+        if any(p[3] is not None for p in pieces):
+            k = max(p[3][0].shape[1] for p in pieces if p[3] is not None)
+            ids = np.full((len(vectors), k), -1, np.int64)
+            aff = np.zeros((len(vectors), k), np.float32)
+            at = 0
+            for n, _, _, got in pieces:
+                if got is not None:
+                    ids[at:at + n, :got[0].shape[1]] = got[0]
+                    aff[at:at + n, :got[1].shape[1]] = got[1]
+                at += n
+            pairs = (ids, aff)
+    for f in fields_:
+        if f.type == "json":
+            # Objects not in the stored form came as their text (bytes): read here, written
+            # in that form by the check, as the general path does.
+            col = values[f.name]
+            if bytes in set(map(type, col)):
+                values[f.name] = [loads_json(v) if type(v) is bytes else v for v in col]
+    return Batch(values, vectors, pairs, lambda i: f"{name} line {first + i}", stored_json=True)
