@@ -16,6 +16,7 @@ use std::sync::{Mutex, OnceLock};
 
 use rayon::prelude::*;
 
+use crate::coarse::{self, Coarse};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::kmeans::{self, KMeansConfig};
@@ -657,12 +658,89 @@ impl Clusters {
         self.drop_cluster(absorb)
     }
 
+    /// `merge` for every (keep, absorb) pair, in one pass over the member lists: a fold of
+    /// thousands of tiny clusters (isotropic data opens a cluster for most rows) cost one
+    /// list and centre update per pair, each as large as the cluster table. Every absorbed
+    /// cluster is listed once and none is also kept (a chain has no single answer); nothing
+    /// changes unless every pair is valid.
+    pub fn merge_many(&mut self, pairs: &[(i64, i64)], data: &[f32]) -> Result<()> {
+        let mut into: HashMap<u32, u32> = HashMap::with_capacity(pairs.len());
+        for &(keep, absorb) in pairs {
+            if keep == absorb {
+                return Err(Error::Value(format!("cannot merge cluster {keep} into itself")));
+            }
+            let (k, a) = (self.slot(keep)? as u32, self.slot(absorb)? as u32);
+            if into.insert(a, k).is_some() {
+                return Err(Error::Value(format!("cluster {absorb} is absorbed twice")));
+            }
+        }
+        if let Some(&(keep, _)) = pairs.iter().find(|(k, _)| into.contains_key(&(self.slot_of[k] as u32))) {
+            return Err(Error::Value(format!("cluster {keep} is both kept and absorbed")));
+        }
+        let (mut rows, mut prim) = (Vec::new(), Vec::new());
+        for (&a, &k) in &into {
+            rows.extend_from_slice(&self.slots[a as usize].primary);
+            prim.resize(rows.len(), k);
+        }
+        self.apply(&rows, &prim, None, data);
+        let mut srows: Vec<u32> = into.keys().flat_map(|&a| self.slots[a as usize].secondary.iter().copied()).collect();
+        srows.sort_unstable();
+        srows.dedup();
+        let secs: Vec<Vec<u32>> =
+            srows.iter().map(|&r| self.sec.get(r).into_iter().map(|s| into.get(&s).copied().unwrap_or(s)).collect()).collect();
+        let prims: Vec<u32> = srows.iter().map(|&r| self.primary_of[r as usize]).collect();
+        self.apply(&srows, &prims, Some(&secs), data);
+        for &(_, absorb) in pairs {
+            self.drop_cluster(absorb)?;
+        }
+        Ok(())
+    }
+
+    /// For each cluster of `ids`, the cluster of `among` whose centre is most similar to its
+    /// centre, and that cosine (-1 / -inf where `among` has no centre). Against the centre
+    /// matrix in place (no copy of every centre), through `coarse` when given
+    /// (`centre_neighbours`).
+    pub fn nearest_among(&self, ids: &[i64], among: &[i64], coarse: Option<&Coarse>) -> Result<(Vec<i64>, Vec<f32>)> {
+        let dim = self.dim;
+        let slots: Vec<usize> = ids.iter().map(|&id| self.slot(id)).collect::<Result<_>>()?;
+        let mut allowed = vec![false; self.slots.len()];
+        for &id in among {
+            let s = self.slot(id)?;
+            allowed[s] = self.slots[s].has_centre;
+        }
+        let mut own = Vec::with_capacity(slots.len() * dim);
+        for &s in &slots {
+            own.extend_from_slice(&self.centres[s * dim..(s + 1) * dim]);
+        }
+        let mut nid = vec![-1i64; slots.len()];
+        let mut nsc = vec![f32::NEG_INFINITY; slots.len()];
+        if !slots.is_empty() && allowed.iter().any(|&a| a) {
+            self.centre_neighbours(&own, 1, &allowed, coarse, &mut nid, &mut nsc);
+        }
+        Ok((nid.into_iter().map(|s| if s >= 0 { self.slots[s as usize].id } else { -1 }).collect(), nsc))
+    }
+
+    /// The best `k` centres (slots) among `valid` of each row of `rows` (normalised, n x dim):
+    /// through `coarse` when given (the routing layer: a few groups of centres per row
+    /// instead of every centre; a row whose best centre lies in a group it did not probe gets
+    /// the best of the groups it did, see `coarse`), else exactly. Organisation asks this for
+    /// centres of clusters that changed; with isotropic data most rows open a cluster, so
+    /// there are thousands per pass, each against every centre when exact: at 200k
+    /// isotropic memories (35k clusters) those products were most of the add time.
+    fn centre_neighbours(&self, rows: &[f32], k: usize, valid: &[bool], coarse: Option<&Coarse>, ids: &mut [i64],
+                         scores: &mut [f32]) {
+        match coarse {
+            Some(c) => coarse::top_centres(rows, &self.centres, self.dim, k, valid, c, Some(&self.centre_codes), ids, scores),
+            None => kernels::top_centres(rows, &self.centres, self.dim, k, Some(valid), ids, scores),
+        }
+    }
+
     /// Re-assignment after a split, merge or drift: the primary members of clusters `ids` (in
     /// that order), each scored against its cluster's `near` nearest centres (its own
     /// included) instead of every centre. A member's best centres lie next to the one it was
     /// routed to. Returns (rows, cluster ids, scores), the last two n x `k`, best first,
     /// padded with -1 / -inf (fewer than `k` near centres). Parallel over the clusters.
-    pub fn near_assign(&self, ids: &[i64], near: usize, k: usize, data: &[f32]) -> Result<NearAssignment> {
+    pub fn near_assign(&self, ids: &[i64], near: usize, k: usize, data: &[f32], coarse: Option<&Coarse>) -> Result<NearAssignment> {
         let dim = self.dim;
         let slots: Vec<usize> = ids.iter().map(|&id| self.slot(id)).collect::<Result<_>>()?;
         let valid = self.has_centres();
@@ -680,7 +758,7 @@ impl Clusters {
         }
         let mut nid = vec![-1i64; slots.len() * near];
         let mut nsc = vec![f32::NEG_INFINITY; slots.len() * near];
-        kernels::top_centres(&own, &self.centres, dim, near, Some(&valid), &mut nid, &mut nsc);
+        self.centre_neighbours(&own, near, &valid, coarse, &mut nid, &mut nsc);
         drop(own);
         let parts: Vec<NearAssignment> = slots
             .par_iter()
@@ -1149,5 +1227,81 @@ mod tests {
         c.drop_cluster(b).unwrap();
         assert!(c.secondary_of(0).unwrap().is_empty());
         assert_eq!(c.members(d).unwrap(), &[0, 1]);
+    }
+
+    /// Eight clusters over 40 rows, with secondary links (some to the clusters that merge).
+    fn eight_clusters() -> (Clusters, Vec<f32>, Vec<i64>) {
+        let (mut c, data) = setup(40);
+        let ids: Vec<i64> = (0..8).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        let rows: Vec<i64> = (0..40).collect();
+        let mut targets = Vec::new();
+        for r in 0..40usize {
+            targets.push(ids[r % 8]);
+            targets.push(if r % 3 == 0 { ids[(r + 3) % 8] } else { -1 });
+            targets.push(if r % 5 == 0 { ids[(r + 5) % 8] } else { -1 });
+        }
+        c.assign(&rows, &targets, 3, &data).unwrap();
+        (c, data, ids)
+    }
+
+    #[test]
+    fn merge_many_equals_one_merge_at_a_time() {
+        let pairs = |ids: &[i64]| vec![(ids[0], ids[5]), (ids[1], ids[6]), (ids[0], ids[7])];
+        let (mut one, data, ids) = eight_clusters();
+        for (k, a) in pairs(&ids) {
+            one.merge(k, a, &data).unwrap();
+        }
+        let (mut many, _, ids2) = eight_clusters();
+        many.merge_many(&pairs(&ids2), &data).unwrap();
+        check_sums(&many, &data);
+        let mut a: Vec<i64> = one.slots().iter().map(|c| c.id).collect();
+        let mut b: Vec<i64> = many.slots().iter().map(|c| c.id).collect();
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+        for r in 0..40 {
+            assert_eq!(one.cluster_of(r).unwrap(), many.cluster_of(r).unwrap());
+            let (mut x, mut y) = (one.secondary_of(r).unwrap(), many.secondary_of(r).unwrap());
+            x.sort_unstable();
+            y.sort_unstable();
+            assert_eq!(x, y, "row {r}");
+        }
+        for &id in &a {
+            assert_eq!(one.members(id).unwrap(), many.members(id).unwrap());
+            let (s1, s2) = (one.slot(id).unwrap(), many.slot(id).unwrap());
+            let (c1, c2) = (&one.centres[s1 * 6..(s1 + 1) * 6], &many.centres[s2 * 6..(s2 + 1) * 6]);
+            assert!(c1.iter().zip(c2).all(|(p, q)| (p - q).abs() < 1e-5));
+        }
+    }
+
+    #[test]
+    fn merge_many_rejects_chains_and_repeats_without_change() {
+        let (mut c, data, ids) = eight_clusters();
+        let before: Vec<i64> = (0..40).map(|r| c.cluster_of(r).unwrap()).collect();
+        assert!(c.merge_many(&[(ids[0], ids[1]), (ids[1], ids[2])], &data).is_err());
+        assert!(c.merge_many(&[(ids[0], ids[1]), (ids[2], ids[1])], &data).is_err());
+        assert!(c.merge_many(&[(ids[0], ids[0])], &data).is_err());
+        assert!(c.merge_many(&[(ids[0], 999)], &data).is_err());
+        assert_eq!(c.len(), 8);
+        assert_eq!(before, (0..40).map(|r| c.cluster_of(r).unwrap()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn nearest_among_is_the_best_cosine_of_the_allowed_centres() {
+        let (c, _, ids) = eight_clusters();
+        let (query, among) = (&ids[..3], &ids[3..]);
+        let (got, sc) = c.nearest_among(query, among, None).unwrap();
+        let centre = |id: i64| {
+            let s = c.slot(id).unwrap();
+            c.centres[s * 6..(s + 1) * 6].to_vec()
+        };
+        for (i, &q) in query.iter().enumerate() {
+            let dot = |b: i64| centre(q).iter().zip(centre(b)).map(|(x, y)| x * y).sum::<f32>();
+            let best = among.iter().copied().max_by(|&x, &y| dot(x).total_cmp(&dot(y))).unwrap();
+            assert!((dot(got[i]) - dot(best)).abs() < 1e-5 && (sc[i] - dot(best)).abs() < 1e-4);
+            assert!(among.contains(&got[i]));
+        }
+        let (none, _) = c.nearest_among(query, &[], None).unwrap();
+        assert_eq!(none, vec![-1; 3]);
     }
 }
