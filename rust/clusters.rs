@@ -25,6 +25,10 @@ use crate::quant::{CentreCodes, QuantBlock};
 /// Centres per block of `Clusters::merge_candidates` (a 256 x 3,000 block is 3 MB).
 const MERGE_BLOCK: usize = 256;
 
+/// Nearest centres a changed centre is compared with when `Clusters::merge_candidates` goes
+/// through the routing layer (near-duplicates of one centre are a handful at most).
+const MERGE_NEIGHBOURS: usize = 16;
+
 /// A merge candidate: (smaller cluster id, larger id, cosine of their centres).
 pub type MergePair = (i64, i64, f32);
 
@@ -811,10 +815,17 @@ impl Clusters {
     /// are the last answer's (the same pairs as comparing every pair again, with the same
     /// threshold; `merge_candidates_all` does that). At 5,000 isotropic memories in 1,174
     /// clusters about a third of the centres change between periodic organisations.
-    pub fn merge_candidates(&self, threshold: f32) -> Vec<MergePair> {
+    ///
+    /// With `coarse` (the routing layer, past `coarse::COARSE_MIN` centres) each changed centre
+    /// is compared only with its `MERGE_NEIGHBOURS` nearest centres that the layer finds (all
+    /// of them when every one of those reaches the threshold): isotropic data opens a cluster
+    /// for most rows, so thousands of centres change between passes, and comparing each with
+    /// every centre cost as much as routing every row exactly. A pair that close shares a
+    /// group almost always; one the layer misses is found when either centre changes again.
+    pub fn merge_candidates(&self, threshold: f32, coarse: Option<&Coarse>) -> Vec<MergePair> {
         let mut memo = self.merge_memo.lock().unwrap_or_else(|e| e.into_inner());
         let out = match memo.take() {
-            Some(m) if m.threshold.to_bits() == threshold.to_bits() => self.merge_candidates_since(m),
+            Some(m) if m.threshold.to_bits() == threshold.to_bits() => self.merge_candidates_since(m, coarse),
             _ => self.merge_candidates_all(threshold),
         };
         *memo = Some(MergeMemo { threshold, pairs: out.clone(), changed: HashSet::new() });
@@ -823,7 +834,7 @@ impl Clusters {
 
     /// `merge_candidates` from the last answer: its pairs of unchanged live clusters, plus
     /// every pair with a changed centre, each such pair compared once.
-    fn merge_candidates_since(&self, m: MergeMemo) -> Vec<MergePair> {
+    fn merge_candidates_since(&self, m: MergeMemo, coarse: Option<&Coarse>) -> Vec<MergePair> {
         let (c, dim, threshold) = (self.slots.len(), self.dim, m.threshold);
         let live = |id: &i64| self.slot_of.contains_key(id);
         let mut out: Vec<MergePair> = m
@@ -834,10 +845,59 @@ impl Clusters {
         let mut changed: Vec<usize> =
             m.changed.iter().filter_map(|id| self.slot_of.get(id).copied()).filter(|&s| self.slots[s].has_centre).collect();
         changed.sort_unstable();
+        if let Some(co) = coarse {
+            // The changed centres whose neighbours all reach the threshold (there may be more)
+            // go on to the exact comparison below.
+            let k = MERGE_NEIGHBOURS.min(c);
+            let mut own = Vec::with_capacity(changed.len() * dim);
+            for &s in &changed {
+                own.extend_from_slice(&self.centres[s * dim..(s + 1) * dim]);
+            }
+            let (mut nid, mut nsc) = (vec![-1i64; changed.len() * k], vec![f32::NEG_INFINITY; changed.len() * k]);
+            self.centre_neighbours(&own, k, &self.has_centres(), Some(co), &mut nid, &mut nsc);
+            let mut full = Vec::new();
+            for (i, &s) in changed.iter().enumerate() {
+                let (ids, sc) = (&nid[i * k..(i + 1) * k], &nsc[i * k..(i + 1) * k]);
+                if k < c && sc[k - 1] >= threshold {
+                    full.push(s);
+                    continue;
+                }
+                for (&j, &score) in ids.iter().zip(sc) {
+                    if j >= 0 && j as usize != s && score >= threshold {
+                        let (a, b) = (self.slots[s].id, self.slots[j as usize].id);
+                        out.push((a.min(b), a.max(b), score));
+                    }
+                }
+            }
+            // A pair of two changed centres may be found from both sides.
+            out.sort_by(|x, y| (x.0, x.1).cmp(&(y.0, y.1)));
+            out.dedup_by(|x, y| (x.0, x.1) == (y.0, y.1));
+            if !full.is_empty() {
+                let found: HashSet<(i64, i64)> = out.iter().map(|p| (p.0, p.1)).collect();
+                let mut is_full = vec![false; c];
+                for &s in &full {
+                    is_full[s] = true;
+                }
+                let exact = self.pairs_with(&full, &is_full, threshold);
+                out.extend(exact.into_iter().filter(|p| !found.contains(&(p.0, p.1))));
+            }
+            out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
+            return out;
+        }
         let mut is_changed = vec![false; c];
         for &s in &changed {
             is_changed[s] = true;
         }
+        out.extend(self.pairs_with(&changed, &is_changed, threshold));
+        out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
+        out
+    }
+
+    /// Pairs (a, b, cos >= threshold) of each centre of `changed` (sorted slots) with every
+    /// centre; a pair of two `is_changed` slots is taken from the lower slot's row only.
+    fn pairs_with(&self, changed: &[usize], is_changed: &[bool], threshold: f32) -> Vec<MergePair> {
+        let (c, dim) = (self.slots.len(), self.dim);
+        let mut out = Vec::new();
         out.par_extend(changed.par_chunks(MERGE_BLOCK).flat_map_iter(|block| {
             let mut a = Vec::with_capacity(block.len() * dim);
             for &s in block {
@@ -859,7 +919,6 @@ impl Clusters {
             }
             found.into_iter()
         }));
-        out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
         out
     }
 
@@ -1116,7 +1175,7 @@ mod tests {
         c.assign(&rows, &ids, 1, &data).unwrap();
         let mut next_row = 700i64;
         for round in 0..6 {
-            let (inc, all) = (c.merge_candidates(0.9), c.merge_candidates_all(0.9));
+            let (inc, all) = (c.merge_candidates(0.9, None), c.merge_candidates_all(0.9));
             assert!(!all.is_empty(), "the data should give pairs at this threshold");
             same_pairs(&inc, &all);
             // Between calls: merges (the absorbed cluster is dropped), rows joining
@@ -1139,7 +1198,7 @@ mod tests {
             c.assign(&rows, &fresh, 1, &data).unwrap();
             next_row += 300;
             if round == 3 {
-                same_pairs(&c.merge_candidates(0.8), &c.merge_candidates_all(0.8));
+                same_pairs(&c.merge_candidates(0.8, None), &c.merge_candidates_all(0.8));
             }
         }
         assert!(next_row <= n as i64);
@@ -1303,5 +1362,47 @@ mod tests {
         }
         let (none, _) = c.nearest_among(query, &[], None).unwrap();
         assert_eq!(none, vec![-1; 3]);
+    }
+
+    #[test]
+    fn merge_candidates_through_the_routing_layer_find_the_near_duplicates() {
+        let (dim, n) = (32, 2_000);
+        let mut rng = kmeans::Rng::new(11);
+        let mut data: Vec<f32> = Vec::with_capacity(n * dim);
+        for i in 0..n {
+            if i % 10 == 9 {
+                // A near-duplicate of an earlier row (cosine ~0.97).
+                let src = data[(i - 5) * dim..(i - 4) * dim].to_vec();
+                let noise = unit(dim, i % dim, 4.0, &mut rng);
+                let mut v: Vec<f32> = src.iter().zip(&noise).map(|(a, b)| a + 0.25 * b).collect();
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                v.iter_mut().for_each(|x| *x /= norm);
+                data.extend(v);
+            } else {
+                data.extend(unit(dim, i % dim, 4.0, &mut rng));
+            }
+        }
+        let mut c = Clusters::new(dim);
+        c.grow_rows(n);
+        let first = 1_500;
+        let ids: Vec<i64> = (0..first).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        c.assign(&(0..first as i64).collect::<Vec<_>>(), &ids, 1, &data).unwrap();
+        let co = coarse::Coarse::build(&c.centres, &c.has_centres(), dim).expect("enough centres for the layer");
+        same_pairs(&c.merge_candidates(0.9, Some(&co)), &c.merge_candidates_all(0.9));
+        // New clusters (half of them near-duplicates of older ones) and rows joining old ones.
+        let fresh: Vec<i64> = (first..n - 100).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        c.assign(&(first as i64..(n - 100) as i64).collect::<Vec<_>>(), &fresh, 1, &data).unwrap();
+        let to: Vec<i64> = (0..100).map(|k| ids[k * 13]).collect();
+        c.assign(&((n - 100) as i64..n as i64).collect::<Vec<_>>(), &to, 1, &data).unwrap();
+        let (got, all) = (c.merge_candidates(0.9, Some(&co)), c.merge_candidates_all(0.9));
+        assert!(all.len() >= 150, "the data should give near-duplicate pairs: {}", all.len());
+        same_pairs(&got, &all);
+        // At a threshold most neighbours reach, the lists saturate and those centres are
+        // compared with every centre.
+        same_pairs(&c.merge_candidates(-1.0, Some(&co)), &c.merge_candidates_all(-1.0));
+        let fresh: Vec<i64> = (0..50).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        let moved: Vec<i64> = (0..50).map(|k| k * 7).collect();
+        c.assign(&moved, &fresh, 1, &data).unwrap();
+        same_pairs(&c.merge_candidates(-1.0, Some(&co)), &c.merge_candidates_all(-1.0));
     }
 }

@@ -141,7 +141,8 @@ impl Index {
 
     /// Centre pairs with cosine >= threshold, most similar first.
     pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
-        self.cl.merge_candidates(threshold)
+        let coarse = self.coarse_for(&self.cl.has_centres());
+        self.cl.merge_candidates(threshold, coarse.as_deref())
     }
 
     /// Append rows; returns the first new row id.
