@@ -411,7 +411,10 @@ class VectorIndex:
         """Pairs (a, b, cosine) with a < b whose centres have cosine >= ``threshold``, most
         similar first. A call with the threshold of the previous one compares only the centres
         written since then (new clusters, clusters that gained or lost members) with the rest:
-        the same answer as comparing every pair, at a fraction of the cost."""
+        below 1,024 centres the same answer as comparing every pair, at a fraction of the cost.
+        Past that, a written centre is compared with the 16 nearest centres the routing layer
+        finds for it (with every centre when all 16 reach the threshold), as rows are routed:
+        a pair that layer misses is found once either centre is written again."""
         return self._ix.merge_candidates(float(threshold))
 
     # ------------------------------------------------------------------ search
