@@ -870,7 +870,7 @@ impl Clusters {
                 }
             }
             // A pair of two changed centres may be found from both sides.
-            out.sort_by(|x, y| (x.0, x.1).cmp(&(y.0, y.1)));
+            out.sort_by_key(|p| (p.0, p.1));
             out.dedup_by(|x, y| (x.0, x.1) == (y.0, y.1));
             if !full.is_empty() {
                 let found: HashSet<(i64, i64)> = out.iter().map(|p| (p.0, p.1)).collect();
