@@ -16,6 +16,7 @@ use std::sync::{Mutex, OnceLock};
 
 use rayon::prelude::*;
 
+use crate::coarse::{self, Coarse};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::kmeans::{self, KMeansConfig};
@@ -23,6 +24,10 @@ use crate::quant::{CentreCodes, QuantBlock};
 
 /// Centres per block of `Clusters::merge_candidates` (a 256 x 3,000 block is 3 MB).
 const MERGE_BLOCK: usize = 256;
+
+/// Nearest centres a changed centre is compared with when `Clusters::merge_candidates` goes
+/// through the routing layer (near-duplicates of one centre are a handful at most).
+const MERGE_NEIGHBOURS: usize = 16;
 
 /// A merge candidate: (smaller cluster id, larger id, cosine of their centres).
 pub type MergePair = (i64, i64, f32);
@@ -657,12 +662,89 @@ impl Clusters {
         self.drop_cluster(absorb)
     }
 
+    /// `merge` for every (keep, absorb) pair, in one pass over the member lists: a fold of
+    /// thousands of tiny clusters (isotropic data opens a cluster for most rows) cost one
+    /// list and centre update per pair, each as large as the cluster table. Every absorbed
+    /// cluster is listed once and none is also kept (a chain has no single answer); nothing
+    /// changes unless every pair is valid.
+    pub fn merge_many(&mut self, pairs: &[(i64, i64)], data: &[f32]) -> Result<()> {
+        let mut into: HashMap<u32, u32> = HashMap::with_capacity(pairs.len());
+        for &(keep, absorb) in pairs {
+            if keep == absorb {
+                return Err(Error::Value(format!("cannot merge cluster {keep} into itself")));
+            }
+            let (k, a) = (self.slot(keep)? as u32, self.slot(absorb)? as u32);
+            if into.insert(a, k).is_some() {
+                return Err(Error::Value(format!("cluster {absorb} is absorbed twice")));
+            }
+        }
+        if let Some(&(keep, _)) = pairs.iter().find(|(k, _)| into.contains_key(&(self.slot_of[k] as u32))) {
+            return Err(Error::Value(format!("cluster {keep} is both kept and absorbed")));
+        }
+        let (mut rows, mut prim) = (Vec::new(), Vec::new());
+        for (&a, &k) in &into {
+            rows.extend_from_slice(&self.slots[a as usize].primary);
+            prim.resize(rows.len(), k);
+        }
+        self.apply(&rows, &prim, None, data);
+        let mut srows: Vec<u32> = into.keys().flat_map(|&a| self.slots[a as usize].secondary.iter().copied()).collect();
+        srows.sort_unstable();
+        srows.dedup();
+        let secs: Vec<Vec<u32>> =
+            srows.iter().map(|&r| self.sec.get(r).into_iter().map(|s| into.get(&s).copied().unwrap_or(s)).collect()).collect();
+        let prims: Vec<u32> = srows.iter().map(|&r| self.primary_of[r as usize]).collect();
+        self.apply(&srows, &prims, Some(&secs), data);
+        for &(_, absorb) in pairs {
+            self.drop_cluster(absorb)?;
+        }
+        Ok(())
+    }
+
+    /// For each cluster of `ids`, the cluster of `among` whose centre is most similar to its
+    /// centre, and that cosine (-1 / -inf where `among` has no centre). Against the centre
+    /// matrix in place (no copy of every centre), through `coarse` when given
+    /// (`centre_neighbours`).
+    pub fn nearest_among(&self, ids: &[i64], among: &[i64], coarse: Option<&Coarse>) -> Result<(Vec<i64>, Vec<f32>)> {
+        let dim = self.dim;
+        let slots: Vec<usize> = ids.iter().map(|&id| self.slot(id)).collect::<Result<_>>()?;
+        let mut allowed = vec![false; self.slots.len()];
+        for &id in among {
+            let s = self.slot(id)?;
+            allowed[s] = self.slots[s].has_centre;
+        }
+        let mut own = Vec::with_capacity(slots.len() * dim);
+        for &s in &slots {
+            own.extend_from_slice(&self.centres[s * dim..(s + 1) * dim]);
+        }
+        let mut nid = vec![-1i64; slots.len()];
+        let mut nsc = vec![f32::NEG_INFINITY; slots.len()];
+        if !slots.is_empty() && allowed.iter().any(|&a| a) {
+            self.centre_neighbours(&own, 1, &allowed, coarse, &mut nid, &mut nsc);
+        }
+        Ok((nid.into_iter().map(|s| if s >= 0 { self.slots[s as usize].id } else { -1 }).collect(), nsc))
+    }
+
+    /// The best `k` centres (slots) among `valid` of each row of `rows` (normalised, n x dim):
+    /// through `coarse` when given (the routing layer: a few groups of centres per row
+    /// instead of every centre; a row whose best centre lies in a group it did not probe gets
+    /// the best of the groups it did, see `coarse`), else exactly. Organisation asks this for
+    /// centres of clusters that changed; with isotropic data most rows open a cluster, so
+    /// there are thousands per pass, each against every centre when exact: at 200k
+    /// isotropic memories (35k clusters) those products were most of the add time.
+    fn centre_neighbours(&self, rows: &[f32], k: usize, valid: &[bool], coarse: Option<&Coarse>, ids: &mut [i64],
+                         scores: &mut [f32]) {
+        match coarse {
+            Some(c) => coarse::top_centres(rows, &self.centres, self.dim, k, valid, c, Some(&self.centre_codes), ids, scores),
+            None => kernels::top_centres(rows, &self.centres, self.dim, k, Some(valid), ids, scores),
+        }
+    }
+
     /// Re-assignment after a split, merge or drift: the primary members of clusters `ids` (in
     /// that order), each scored against its cluster's `near` nearest centres (its own
     /// included) instead of every centre. A member's best centres lie next to the one it was
     /// routed to. Returns (rows, cluster ids, scores), the last two n x `k`, best first,
     /// padded with -1 / -inf (fewer than `k` near centres). Parallel over the clusters.
-    pub fn near_assign(&self, ids: &[i64], near: usize, k: usize, data: &[f32]) -> Result<NearAssignment> {
+    pub fn near_assign(&self, ids: &[i64], near: usize, k: usize, data: &[f32], coarse: Option<&Coarse>) -> Result<NearAssignment> {
         let dim = self.dim;
         let slots: Vec<usize> = ids.iter().map(|&id| self.slot(id)).collect::<Result<_>>()?;
         let valid = self.has_centres();
@@ -680,7 +762,7 @@ impl Clusters {
         }
         let mut nid = vec![-1i64; slots.len() * near];
         let mut nsc = vec![f32::NEG_INFINITY; slots.len() * near];
-        kernels::top_centres(&own, &self.centres, dim, near, Some(&valid), &mut nid, &mut nsc);
+        self.centre_neighbours(&own, near, &valid, coarse, &mut nid, &mut nsc);
         drop(own);
         let parts: Vec<NearAssignment> = slots
             .par_iter()
@@ -733,10 +815,17 @@ impl Clusters {
     /// are the last answer's (the same pairs as comparing every pair again, with the same
     /// threshold; `merge_candidates_all` does that). At 5,000 isotropic memories in 1,174
     /// clusters about a third of the centres change between periodic organisations.
-    pub fn merge_candidates(&self, threshold: f32) -> Vec<MergePair> {
+    ///
+    /// With `coarse` (the routing layer, past `coarse::COARSE_MIN` centres) each changed centre
+    /// is compared only with its `MERGE_NEIGHBOURS` nearest centres that the layer finds (all
+    /// of them when every one of those reaches the threshold): isotropic data opens a cluster
+    /// for most rows, so thousands of centres change between passes, and comparing each with
+    /// every centre cost as much as routing every row exactly. A pair that close shares a
+    /// group almost always; one the layer misses is found when either centre changes again.
+    pub fn merge_candidates(&self, threshold: f32, coarse: Option<&Coarse>) -> Vec<MergePair> {
         let mut memo = self.merge_memo.lock().unwrap_or_else(|e| e.into_inner());
         let out = match memo.take() {
-            Some(m) if m.threshold.to_bits() == threshold.to_bits() => self.merge_candidates_since(m),
+            Some(m) if m.threshold.to_bits() == threshold.to_bits() => self.merge_candidates_since(m, coarse),
             _ => self.merge_candidates_all(threshold),
         };
         *memo = Some(MergeMemo { threshold, pairs: out.clone(), changed: HashSet::new() });
@@ -745,7 +834,7 @@ impl Clusters {
 
     /// `merge_candidates` from the last answer: its pairs of unchanged live clusters, plus
     /// every pair with a changed centre, each such pair compared once.
-    fn merge_candidates_since(&self, m: MergeMemo) -> Vec<MergePair> {
+    fn merge_candidates_since(&self, m: MergeMemo, coarse: Option<&Coarse>) -> Vec<MergePair> {
         let (c, dim, threshold) = (self.slots.len(), self.dim, m.threshold);
         let live = |id: &i64| self.slot_of.contains_key(id);
         let mut out: Vec<MergePair> = m
@@ -756,10 +845,59 @@ impl Clusters {
         let mut changed: Vec<usize> =
             m.changed.iter().filter_map(|id| self.slot_of.get(id).copied()).filter(|&s| self.slots[s].has_centre).collect();
         changed.sort_unstable();
+        if let Some(co) = coarse {
+            // The changed centres whose neighbours all reach the threshold (there may be more)
+            // go on to the exact comparison below.
+            let k = MERGE_NEIGHBOURS.min(c);
+            let mut own = Vec::with_capacity(changed.len() * dim);
+            for &s in &changed {
+                own.extend_from_slice(&self.centres[s * dim..(s + 1) * dim]);
+            }
+            let (mut nid, mut nsc) = (vec![-1i64; changed.len() * k], vec![f32::NEG_INFINITY; changed.len() * k]);
+            self.centre_neighbours(&own, k, &self.has_centres(), Some(co), &mut nid, &mut nsc);
+            let mut full = Vec::new();
+            for (i, &s) in changed.iter().enumerate() {
+                let (ids, sc) = (&nid[i * k..(i + 1) * k], &nsc[i * k..(i + 1) * k]);
+                if k < c && sc[k - 1] >= threshold {
+                    full.push(s);
+                    continue;
+                }
+                for (&j, &score) in ids.iter().zip(sc) {
+                    if j >= 0 && j as usize != s && score >= threshold {
+                        let (a, b) = (self.slots[s].id, self.slots[j as usize].id);
+                        out.push((a.min(b), a.max(b), score));
+                    }
+                }
+            }
+            // A pair of two changed centres may be found from both sides.
+            out.sort_by_key(|p| (p.0, p.1));
+            out.dedup_by(|x, y| (x.0, x.1) == (y.0, y.1));
+            if !full.is_empty() {
+                let found: HashSet<(i64, i64)> = out.iter().map(|p| (p.0, p.1)).collect();
+                let mut is_full = vec![false; c];
+                for &s in &full {
+                    is_full[s] = true;
+                }
+                let exact = self.pairs_with(&full, &is_full, threshold);
+                out.extend(exact.into_iter().filter(|p| !found.contains(&(p.0, p.1))));
+            }
+            out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
+            return out;
+        }
         let mut is_changed = vec![false; c];
         for &s in &changed {
             is_changed[s] = true;
         }
+        out.extend(self.pairs_with(&changed, &is_changed, threshold));
+        out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
+        out
+    }
+
+    /// Pairs (a, b, cos >= threshold) of each centre of `changed` (sorted slots) with every
+    /// centre; a pair of two `is_changed` slots is taken from the lower slot's row only.
+    fn pairs_with(&self, changed: &[usize], is_changed: &[bool], threshold: f32) -> Vec<MergePair> {
+        let (c, dim) = (self.slots.len(), self.dim);
+        let mut out = Vec::new();
         out.par_extend(changed.par_chunks(MERGE_BLOCK).flat_map_iter(|block| {
             let mut a = Vec::with_capacity(block.len() * dim);
             for &s in block {
@@ -781,7 +919,6 @@ impl Clusters {
             }
             found.into_iter()
         }));
-        out.sort_by(|x, y| y.2.total_cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
         out
     }
 
@@ -1038,7 +1175,7 @@ mod tests {
         c.assign(&rows, &ids, 1, &data).unwrap();
         let mut next_row = 700i64;
         for round in 0..6 {
-            let (inc, all) = (c.merge_candidates(0.9), c.merge_candidates_all(0.9));
+            let (inc, all) = (c.merge_candidates(0.9, None), c.merge_candidates_all(0.9));
             assert!(!all.is_empty(), "the data should give pairs at this threshold");
             same_pairs(&inc, &all);
             // Between calls: merges (the absorbed cluster is dropped), rows joining
@@ -1061,7 +1198,7 @@ mod tests {
             c.assign(&rows, &fresh, 1, &data).unwrap();
             next_row += 300;
             if round == 3 {
-                same_pairs(&c.merge_candidates(0.8), &c.merge_candidates_all(0.8));
+                same_pairs(&c.merge_candidates(0.8, None), &c.merge_candidates_all(0.8));
             }
         }
         assert!(next_row <= n as i64);
@@ -1149,5 +1286,123 @@ mod tests {
         c.drop_cluster(b).unwrap();
         assert!(c.secondary_of(0).unwrap().is_empty());
         assert_eq!(c.members(d).unwrap(), &[0, 1]);
+    }
+
+    /// Eight clusters over 40 rows, with secondary links (some to the clusters that merge).
+    fn eight_clusters() -> (Clusters, Vec<f32>, Vec<i64>) {
+        let (mut c, data) = setup(40);
+        let ids: Vec<i64> = (0..8).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        let rows: Vec<i64> = (0..40).collect();
+        let mut targets = Vec::new();
+        for r in 0..40usize {
+            targets.push(ids[r % 8]);
+            targets.push(if r % 3 == 0 { ids[(r + 3) % 8] } else { -1 });
+            targets.push(if r % 5 == 0 { ids[(r + 5) % 8] } else { -1 });
+        }
+        c.assign(&rows, &targets, 3, &data).unwrap();
+        (c, data, ids)
+    }
+
+    #[test]
+    fn merge_many_equals_one_merge_at_a_time() {
+        let pairs = |ids: &[i64]| vec![(ids[0], ids[5]), (ids[1], ids[6]), (ids[0], ids[7])];
+        let (mut one, data, ids) = eight_clusters();
+        for (k, a) in pairs(&ids) {
+            one.merge(k, a, &data).unwrap();
+        }
+        let (mut many, _, ids2) = eight_clusters();
+        many.merge_many(&pairs(&ids2), &data).unwrap();
+        check_sums(&many, &data);
+        let mut a: Vec<i64> = one.slots().iter().map(|c| c.id).collect();
+        let mut b: Vec<i64> = many.slots().iter().map(|c| c.id).collect();
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+        for r in 0..40 {
+            assert_eq!(one.cluster_of(r).unwrap(), many.cluster_of(r).unwrap());
+            let (mut x, mut y) = (one.secondary_of(r).unwrap(), many.secondary_of(r).unwrap());
+            x.sort_unstable();
+            y.sort_unstable();
+            assert_eq!(x, y, "row {r}");
+        }
+        for &id in &a {
+            assert_eq!(one.members(id).unwrap(), many.members(id).unwrap());
+            let (s1, s2) = (one.slot(id).unwrap(), many.slot(id).unwrap());
+            let (c1, c2) = (&one.centres[s1 * 6..(s1 + 1) * 6], &many.centres[s2 * 6..(s2 + 1) * 6]);
+            assert!(c1.iter().zip(c2).all(|(p, q)| (p - q).abs() < 1e-5));
+        }
+    }
+
+    #[test]
+    fn merge_many_rejects_chains_and_repeats_without_change() {
+        let (mut c, data, ids) = eight_clusters();
+        let before: Vec<i64> = (0..40).map(|r| c.cluster_of(r).unwrap()).collect();
+        assert!(c.merge_many(&[(ids[0], ids[1]), (ids[1], ids[2])], &data).is_err());
+        assert!(c.merge_many(&[(ids[0], ids[1]), (ids[2], ids[1])], &data).is_err());
+        assert!(c.merge_many(&[(ids[0], ids[0])], &data).is_err());
+        assert!(c.merge_many(&[(ids[0], 999)], &data).is_err());
+        assert_eq!(c.len(), 8);
+        assert_eq!(before, (0..40).map(|r| c.cluster_of(r).unwrap()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn nearest_among_is_the_best_cosine_of_the_allowed_centres() {
+        let (c, _, ids) = eight_clusters();
+        let (query, among) = (&ids[..3], &ids[3..]);
+        let (got, sc) = c.nearest_among(query, among, None).unwrap();
+        let centre = |id: i64| {
+            let s = c.slot(id).unwrap();
+            c.centres[s * 6..(s + 1) * 6].to_vec()
+        };
+        for (i, &q) in query.iter().enumerate() {
+            let dot = |b: i64| centre(q).iter().zip(centre(b)).map(|(x, y)| x * y).sum::<f32>();
+            let best = among.iter().copied().max_by(|&x, &y| dot(x).total_cmp(&dot(y))).unwrap();
+            assert!((dot(got[i]) - dot(best)).abs() < 1e-5 && (sc[i] - dot(best)).abs() < 1e-4);
+            assert!(among.contains(&got[i]));
+        }
+        let (none, _) = c.nearest_among(query, &[], None).unwrap();
+        assert_eq!(none, vec![-1; 3]);
+    }
+
+    #[test]
+    fn merge_candidates_through_the_routing_layer_find_the_near_duplicates() {
+        let (dim, n) = (32, 2_000);
+        let mut rng = kmeans::Rng::new(11);
+        let mut data: Vec<f32> = Vec::with_capacity(n * dim);
+        for i in 0..n {
+            if i % 10 == 9 {
+                // A near-duplicate of an earlier row (cosine ~0.97).
+                let src = data[(i - 5) * dim..(i - 4) * dim].to_vec();
+                let noise = unit(dim, i % dim, 4.0, &mut rng);
+                let mut v: Vec<f32> = src.iter().zip(&noise).map(|(a, b)| a + 0.25 * b).collect();
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                v.iter_mut().for_each(|x| *x /= norm);
+                data.extend(v);
+            } else {
+                data.extend(unit(dim, i % dim, 4.0, &mut rng));
+            }
+        }
+        let mut c = Clusters::new(dim);
+        c.grow_rows(n);
+        let first = 1_500;
+        let ids: Vec<i64> = (0..first).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        c.assign(&(0..first as i64).collect::<Vec<_>>(), &ids, 1, &data).unwrap();
+        let co = coarse::Coarse::build(&c.centres, &c.has_centres(), dim).expect("enough centres for the layer");
+        same_pairs(&c.merge_candidates(0.9, Some(&co)), &c.merge_candidates_all(0.9));
+        // New clusters (half of them near-duplicates of older ones) and rows joining old ones.
+        let fresh: Vec<i64> = (first..n - 100).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        c.assign(&(first as i64..(n - 100) as i64).collect::<Vec<_>>(), &fresh, 1, &data).unwrap();
+        let to: Vec<i64> = (0..100).map(|k| ids[k * 13]).collect();
+        c.assign(&((n - 100) as i64..n as i64).collect::<Vec<_>>(), &to, 1, &data).unwrap();
+        let (got, all) = (c.merge_candidates(0.9, Some(&co)), c.merge_candidates_all(0.9));
+        assert!(all.len() >= 150, "the data should give near-duplicate pairs: {}", all.len());
+        same_pairs(&got, &all);
+        // At a threshold most neighbours reach, the lists saturate and those centres are
+        // compared with every centre.
+        same_pairs(&c.merge_candidates(-1.0, Some(&co)), &c.merge_candidates_all(-1.0));
+        let fresh: Vec<i64> = (0..50).map(|_| c.new_cluster(None, 1.0).unwrap()).collect();
+        let moved: Vec<i64> = (0..50).map(|k| k * 7).collect();
+        c.assign(&moved, &fresh, 1, &data).unwrap();
+        same_pairs(&c.merge_candidates(-1.0, Some(&co)), &c.merge_candidates_all(-1.0));
     }
 }

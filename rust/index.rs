@@ -132,14 +132,17 @@ impl Index {
         self.cl.secondary_of(row)
     }
 
-    /// `Clusters::near_assign` over the vector file (nothing changes).
+    /// `Clusters::near_assign` over the vector file, the neighbouring centres found through
+    /// the routing layer past `coarse::COARSE_MIN` centres (nothing changes).
     pub fn near_assign(&self, ids: &[i64], near: usize, k: usize) -> Result<crate::clusters::NearAssignment> {
-        self.cl.near_assign(ids, near, k, self.vf.rows())
+        let coarse = self.coarse_for(&self.cl.has_centres());
+        self.cl.near_assign(ids, near, k, self.vf.rows(), coarse.as_deref())
     }
 
     /// Centre pairs with cosine >= threshold, most similar first.
     pub fn merge_candidates(&self, threshold: f32) -> Vec<(i64, i64, f32)> {
-        self.cl.merge_candidates(threshold)
+        let coarse = self.coarse_for(&self.cl.has_centres());
+        self.cl.merge_candidates(threshold, coarse.as_deref())
     }
 
     /// Append rows; returns the first new row id.
@@ -264,6 +267,18 @@ impl Index {
     pub fn merge(&mut self, keep: i64, absorb: i64) -> Result<()> {
         self.check_writable()?;
         self.cl.merge(keep, absorb, self.vf.rows())
+    }
+
+    pub fn merge_many(&mut self, pairs: &[(i64, i64)]) -> Result<()> {
+        self.check_writable()?;
+        self.cl.merge_many(pairs, self.vf.rows())
+    }
+
+    /// `Clusters::nearest_among`, through the routing layer past `coarse::COARSE_MIN`
+    /// centres (nothing changes).
+    pub fn nearest_among(&self, ids: &[i64], among: &[i64]) -> Result<(Vec<i64>, Vec<f32>)> {
+        let coarse = self.coarse_for(&self.cl.has_centres());
+        self.cl.nearest_among(ids, among, coarse.as_deref())
     }
 
     /// Build the int8 member copy stage 2 scans for the cluster in `slot` (otherwise built by

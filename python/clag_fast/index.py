@@ -394,11 +394,27 @@ class VectorIndex:
         The running sums add, so no row is re-read."""
         self._ix.merge(int(keep), int(absorb))
 
+    def merge_many(self, pairs: Any) -> None:
+        """``merge`` for every (keep, absorb) pair in one update of the member lists and
+        centres. Each absorbed cluster is listed once and is not also kept; nothing changes
+        unless every pair is valid (KeyError / ValueError)."""
+        self._ix.merge_many([(int(k), int(a)) for k, a in pairs])
+
+    def nearest_among(self, cluster_ids: Any, among: Any) -> tuple[np.ndarray, np.ndarray]:
+        """For each of ``cluster_ids``, the cluster of ``among`` whose centre is most similar to
+        its centre, and that cosine: (int64[n], float32[n]); -1 / -inf where no cluster of
+        ``among`` has a centre. Nothing changes."""
+        return self._ix.nearest_among(np.ascontiguousarray(cluster_ids, dtype=np.int64),
+                                      np.ascontiguousarray(among, dtype=np.int64))
+
     def merge_candidates(self, threshold: float = 0.9) -> list[tuple[int, int, float]]:
         """Pairs (a, b, cosine) with a < b whose centres have cosine >= ``threshold``, most
         similar first. A call with the threshold of the previous one compares only the centres
         written since then (new clusters, clusters that gained or lost members) with the rest:
-        the same answer as comparing every pair, at a fraction of the cost."""
+        below 1,024 centres the same answer as comparing every pair, at a fraction of the cost.
+        Past that, a written centre is compared with the 16 nearest centres the routing layer
+        finds for it (with every centre when all 16 reach the threshold), as rows are routed:
+        a pair that layer misses is found once either centre is written again."""
         return self._ix.merge_candidates(float(threshold))
 
     # ------------------------------------------------------------------ search

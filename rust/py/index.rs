@@ -330,6 +330,22 @@ impl PyVectorIndex {
         self.write_detached(py, |ix| ix.merge(keep, absorb))
     }
 
+    fn merge_many(&self, py: Python<'_>, pairs: Vec<(i64, i64)>) -> PyResult<()> {
+        self.write_detached(py, |ix| ix.merge_many(&pairs))
+    }
+
+    /// Returns (cluster ids int64[n], cosines float32[n]).
+    fn nearest_among<'py>(
+        &self,
+        py: Python<'py>,
+        cluster_ids: PyReadonlyArray1<'py, i64>,
+        among: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>)> {
+        let (c, a) = (slice(&cluster_ids, "cluster_ids")?, slice(&among, "among")?);
+        let (ids, sc) = self.read_detached(py, |ix| ix.nearest_among(c, a))?;
+        Ok((PyArray1::from_vec(py, ids), PyArray1::from_vec(py, sc)))
+    }
+
     /// Returns (rows int64[n], cluster ids int64[n, k], scores float32[n, k]).
     #[allow(clippy::type_complexity)]
     fn near_assign<'py>(

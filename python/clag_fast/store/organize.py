@@ -319,18 +319,31 @@ def _merge_redundant(state: StoreState, report: dict, now: float, fresh: set[int
     if len(ids) > 2 and old:
         tiny = (sizes < cfg.min_cluster_size) & np.isin(ids, np.fromiter(old, np.int64, len(old)))
         if tiny.any() and not tiny.all():
-            # Every tiny cluster goes to its nearest non-tiny one, all in one matrix product
-            # (tiny clusters never receive each other, so the order of merges is irrelevant).
-            centres = idx.centres()
-            sims = centres[tiny] @ centres.T
-            sims[:, tiny] = -np.inf
-            targets = ids[np.argmax(sims, axis=1)]
-            for cid, target in zip(ids[tiny].tolist(), targets.tolist()):
-                _merge(state, target, cid, stray)
+            for target, cid in fold_tiny(state, ids[tiny], ids[~tiny], stray):
                 gone.add(cid)
                 touched.add(target)
                 report["merged"].append((target, cid))
     return touched - gone
+
+
+def fold_targets(state: StoreState, tiny: np.ndarray, rest: np.ndarray) -> list[tuple[int, int]]:
+    """(target, tiny cluster) pairs: each cluster of ``tiny`` with the cluster of ``rest``
+    whose centre is most similar to its own (one native product against the centre matrix in
+    place; none where no cluster of ``rest`` has a centre)."""
+    targets, _ = state.index.nearest_among(tiny, rest)
+    return [(t, c) for c, t in zip(tiny.tolist(), targets.tolist()) if t >= 0]
+
+
+def fold_tiny(state: StoreState, tiny: np.ndarray, rest: np.ndarray, stray: set[int]) -> list[tuple[int, int]]:
+    """Merge every cluster of ``tiny`` into its nearest cluster of ``rest`` (``fold_targets``),
+    all in one index update: tiny clusters never receive each other, so the order of the
+    merges is irrelevant. The rows that held a folded cluster as a secondary go to ``stray``.
+    Returns the (target, tiny cluster) pairs merged."""
+    pairs = fold_targets(state, tiny, rest)
+    for _, cid in pairs:
+        stray.update(state.index.secondary_members(cid).tolist())
+    state.index.merge_many(pairs)
+    return pairs
 
 
 def _merge_coherent(state: StoreState, report: dict, todo: set[int], size: dict[int, int], gone: set[int],
