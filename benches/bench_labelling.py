@@ -19,7 +19,9 @@ worth at a time. Shapes (dim 384):
 
     python benches/bench_labelling.py [--n 5000] [--batch 100] [--shapes blobs,iso,uneven,few,many]
 
-prints one row per shape and each shape's rate against the blob rate ("vs blobs"). After the
+prints one row per shape and each shape's rate against the blob rate ("vs blobs"), after one
+call of ``--batch`` memories in a store of its own, timed apart: a process's first labels read
+the word lists once, and that cost would otherwise fall on the first shape. After the
 load, the share of clusters still unlabelled (labels the budget left to later writes or an
 explicit ``organize()``). Native core: the release build that ``maturin develop --release``
 installs.
@@ -123,6 +125,13 @@ def main() -> None:
         ap.error(f"--shapes takes some of {','.join(SHAPES)}, got {a.shapes!r}")
     info = measure.machine()
     print(", ".join(f"{k} {v}" for k, v in info.items()), f"| load before: {measure.load_avg()}", flush=True)
+    # A process's first labels read the word lists (BENCHMARKS.md, "Labelling inside add_many"):
+    # paid once per process, timed here on its own so it does not fall on whichever shape runs
+    # first.
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+        first = load(Path(tmp) / "s", "blobs", a.batch, a.batch)
+    print(f"  a process's first add_many of {a.batch}: {first['seconds'] * 1e3:.0f} ms, "
+          f"labelling {first['labels_s'] * 1e3:.0f} ms (once per process)", flush=True)
     rows = []
     for shape in shapes:
         with tempfile.TemporaryDirectory(dir=a.dir) as tmp:

@@ -34,9 +34,9 @@ __all__ = ["LabelBudget", "VECTOR_CREDIT", "TEXT_CREDIT", "EMBED_COST", "FIRST_L
 # One unit: one member text ranked for a cluster's phrases, or one text's phrases extracted,
 # 0.03-0.05 ms on 2 cores (BENCHMARKS.md, "Labelling inside add_many").
 #: Credit a memory added with its vector given earns. An add with its vector given costs about
-#: 0.05-0.2 ms of which labelling is to take at most a fifth: 0.4 units, with the call's own
-#: credit, holds the labelling share to 9-18% by data shape (the same topic).
-VECTOR_CREDIT = 0.4
+#: 0.04-0.2 ms of which labelling is to take at most a fifth: 0.25 units, with the call's own
+#: credit, holds the labelling share to 12-18% by data shape (the same topic).
+VECTOR_CREDIT = 0.25
 #: A new cluster's first label (its first member's phrases ranked alone, about 0.2 ms).
 FIRST_LABEL_COST = 8.0
 #: Credit every write call earns besides its memories': a call costs a transaction (about a
