@@ -352,21 +352,14 @@ impl<'a> Line<'a> {
         }
         match b.get(i) {
             Some(b'0') => i += 1,
-            Some(c) if c.is_ascii_digit() => {
-                while b.get(i).is_some_and(u8::is_ascii_digit) {
-                    i += 1;
-                }
-            }
+            Some(c) if c.is_ascii_digit() => i = digits_end(b, i),
             _ => return None,
         }
         let mut int = true;
         if b.get(i) == Some(&b'.') {
             int = false;
-            i += 1;
-            let d = i;
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
+            let d = i + 1;
+            i = digits_end(b, d);
             if i == d {
                 return None;
             }
@@ -378,9 +371,7 @@ impl<'a> Line<'a> {
                 i += 1;
             }
             let d = i;
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
+            i = digits_end(b, d);
             if i == d {
                 return None;
             }
@@ -899,6 +890,14 @@ fn b64_encode(data: &[u8], out: &mut Vec<u8>) {
         }
         _ => {}
     }
+}
+
+/// The end of the run of ASCII digits in `b` that starts at `i` (`i` when there is none).
+fn digits_end(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    i
 }
 
 #[cfg(test)]
