@@ -646,20 +646,7 @@ impl Clusters {
     /// Move every primary member of `absorb` into `keep` (sums add up, no rescan), move its
     /// secondary links too, then drop `absorb`.
     pub fn merge(&mut self, keep: i64, absorb: i64, data: &[f32]) -> Result<()> {
-        if keep == absorb {
-            return Err(Error::Value(format!("cannot merge cluster {keep} into itself")));
-        }
-        let (k, a) = (self.slot(keep)?, self.slot(absorb)?);
-        let rows = self.slots[a].primary.clone();
-        self.apply(&rows, &vec![k as u32; rows.len()], None, data);
-        let srows = self.slots[a].secondary.clone();
-        let secs: Vec<Vec<u32>> = srows
-            .iter()
-            .map(|&r| self.sec.get(r).into_iter().map(|s| if s == a as u32 { k as u32 } else { s }).collect())
-            .collect();
-        let prims: Vec<u32> = srows.iter().map(|&r| self.primary_of[r as usize]).collect();
-        self.apply(&srows, &prims, Some(&secs), data);
-        self.drop_cluster(absorb)
+        self.merge_many(&[(keep, absorb)], data)
     }
 
     /// `merge` for every (keep, absorb) pair, in one pass over the member lists: a fold of
