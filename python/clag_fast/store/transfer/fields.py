@@ -437,6 +437,10 @@ def _metadata(values: list[Any], name: str = "metadata", stored: bool = False) -
                 out.append(enc(v))
             except (TypeError, ValueError) as e:
                 raise _Bad(i, f"{name} is not JSON-serialisable: {e}") from None
+        elif isinstance(v, str) and stored:
+            # Already in json.dumps form (the native reader checked it): an object it rewrote
+            # elsewhere in the batch does not send this one to be read again.
+            out.append(v)
         elif isinstance(v, str):  # JSON text (Parquet): kept as written once it reads as an object
             try:
                 parsed = loads_json(v)
