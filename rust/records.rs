@@ -635,7 +635,7 @@ fn hex4(h: &[u8]) -> Option<u32> {
 
 const fn b64_table() -> [u8; 256] {
     let mut t = [255u8; 256];
-    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let alphabet = B64_ALPHABET;
     let mut i = 0;
     while i < 64 {
         t[alphabet[i] as usize] = i as u8;
