@@ -27,6 +27,14 @@ from clag_fast.store.state import StoreState
 # add_many into a store growing to 1M 46.6k / 49.5k -> 52.2k / 52.9k per s (alternating, quiet).
 CHUNK = 4096
 
+# Clusters a store may hold per ``target`` memories (``StoreConfig.cluster_sizes_for``), and at
+# least ``MIN_CLUSTER_ROOM``, before a far memory joins its nearest cluster instead of opening
+# one. On vectors with no structure (isotropic) nearly every memory is far from every centre:
+# clusters of a few members each made routing and organisation cost grow with the store
+# (BENCHMARKS.md, "Labelling inside add_many"). Structured data stays well below the cap.
+CLUSTERS_PER_TARGET = 1.0
+MIN_CLUSTER_ROOM = 1024
+
 
 @dataclass
 class Placement:
@@ -55,6 +63,14 @@ def new_cluster_threshold(state: StoreState) -> float | None:
     return None if state.config.labels is not None else state.config.slm.new_cluster_threshold
 
 
+def cluster_room(state: StoreState, n_new: int) -> int:
+    """Clusters a batch of ``n_new`` memories may still open (``CLUSTERS_PER_TARGET``)."""
+    n = len(state) + n_new
+    target = state.config.cluster_sizes_for(n)[0]
+    cap = max(MIN_CLUSTER_ROOM, int(np.ceil(CLUSTERS_PER_TARGET * n / target)))
+    return max(0, cap - len(state.index.cluster_ids()))
+
+
 def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> Placement:
     """Assign fresh rows by vectors: nearest clusters (soft, top ``soft_k``), or a new cluster
     when even the nearest is below the new-cluster threshold. Before the cold start (no
@@ -67,6 +83,7 @@ def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> 
         return placement
     k = max(cfg.soft_k, cfg.slm.route_candidates)
     threshold = new_cluster_threshold(state)
+    room = cluster_room(state, n)
     all_ids = np.full((n, k), -1, np.int64)
     all_scores = np.full((n, k), -np.inf, np.float32)
     for lo in range(0, n, CHUNK):
@@ -79,10 +96,12 @@ def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> 
         aff_ids, aff = placement.ids[lo:hi], placement.affin[lo:hi]
         aff_ids[:, :kk] = ids[:, :kk]
         aff[:, :kk] = scores[:, :kk]
-        if threshold is not None:
+        if threshold is not None and room > 0:
             low = np.flatnonzero(scores[:, 0] < threshold)
             if len(low):
                 leaders, lead_aff = routing.leaders(vectors[lo:hi][low], threshold)
+                keep = routing.within_room(leaders, room)
+                low, leaders, lead_aff = low[keep], leaders[keep], lead_aff[keep]
                 opened = {}
                 for lead in leaders.tolist():
                     if lead not in opened:
@@ -96,6 +115,7 @@ def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> 
                 aff[low] = -np.inf
                 aff[low, 0] = lead_aff
                 placement.opened_rows.update((lo + low).tolist())
+                room -= len(opened)
         idx.assign(rows[lo:hi], members)
     placement.candidates, placement.scores = all_ids, all_scores
     state.count("routed_new", len(placement.opened_rows))

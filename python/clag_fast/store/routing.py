@@ -41,6 +41,13 @@ def choose_k(n_rows: int, target_cluster_size: int) -> int:
     return int(max(2, min(n_rows // 2, round(n_rows / target_cluster_size))))
 
 
+def within_room(leaders: np.ndarray, room: int) -> np.ndarray:
+    """Mask of the rows whose leader is among the first ``room`` leaders (in row order): the
+    clusters that may open. The others keep their nearest existing cluster."""
+    first = np.unique(leaders)[:room]
+    return np.isin(leaders, first)
+
+
 def leaders(vectors: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """Greedy leader clustering of rows that open new clusters: row i joins the most similar
     earlier leader when that similarity is at least ``threshold``, else leads a cluster of its
