@@ -172,6 +172,9 @@ class RankingConfig:
       speaker_boost: added to the memories of the one speaker a query names (``speaker=``).
       superseded_weight: a memory updated by a newer eligible one (``supersedes=``) keeps this
         share of its score, and the newer one scores at least what the older one had.
+      date_boost, number_boost: added to the best ``answer_pool`` candidates whose text holds a
+        date (or a number) when the query asks for one ("When ...?", "How many ...?";
+        ``store.answer_kind``).
     """
 
     expand: int = 5
@@ -182,6 +185,9 @@ class RankingConfig:
     length_cap: int = 40
     speaker_boost: float = 0.1
     superseded_weight: float = 0.9
+    date_boost: float = 0.3
+    number_boost: float = 0.3
+    answer_pool: int = 30
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "neighbour_weights", tuple(float(w) for w in self.neighbour_weights))
@@ -195,13 +201,17 @@ class RankingConfig:
             (isinstance(self.length_cap, int) and self.length_cap >= 1, "length_cap must be an int >= 1"),
             (math.isfinite(self.speaker_boost) and self.speaker_boost >= 0, "speaker_boost must be >= 0"),
             (0 <= self.superseded_weight <= 1, "superseded_weight must be in [0, 1]"),
+            (math.isfinite(self.date_boost) and self.date_boost >= 0, "date_boost must be >= 0"),
+            (math.isfinite(self.number_boost) and self.number_boost >= 0, "number_boost must be >= 0"),
+            (isinstance(self.answer_pool, int) and self.answer_pool >= 0, "answer_pool must be an int >= 0"),
         ])
 
     @classmethod
     def plain(cls) -> "RankingConfig":
         """The fused score alone: no neighbours, priors or boosts (newer memories still rank
         above the ones they supersede)."""
-        return cls(expand=0, neighbour_weights=(), question_weight=1.0, length_prior=0.0, speaker_boost=0.0)
+        return cls(expand=0, neighbour_weights=(), question_weight=1.0, length_prior=0.0, speaker_boost=0.0,
+                   date_boost=0.0, number_boost=0.0)
 
     def replace(self, **changes: object) -> "RankingConfig":
         return dataclasses.replace(self, **changes)

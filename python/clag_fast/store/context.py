@@ -11,6 +11,8 @@ its words. So, with the store's ``RankingConfig``:
   asks a question, and a candidate that asks a question keeps only part of its own;
 * a length prior favours memories with content over acknowledgements;
 * a query that names one speaker favours that speaker's memories;
+* a question that asks for a date or a number favours the best candidates that hold one
+  (``store.answer_kind``);
 * a memory updated by a newer eligible one (``add(supersedes=...)``) ranks below it.
 
 Chosen on LoCoMo conversations 1-5 and checked on 6-10, the demo conversation and
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
 from clag_fast import _clag_fast as _native
 from clag_fast.config import RankingConfig
-from clag_fast.store import threads
+from clag_fast.store import answer_kind, threads
 from clag_fast.store.lexical import LexicalIndex, fuse
 from clag_fast.store.rowtable import RowTable
 
@@ -85,11 +88,15 @@ class SpeakerNames:
         return [c for c, name in self._words if name and name <= words]
 
 
+Texts = Callable[[Sequence[int]], dict[int, str]]
+
+
 def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: LexicalIndex, query: Query,
-         cand: np.ndarray, cos: np.ndarray, bm: np.ndarray, speakers: SpeakerNames) -> Ranked:
+         cand: np.ndarray, cos: np.ndarray, bm: np.ndarray, speakers: SpeakerNames, texts: Texts) -> Ranked:
     """Final scores of the candidates ``cand`` (vector rows) of one hybrid ``query``, whose
     cosines and BM25 scores (decay-weighted) are ``cos`` and ``bm``; rows may join them
-    (neighbours, newer versions)."""
+    (neighbours, newer versions). ``texts``: memory id -> text, for the rows whose answer
+    kinds are not known yet."""
     fused = _fuse(query, cos, bm)
     eligible = rows.live if query.mask is None else query.mask
     hops = len(cfg.neighbour_weights)
@@ -119,6 +126,7 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         cand, np.ascontiguousarray(fused, np.float32), rows.prev[:n], rows.next[:n], rows.asks[:n], rows.words[:n],
         rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
+    _boost_answers(cfg, rows, query.text, cand, scores, texts)
     in_effect = {}
     if succ:
         pos = {r: i for i, r in enumerate(cand.tolist())}
@@ -129,6 +137,33 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
                 scores[o] *= cfg.superseded_weight
                 in_effect[old] = int(rows.memory_id[new_row])
     return Ranked(cand, scores, scored, in_effect)
+
+
+def _boost_answers(cfg: RankingConfig, rows: RowTable, query: str, cand: np.ndarray, scores: np.ndarray,
+                   texts: Texts) -> None:
+    """Add the date (number) boost to the best ``answer_pool`` candidates whose text holds a
+    date (number), when the query asks for one. Only the best few: a boost far down the list
+    changes no top hit, and each row's text is read once, when a search first needs it."""
+    kind = answer_kind.asked(query)
+    boost = {answer_kind.DATE: cfg.date_boost, answer_kind.NUMBER: cfg.number_boost}.get(kind, 0.0)
+    if not boost or not cfg.answer_pool:
+        return
+    top = np.argsort(-scores, kind="stable")[: cfg.answer_pool]
+    learn_holds(rows, cand[top], texts)
+    scores[top[(rows.holds[cand[top]] & kind) != 0]] += boost
+
+
+def learn_holds(rows: RowTable, which: np.ndarray, texts: Texts) -> None:
+    """Fill ``rows.holds`` for the rows of ``which`` not read yet."""
+    unknown = which[rows.holds[which] < 0]
+    if len(unknown) == 0:
+        return
+    mids = rows.memory_id[unknown]
+    got = texts([int(m) for m in mids if m >= 0])
+    for row, mid in zip(unknown.tolist(), mids.tolist()):
+        text = got.get(int(mid))
+        if text is not None and rows.memory_id[row] == mid:
+            rows.holds[row] = answer_kind.holds(text)
 
 
 def _fuse(query: Query, cos: np.ndarray, bm: np.ndarray) -> np.ndarray:

@@ -53,6 +53,10 @@ class RowTable:
         self.words = np.empty(0, np.int32)
         self.asks = np.empty(0, bool)
         self.superseded_by = np.empty(0, np.int64)
+        # The kinds of answer the row's text holds (``store.answer_kind`` flags; -1: not read
+        # yet). Learned by the searches that need them: a row's text never changes (a new text
+        # takes a new row).
+        self.holds = np.empty(0, np.int8)
         self.tails: dict[int, int] = {}  # thread code -> its last linked row
         # memory id -> row of the memories that supersede others (search checks the newer
         # memory of a superseded hit; only these few ids need their row found).
@@ -89,6 +93,7 @@ class RowTable:
                 ("words", 0),
                 ("asks", False),
                 ("superseded_by", -1),
+                ("holds", -1),
             ):
                 old = getattr(self, name)
                 new = np.full(cap, fill, dtype=old.dtype)

@@ -336,7 +336,7 @@ class Searcher:
         query = context_mod.Query(q, text, filters[0], mask, narrowed, weights, weight, state.config.lexical_fusion,
                                   m.max_possible)
         ranked = context_mod.rank(state.config.ranking, rows, idx.vectors(), lexical, query, cand, cos, bm,
-                                  self._speakers)
+                                  self._speakers, state.catalog.texts)
         scanned += ranked.scored
         top = np.argsort(-ranked.scores, kind="stable")[:k]
         hit_rows = ranked.rows[top]

@@ -1,0 +1,54 @@
+"""What kind of answer a question asks for, and whether a memory's text can hold one.
+
+"When does the user leave?" wants a date, "What is the total budget?" a number; the turn that
+answers ("Could we leave April 10 instead?", "We agreed to bump the total to 10,500") holds
+one, while the turns that only talk about the subject often do not. Hybrid search adds
+``RankingConfig.date_boost`` / ``number_boost`` to its best candidates that hold what the
+query asks for (``store.context``; BENCHMARKS.md, "Retrieval quality").
+
+A text's kinds are read off its words: cheap, but not free at ingest rates of vectors brought
+by the user, so the row table learns them when a search first needs them (``RowTable.holds``).
+"""
+
+from __future__ import annotations
+
+import re
+
+DATE, NUMBER = 1, 2
+
+_DATE_WORDS = frozenset("""
+january february march april may june july august september october november december
+jan feb mar apr jun jul aug sep sept oct nov dec
+monday tuesday wednesday thursday friday saturday sunday weekend
+yesterday today tomorrow tonight ago week month year morning evening afternoon
+""".split())
+_NUMBER_WORDS = frozenset("one two three four five six seven eight nine ten twelve hundred thousand dozen half".split())
+_WORD = re.compile(r"[^\W\d_]+")
+_DIGIT = re.compile(r"\d")
+
+_ASKS_DATE = re.compile(r"^\s*(?:when\b|what (?:date|time|day|year|month)\b|which (?:date|day|year|month)\b"
+                        r"|how long ago\b)", re.I)
+_ASKS_NUMBER = re.compile(r"^\s*(?:how (?:much|many|long|old|far|often)\b"
+                          r"|what (?:is|was) the (?:total|price|cost|budget|number)\b)", re.I)
+
+
+def asked(query: str) -> int:
+    """``DATE`` or ``NUMBER`` when the question asks for one, else 0."""
+    if _ASKS_DATE.search(query):
+        return DATE
+    if _ASKS_NUMBER.search(query):
+        return NUMBER
+    return 0
+
+
+def _named(words: set[str], vocabulary: frozenset[str]) -> bool:
+    """Whether a word, or its plural ("weeks", "mondays"), is in ``vocabulary``."""
+    return any(w in vocabulary or (w.endswith("s") and w[:-1] in vocabulary) for w in words)
+
+
+def holds(text: str) -> int:
+    """Bit flags of the kinds ``text`` can answer with: a digit is both a date and a number."""
+    if _DIGIT.search(text):
+        return DATE | NUMBER
+    words = set(_WORD.findall(text.lower()))
+    return (DATE if _named(words, _DATE_WORDS) else 0) | (NUMBER if _named(words, _NUMBER_WORDS) else 0)
