@@ -99,6 +99,31 @@ def test_round_trip_is_exact(tmp_path, fmt):
     assert memory_records(tmp_path / "b.jsonl", live) == memory_records(tmp_path / "a2.jsonl", live)
 
 
+def test_parquet_vectors_read_whether_or_not_their_elements_may_be_null(tmp_path):
+    """The export declares the vector and cluster elements non-null (faster to read); a file
+    another tool wrote with nullable elements reads to the same store."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    build(tmp_path / "a", n=300)
+    with open_store(tmp_path / "a") as a:
+        a.export(tmp_path / "a.parquet")
+        live = {c.id for c in a.clusters()}
+    table = pq.read_table(tmp_path / "a.parquet")
+    vec = table.schema.field("vector")
+    assert not vec.type.value_field.nullable
+    loose = table.schema.set(table.schema.get_field_index("vector"),
+                             pa.field("vector", pa.list_(pa.float32(), vec.type.list_size), nullable=False))
+    loose = loose.set(loose.get_field_index("clusters"),
+                      pa.field("clusters", pa.list_(pa.struct([("id", pa.int64()), ("affinity", pa.float32())]))))
+    pq.write_table(table.cast(loose), tmp_path / "loose.parquet")
+    assert pq.read_schema(tmp_path / "loose.parquet").field("vector").type.value_field.nullable
+    for name in ("a", "loose"):
+        with open_store(tmp_path / f"b-{name}") as b:
+            assert b.import_(tmp_path / f"{name}.parquet")["imported"] == 299
+            b.export(tmp_path / f"b-{name}.jsonl")
+    assert memory_records(tmp_path / "b-loose.jsonl", live) == memory_records(tmp_path / "b-a.jsonl", live)
+
+
 def test_the_imported_store_searches_like_the_original(tmp_path):
     ids, vecs = build(tmp_path / "a")
     with open_store(tmp_path / "a") as a:
