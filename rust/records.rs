@@ -460,6 +460,20 @@ impl<'a> Line<'a> {
     }
 }
 
+/// Whether `json` is one JSON object, whitespace around it allowed, by the grammar the line
+/// reader takes (no NaN or Infinity, no lone surrogate, at most `MAX_DEPTH` deep). A text it
+/// refuses may still be one `json.loads` reads: the caller asks Python about those.
+pub fn is_object(json: &[u8], scratch: &mut Vec<u8>) -> bool {
+    scratch.clear();
+    let mut line = Line::new(json, 0, scratch);
+    line.ws();
+    if line.peek() != Some(b'{') || !line.skip_value(0) {
+        return false;
+    }
+    line.ws();
+    line.at == json.len()
+}
+
 /// Whether `json` (valid JSON, as `Line::skip_value` took it) is exactly the text Python's
 /// `json.dumps(value, ensure_ascii=False)` writes for the value `json.loads` reads from it:
 /// ", " and ": " separators and no other space, each key once, strings escaped as
@@ -997,6 +1011,19 @@ mod tests {
                    r#"{"a": "\u00e9"}"#, r#"{"a": "\u001F"}"#, r#"{"a": "\u000a"}"#, r#"{"a": 1.50}"#,
                    r#"{"a": 1e2}"#, r#"{"a": -0}"#, r#"{"a": 1E+16}"#, r#"{"a": [1,2]}"#] {
             assert!(!canonical(no.as_bytes()), "{no}");
+        }
+    }
+
+    #[test]
+    fn is_object_takes_one_json_object_and_nothing_else() {
+        let mut scratch = Vec::new();
+        for yes in [r#"{}"#, r#" {"a":1, "b" : [true, null, "x\n\ud83d\ude00"]} "#, "{\"\u{e9}\": {\"d\": -2.5e3}}"] {
+            assert!(is_object(yes.as_bytes(), &mut scratch), "{yes}");
+        }
+        let deep = format!("{}{}", "{\"a\": ".repeat(80), "}".repeat(80));
+        for no in [r#"[]"#, r#""a""#, r#"1"#, r#"{"a": 1} x"#, r#"{"a": 1"#, r#"{"a": NaN}"#, r#"{"a": 01}"#,
+                   "{\"a\": \"\u{1}\"}", r#"{"a": "\udc00"}"#, r#"{'a': 1}"#, "", deep.as_str()] {
+            assert!(!is_object(no.as_bytes(), &mut scratch), "{no}");
         }
     }
 

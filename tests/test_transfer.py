@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -122,6 +123,38 @@ def test_parquet_vectors_read_whether_or_not_their_elements_may_be_null(tmp_path
             assert b.import_(tmp_path / f"{name}.parquet")["imported"] == 299
             b.export(tmp_path / f"b-{name}.jsonl")
     assert memory_records(tmp_path / "b-loose.jsonl", live) == memory_records(tmp_path / "b-a.jsonl", live)
+
+
+def test_the_native_check_leaves_only_what_it_cannot_confirm():
+    from clag_fast import _clag_fast
+
+    values = [None, '{"a": 1}', " {} ", "[1]", '{"x": NaN}', {"a": 1}, "nope", '{"é": "ü"}', 3]
+    assert _clag_fast.unconfirmed_objects(values) == [3, 4, 5, 6, 8]
+
+
+@pytest.mark.parametrize("bad, message", [("not json", "is not valid JSON"), ("[1, 2]", "must be a JSON object"),
+                                          ('{"a": 1', "is not valid JSON")])
+def test_parquet_metadata_that_is_not_a_json_object_names_its_row(tmp_path, bad, message):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    build(tmp_path / "a", n=120)
+    with open_store(tmp_path / "a") as a:
+        a.export(tmp_path / "a.parquet")
+    table = pq.read_table(tmp_path / "a.parquet")
+    meta = table.column("metadata").to_pylist()
+    # Row 40 (from 1) is bad; rows written by other tools read as they stand: spaces, NaN.
+    meta[39], meta[10], meta[11] = bad, '{ "spaced" :  [1, 2] }', '{"x": NaN}'
+    at = table.schema.get_field_index("metadata")
+    pq.write_table(table.set_column(at, table.schema.field("metadata"), pa.array(meta, pa.string())),
+                   tmp_path / "bad.parquet")
+    with open_store(tmp_path / "b") as b:
+        with pytest.raises(MalformedRecordError, match=f"bad.parquet row 40: metadata {message}.* 39 records before"):
+            b.import_(tmp_path / "bad.parquet")
+        ids = table.column("id").to_pylist()
+        assert b.get(ids[10]).metadata == {"spaced": [1, 2]}
+        assert math.isnan(b.get(ids[11]).metadata["x"])  # as json.loads reads it
+        with pytest.raises(KeyError):
+            b.get(ids[39])
 
 
 def test_the_imported_store_searches_like_the_original(tmp_path):

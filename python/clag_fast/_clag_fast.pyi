@@ -121,6 +121,10 @@ def format_export_lines(
     """Export lines (rust/records.rs): each field's JSON texts, the vectors in base64 and the
     pairs (ids < 0 left out, affinities as %.9g) joined into lines."""
 
+def unconfirmed_objects(values: list[object]) -> list[int]:
+    """Positions of the values that are neither None nor a str holding one JSON object
+    (rust/records.rs ``is_object``): the ones left for Python to read."""
+
 class Lexical:
     """BM25 postings over vector rows with per-namespace term statistics (rust/lexical.rs)."""
 

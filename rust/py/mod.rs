@@ -19,5 +19,6 @@ fn _clag_fast(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(context::context_scores, m)?)?;
     m.add_function(wrap_pyfunction!(records::parse_export_lines, m)?)?;
     m.add_function(wrap_pyfunction!(records::format_export_lines, m)?)?;
+    m.add_function(wrap_pyfunction!(records::unconfirmed_objects, m)?)?;
     Ok(())
 }

@@ -150,3 +150,43 @@ pub fn format_export_lines<'py>(
     });
     Ok(PyBytes::new(py, &out))
 }
+
+/// Positions of the `values` that are neither None nor a str holding one JSON object
+/// (`records::is_object`): the ones Python must look at. Checked without the GIL.
+#[pyfunction]
+pub fn unconfirmed_objects<'py>(py: Python<'py>, values: &Bound<'py, PyList>) -> PyResult<Vec<usize>> {
+    let mut texts: Vec<Option<&[u8]>> = Vec::with_capacity(values.len());
+    let mut strs: Vec<Bound<'py, PyString>> = Vec::with_capacity(values.len());
+    let mut kinds = Vec::with_capacity(values.len()); // 0 none, 1 str (index into strs), 2 other
+    for v in values.iter() {
+        if v.is_none() {
+            kinds.push(0u8);
+        } else if let Ok(s) = v.cast_into::<PyString>() {
+            strs.push(s);
+            kinds.push(1);
+        } else {
+            kinds.push(2);
+        }
+    }
+    let mut at = strs.iter();
+    for &k in &kinds {
+        texts.push(match k {
+            1 => at.next().and_then(|s| s.to_str().ok()).map(str::as_bytes),
+            _ => None,
+        });
+    }
+    Ok(py.detach(|| {
+        let mut scratch = Vec::new();
+        kinds
+            .iter()
+            .zip(&texts)
+            .enumerate()
+            .filter(|(_, (&k, t))| match k {
+                0 => false,
+                1 => !t.is_some_and(|t| records::is_object(t, &mut scratch)),
+                _ => true,
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }))
+}

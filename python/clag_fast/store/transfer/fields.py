@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from clag_fast import _clag_fast as _native
 from clag_fast.store.catalog import ARCHIVED, LIVE
 
 #: The first line of a JSONL export (and the Parquet file's ``clag_fast`` metadata) says it is
@@ -425,33 +426,41 @@ _META_JSON = _meta_encoder()
 
 
 def _metadata(values: list[Any], name: str = "metadata", stored: bool = False) -> list[str | None]:
-    if stored and set(map(type, values)) <= {str, type(None)}:
+    if set(map(type, values)) <= {str, type(None)}:
+        if stored:
+            return values
+        # JSON texts (Parquet): the native check confirms the objects without the GIL; Python
+        # reads only what it could not confirm (NaN, a repeated key...), and decides.
+        values = list(values)
+        for i in _native.unconfirmed_objects(values):
+            values[i] = _metadata_value(values[i], i, name, stored)
         return values
-    out: list[str | None] = []
+    return [_metadata_value(v, i, name, stored) for i, v in enumerate(values)]
+
+
+def _metadata_value(v: Any, i: int, name: str, stored: bool) -> str | None:
+    """One metadata value as the memories table stores it (``_Bad`` when it cannot be)."""
     enc = _META_JSON
-    for i, v in enumerate(values):
-        if v is None:
-            out.append(None)
-        elif isinstance(v, dict):
-            try:
-                out.append(enc(v))
-            except (TypeError, ValueError) as e:
-                raise _Bad(i, f"{name} is not JSON-serialisable: {e}") from None
-        elif isinstance(v, str) and stored:
-            # Already in json.dumps form (the native reader checked it): an object it rewrote
-            # elsewhere in the batch does not send this one to be read again.
-            out.append(v)
-        elif isinstance(v, str):  # JSON text (Parquet): kept as written once it reads as an object
-            try:
-                parsed = loads_json(v)
-            except ValueError as e:
-                raise _Bad(i, f"{name} is not valid JSON ({e})") from None
-            if not isinstance(parsed, dict):
-                raise _Bad(i, f"{name} must be a JSON object")
-            out.append(v)
-        else:
-            raise _Bad(i, f"{name} must be an object or null, got {type(v).__name__}")
-    return out
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        try:
+            return enc(v)
+        except (TypeError, ValueError) as e:
+            raise _Bad(i, f"{name} is not JSON-serialisable: {e}") from None
+    if isinstance(v, str) and stored:
+        # Already in json.dumps form (the native reader checked it): an object it rewrote
+        # elsewhere in the batch does not send this one to be read again.
+        return v
+    if isinstance(v, str):  # JSON text (Parquet): kept as written once it reads as an object
+        try:
+            parsed = loads_json(v)
+        except ValueError as e:
+            raise _Bad(i, f"{name} is not valid JSON ({e})") from None
+        if not isinstance(parsed, dict):
+            raise _Bad(i, f"{name} must be a JSON object")
+        return v
+    raise _Bad(i, f"{name} must be an object or null, got {type(v).__name__}")
 
 
 def _keys(values: list[Any]) -> list[str | None]:
