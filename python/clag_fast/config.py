@@ -54,7 +54,8 @@ class SLMConfig:
         ``assign_threshold`` that leads by ``assign_margin`` is taken without asking.
       slm_max_options: at most this many candidates per memory in a routing prompt.
       new_cluster_threshold: below this even the nearest cluster is unrelated: the memory
-        opens a new cluster (vector routing uses it too). None = never.
+        opens a new cluster (vector routing uses it too), while the store holds fewer than
+        max(1,024, memories / target size) clusters (``store.placement``). None = never.
       route_batch: ambiguous memories routed in one SLM prompt.
       route_note_chars: a memory's text is cut to this many characters in a routing prompt.
     Triggers (re-organisation besides ``StoreConfig.organize_every``):
