@@ -704,9 +704,20 @@ def _awkward_lines(dim=4):
     return lines
 
 
-def test_the_native_reader_stores_what_the_general_reader_stores(tmp_path):
+def test_the_native_reader_stores_what_the_general_reader_stores(tmp_path, monkeypatch):
     """Lines read natively (a binary file) and by the general path (a text file object) make
     the same store, field for field, and the same export."""
+    from clag_fast import _clag_fast
+
+    taken = []
+    native = _clag_fast.parse_export_lines
+
+    def counting(*args):
+        got = native(*args)
+        taken.append(got[0])
+        return got
+
+    monkeypatch.setattr(_clag_fast, "parse_export_lines", counting)
     lines = _awkward_lines()
     header = json.dumps({"format": transfer.fields.FORMAT, "version": 1, "store_id": "s", "dim": 4,
                          "memories": len(lines), "clusters": 2, "soft_k": 3})
@@ -717,10 +728,13 @@ def test_the_native_reader_stores_what_the_general_reader_stores(tmp_path):
     path.write_text("\n".join([header] + clusters) + "\n" + "".join(lines), encoding="utf-8")
     with open_store(tmp_path / "native") as a:
         assert a.import_(path)["imported"] == len(lines)
+        assert sum(taken) == len(lines)  # every line went through the native reader
         a.export(tmp_path / "native.jsonl")
         got = snapshot(a)
+    taken.clear()
     with open_store(tmp_path / "general") as b, open(path, encoding="utf-8") as text:
         assert b.import_(text)["imported"] == len(lines)
+        assert taken == []
         b.export(tmp_path / "general.jsonl")
         want = snapshot(b)
     assert got[0] == want[0]  # every memory, field for field
