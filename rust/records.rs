@@ -977,6 +977,12 @@ mod tests {
                     {\"id\":2,\"text\":null,\"vector\":\"AABAQAAAgEA=\",\"clusters\":[]}\n");
         let p = parse_lines(&out, &names, &[Kind::Count, Kind::Str], None, 9);
         assert_eq!((p.lines, p.stopped), (0, true)); // no vector field named: not taken
+        // Named with their kinds, the lines read back to what was written.
+        let all: [&[u8]; 4] = [b"id", b"text", b"vector", b"clusters"];
+        let p = parse_lines(&out, &all, &[Kind::Count, Kind::Str, Kind::Vector, Kind::Pairs], None, 9);
+        assert_eq!((p.lines, p.stopped, p.consumed, p.dim), (2, false, out.len(), 2));
+        assert_eq!(p.vectors, [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!((p.pair_counts, p.pair_ids, p.pair_aff), (vec![1, 0], vec![4], vec![0.5]));
     }
 
     #[test]
