@@ -65,7 +65,7 @@ def new_cluster_threshold(state: StoreState) -> float | None:
 
 def cluster_room(state: StoreState, n_new: int) -> int:
     """Clusters a batch of ``n_new`` memories may still open (``CLUSTERS_PER_TARGET``)."""
-    n = len(state) + n_new
+    n = state.rows.n_live + n_new  # kept by the row table: counting the live column is O(rows)
     target = state.config.cluster_sizes_for(n)[0]
     cap = max(MIN_CLUSTER_ROOM, int(np.ceil(CLUSTERS_PER_TARGET * n / target)))
     return max(0, cap - len(state.index.cluster_ids()))
@@ -83,7 +83,7 @@ def route_new_rows(state: StoreState, rows: np.ndarray, vectors: np.ndarray) -> 
         return placement
     k = max(cfg.soft_k, cfg.slm.route_candidates)
     threshold = new_cluster_threshold(state)
-    room = cluster_room(state, n)
+    room = cluster_room(state, n) if threshold is not None else 0
     all_ids = np.full((n, k), -1, np.int64)
     all_scores = np.full((n, k), -np.inf, np.float32)
     for lo in range(0, n, CHUNK):
