@@ -120,6 +120,15 @@ pub fn parse_lines(input: &[u8], names: &[&[u8]], kinds: &[Kind], dim: Option<us
     out
 }
 
+/// Step `at` past `word` when `buf` holds it there.
+fn take(buf: &[u8], at: &mut usize, word: &[u8]) -> bool {
+    let found = buf[*at..].starts_with(word);
+    if found {
+        *at += word.len();
+    }
+    found
+}
+
 fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\r')
 }
@@ -157,12 +166,7 @@ impl<'a> Line<'a> {
     }
 
     fn literal(&mut self, word: &[u8]) -> bool {
-        if self.buf[self.at..].starts_with(word) {
-            self.at += word.len();
-            true
-        } else {
-            false
-        }
+        take(self.buf, &mut self.at, word)
     }
 
     /// The whole line as one object of known fields, each once; nothing after it but spaces.
@@ -491,12 +495,7 @@ struct Canon<'a> {
 
 impl Canon<'_> {
     fn next_is(&mut self, text: &[u8]) -> bool {
-        if self.b[self.at..].starts_with(text) {
-            self.at += text.len();
-            true
-        } else {
-            false
-        }
+        take(self.b, &mut self.at, text)
     }
 
     fn value(&mut self) -> bool {
