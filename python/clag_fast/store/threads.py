@@ -14,12 +14,23 @@ given out of order, a large deletion) relinks the threads it touched from the co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from clag_fast.store.rowtable import RowTable
+
+class Links(Protocol):
+    """The columns the links live in and are derived from: ``store.rowtable.RowTable`` holds
+    them, one entry per vector row, and calls this module from its writes (so this module
+    names the columns, not the table)."""
+
+    n: int
+    live: np.ndarray
+    group: np.ndarray
+    order: np.ndarray
+    prev: np.ndarray
+    next: np.ndarray
+    tails: dict[int, int]
 
 #: Dying rows past which their threads are relinked from the columns instead of unlinked one
 #: by one (a Python step per row).
@@ -31,7 +42,7 @@ def group_key(namespace: str, thread: str | None) -> str:
     return namespace + "\x1f" + (thread or "")
 
 
-def link_all(t: RowTable) -> None:
+def link_all(t: Links) -> None:
     """Link every live row to its thread neighbours from the group and order columns."""
     n = t.n
     t.prev[:n] = -1
@@ -42,7 +53,7 @@ def link_all(t: RowTable) -> None:
         _chain(t, rows, set_tails=True)
 
 
-def link_new(t: RowTable, rows: np.ndarray) -> None:
+def link_new(t: Links, rows: np.ndarray) -> None:
     """Link rows whose group and order were just set (new memories, in any order)."""
     rows = np.asarray(rows, np.int64)
     rows = rows[t.live[rows] & (t.group[rows] >= 0)]
@@ -69,7 +80,7 @@ def link_new(t: RowTable, rows: np.ndarray) -> None:
         relink(t, grp)
 
 
-def unlink(t: RowTable, rows: np.ndarray) -> None:
+def unlink(t: Links, rows: np.ndarray) -> None:
     """Take dying rows (still marked live) out of their threads."""
     rows = np.asarray(rows, np.int64)
     rows = np.unique(rows[t.live[rows] & (t.group[rows] >= 0)])
@@ -97,7 +108,7 @@ def unlink(t: RowTable, rows: np.ndarray) -> None:
         prev[r] = nxt[r] = -1
 
 
-def take_place(t: RowTable, old_rows: np.ndarray, new_rows: np.ndarray) -> None:
+def take_place(t: Links, old_rows: np.ndarray, new_rows: np.ndarray) -> None:
     """New rows of the same memories (a replaced text or vector) take their old rows' places
     in their threads; the old rows leave them. Where the thread or the turn changed, or the
     old row was not linked (archived), the thread is relinked from the columns."""
@@ -131,7 +142,7 @@ def take_place(t: RowTable, old_rows: np.ndarray, new_rows: np.ndarray) -> None:
         t.next[dying] = -1
 
 
-def relink(t: RowTable, grp: int) -> None:
+def relink(t: Links, grp: int) -> None:
     """Link one thread's live rows from the group and order columns."""
     n = t.n
     rows = np.flatnonzero((t.group[:n] == grp) & t.live[:n])
@@ -144,7 +155,7 @@ def relink(t: RowTable, grp: int) -> None:
     t.tails[grp] = int(r[-1])
 
 
-def _chain(t: RowTable, rows: np.ndarray, *, set_tails: bool) -> None:
+def _chain(t: Links, rows: np.ndarray, *, set_tails: bool) -> None:
     """Link ``rows`` (any order, several threads) to each other, thread by thread in turn
     order; the first and last row of each thread get no outer neighbour."""
     g = t.group[rows]
@@ -160,7 +171,7 @@ def _chain(t: RowTable, rows: np.ndarray, *, set_tails: bool) -> None:
         t.tails.update(zip(g[last].tolist(), r[last].tolist()))
 
 
-def neighbours(t: RowTable, rows: np.ndarray, hops: int) -> list[np.ndarray]:
+def neighbours(t: Links, rows: np.ndarray, hops: int) -> list[np.ndarray]:
     """``[prev_1, next_1, prev_2, next_2, ...]``: per row of ``rows`` its neighbour ``d`` turns
     before and after (-1: none), for d = 1..hops."""
     out = []
