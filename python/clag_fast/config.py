@@ -173,9 +173,9 @@ class RankingConfig:
       speaker_boost: added to the memories of the one speaker a query names (``speaker=``).
       superseded_weight: a memory updated by a newer eligible one (``supersedes=``) keeps this
         share of its score, and the newer one scores at least what the older one had.
-      date_boost, number_boost: added to the best ``answer_pool`` candidates whose text holds a
-        date (or a number) when the query asks for one ("When ...?", "How many ...?";
-        ``store.answer_kind``).
+      date_boost, number_boost, name_boost: added to the best ``answer_pool`` candidates whose
+        text holds a date (a number, a name) when the query asks for one ("When ...?", "How
+        many ...?", "Which ...?"; ``store.answer_kind``).
     """
 
     expand: int = 5
@@ -188,6 +188,7 @@ class RankingConfig:
     superseded_weight: float = 0.9
     date_boost: float = 0.3
     number_boost: float = 0.3
+    name_boost: float = 0.2
     answer_pool: int = 30
 
     def __post_init__(self) -> None:
@@ -204,6 +205,7 @@ class RankingConfig:
             (0 <= self.superseded_weight <= 1, "superseded_weight must be in [0, 1]"),
             (math.isfinite(self.date_boost) and self.date_boost >= 0, "date_boost must be >= 0"),
             (math.isfinite(self.number_boost) and self.number_boost >= 0, "number_boost must be >= 0"),
+            (math.isfinite(self.name_boost) and self.name_boost >= 0, "name_boost must be >= 0"),
             (isinstance(self.answer_pool, int) and self.answer_pool >= 0, "answer_pool must be an int >= 0"),
         ])
 
@@ -212,7 +214,7 @@ class RankingConfig:
         """The fused score alone: no neighbours, priors or boosts (newer memories still rank
         above the ones they supersede)."""
         return cls(expand=0, neighbour_weights=(), question_weight=1.0, length_prior=0.0, speaker_boost=0.0,
-                   date_boost=0.0, number_boost=0.0)
+                   date_boost=0.0, number_boost=0.0, name_boost=0.0)
 
     def replace(self, **changes: object) -> "RankingConfig":
         return dataclasses.replace(self, **changes)

@@ -1,10 +1,11 @@
 """What kind of answer a question asks for, and whether a memory's text can hold one.
 
-"When does the user leave?" wants a date, "What is the total budget?" a number; the turn that
-answers ("Could we leave April 10 instead?", "We agreed to bump the total to 10,500") holds
-one, while the turns that only talk about the subject often do not. Hybrid search adds
-``RankingConfig.date_boost`` / ``number_boost`` to its best candidates that hold what the
-query asks for (``store.context``; BENCHMARKS.md, "Retrieval quality").
+"When does the user leave?" wants a date, "What is the total budget?" a number, "Which hotel
+...?" a name; the turn that answers ("Could we leave April 10 instead?", "We agreed to bump the
+total to 10,500", "Booked: Kamogawa Residence Sanjo") holds one, while the turns that only talk
+about the subject often do not. Hybrid search adds ``RankingConfig.date_boost`` /
+``number_boost`` / ``name_boost`` to its best candidates that hold what the query asks for
+(``store.context``; BENCHMARKS.md, "Retrieval quality").
 
 A text's kinds are read off its words: cheap, but not free at ingest rates of vectors brought
 by the user, so the row table learns them when a search first needs them (``RowTable.holds``).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-DATE, NUMBER = 1, 2
+DATE, NUMBER, NAME = 1, 2, 4
 
 _DATE_WORDS = frozenset("""
 january february march april may june july august september october november december
@@ -30,14 +31,20 @@ _ASKS_DATE = re.compile(r"^\s*(?:when\b|what (?:date|time|day|year|month)\b|whic
                         r"|how long ago\b)", re.I)
 _ASKS_NUMBER = re.compile(r"^\s*(?:how (?:much|many|long|old|far|often)\b"
                           r"|what (?:is|was) the (?:total|price|cost|budget|number)\b)", re.I)
+_ASKS_NAME = re.compile(r"^\s*(?:which|who|whom|whose|where|what (?:kind|type|sort) of|what is the name)\b", re.I)
+# A capitalised word that starts neither the text nor a sentence, nor follows a label
+# ("Caroline: Hey ..."): there a capital says little; elsewhere it marks a name.
+_CAPITALISED = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][\w'’]*")
 
 
 def asked(query: str) -> int:
-    """``DATE`` or ``NUMBER`` when the question asks for one, else 0."""
+    """``DATE``, ``NUMBER`` or ``NAME`` when the question asks for one, else 0."""
     if _ASKS_DATE.search(query):
         return DATE
     if _ASKS_NUMBER.search(query):
         return NUMBER
+    if _ASKS_NAME.search(query):
+        return NAME
     return 0
 
 
@@ -46,9 +53,18 @@ def _named(words: set[str], vocabulary: frozenset[str]) -> bool:
     return any(w in vocabulary or (w.endswith("s") and w[:-1] in vocabulary) for w in words)
 
 
-def holds(text: str) -> int:
-    """Bit flags of the kinds ``text`` can answer with: a digit is both a date and a number."""
+def _has_name(text: str, speakers: frozenset[str]) -> bool:
+    """Whether ``text`` holds a capitalised word (two letters or more, not "I'm") that is not
+    one of the ``speakers``' names: those appear everywhere in a conversation ("Hey Mel!")."""
+    return any(len(w) > 1 and not w.startswith(("I'", "I’")) and w not in speakers
+               for w in _CAPITALISED.findall(text))
+
+
+def holds(text: str, speakers: frozenset[str] = frozenset()) -> int:
+    """Bit flags of the kinds ``text`` can answer with (a digit is both a date and a number);
+    ``speakers``: the words of the store's speaker names, which do not count as names."""
+    name = NAME if _has_name(text, speakers) else 0
     if _DIGIT.search(text):
-        return DATE | NUMBER
+        return DATE | NUMBER | name
     words = set(_WORD.findall(text.lower()))
-    return (DATE if _named(words, _DATE_WORDS) else 0) | (NUMBER if _named(words, _NUMBER_WORDS) else 0)
+    return (DATE if _named(words, _DATE_WORDS) else 0) | (NUMBER if _named(words, _NUMBER_WORDS) else 0) | name

@@ -11,8 +11,8 @@ its words. So, with the store's ``RankingConfig``:
   asks a question, and a candidate that asks a question keeps only part of its own;
 * a length prior favours memories with content over acknowledgements;
 * a query that names one speaker favours that speaker's memories;
-* a question that asks for a date or a number favours the best candidates that hold one
-  (``store.answer_kind``);
+* a question that asks for a date, a number or a name favours the best candidates that hold
+  one (``store.answer_kind``);
 * a memory updated by a newer eligible one (``add(supersedes=...)``) ranks below it.
 
 Chosen on LoCoMo conversations 1-5 and checked on 6-10, the demo conversation and
@@ -141,11 +141,13 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
 
 def _boost_answers(cfg: RankingConfig, rows: RowTable, query: str, cand: np.ndarray, scores: np.ndarray,
                    texts: Texts) -> None:
-    """Add the date (number) boost to the best ``answer_pool`` candidates whose text holds a
-    date (number), when the query asks for one. Only the best few: a boost far down the list
-    changes no top hit, and each row's text is read once, when a search first needs it."""
+    """Add the date (number, name) boost to the best ``answer_pool`` candidates whose text
+    holds a date (number, name), when the query asks for one. Only the best few: a boost far
+    down the list changes no top hit, and each row's text is read once, when a search first
+    needs it."""
     kind = answer_kind.asked(query)
-    boost = {answer_kind.DATE: cfg.date_boost, answer_kind.NUMBER: cfg.number_boost}.get(kind, 0.0)
+    boost = {answer_kind.DATE: cfg.date_boost, answer_kind.NUMBER: cfg.number_boost,
+             answer_kind.NAME: cfg.name_boost}.get(kind, 0.0)
     if not boost or not cfg.answer_pool:
         return
     top = np.argsort(-scores, kind="stable")[: cfg.answer_pool]
@@ -154,16 +156,18 @@ def _boost_answers(cfg: RankingConfig, rows: RowTable, query: str, cand: np.ndar
 
 
 def learn_holds(rows: RowTable, which: np.ndarray, texts: Texts) -> None:
-    """Fill ``rows.holds`` for the rows of ``which`` not read yet."""
+    """Fill ``rows.holds`` for the rows of ``which`` not read yet. The speakers known now do
+    not count as names; one added later may, in the rows read before it."""
     unknown = which[rows.holds[which] < 0]
     if len(unknown) == 0:
         return
     mids = rows.memory_id[unknown]
     got = texts([int(m) for m in mids if m >= 0])
+    speakers = frozenset(w for name in rows.names("speaker").values() for w in _WORD.findall(name))
     for row, mid in zip(unknown.tolist(), mids.tolist()):
         text = got.get(int(mid))
         if text is not None and rows.memory_id[row] == mid:
-            rows.holds[row] = answer_kind.holds(text)
+            rows.holds[row] = answer_kind.holds(text, speakers)
 
 
 def _fuse(query: Query, cos: np.ndarray, bm: np.ndarray) -> np.ndarray:
