@@ -76,16 +76,26 @@ class SpeakerNames:
 
     def __init__(self) -> None:
         self._words: list[tuple[int, frozenset[str]]] = []
+        self._all: frozenset[str] = frozenset()
         self._known = 0
+
+    def _refresh(self, rows: RowTable) -> None:
+        if rows.name_count("speaker") != self._known:  # codes only grow: rebuild when a speaker was added
+            names = rows.names("speaker")
+            self._words = [(c, frozenset(_WORD.findall(n))) for c, n in names.items()]
+            self._all = frozenset().union(*(w for _, w in self._words))
+            self._known = len(names)
 
     def named(self, rows: RowTable, query: str) -> list[int]:
         """Codes of the speakers all of whose name words appear in ``query``."""
-        names = rows.names("speaker")
-        if len(names) != self._known:  # codes only grow: rebuild when a speaker was added
-            self._words = [(c, frozenset(_WORD.findall(n))) for c, n in names.items()]
-            self._known = len(names)
+        self._refresh(rows)
         words = set(_WORD.findall(query))
         return [c for c, name in self._words if name and name <= words]
+
+    def words(self, rows: RowTable) -> frozenset[str]:
+        """Every word of every speaker's name."""
+        self._refresh(rows)
+        return self._all
 
 
 Texts = Callable[[Sequence[int]], dict[int, str]]
@@ -126,7 +136,7 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         cand, np.ascontiguousarray(fused, np.float32), rows.prev[:n], rows.next[:n], rows.asks[:n], rows.words[:n],
         rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
-    _boost_answers(cfg, rows, query.text, cand, scores, texts)
+    _boost_answers(cfg, rows, query.text, cand, scores, texts, speakers)
     in_effect = {}
     if succ:
         pos = {r: i for i, r in enumerate(cand.tolist())}
@@ -140,7 +150,7 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
 
 
 def _boost_answers(cfg: RankingConfig, rows: RowTable, query: str, cand: np.ndarray, scores: np.ndarray,
-                   texts: Texts) -> None:
+                   texts: Texts, speakers: SpeakerNames) -> None:
     """Add the date (number, name) boost to the best ``answer_pool`` candidates whose text
     holds a date (number, name), when the query asks for one. Only the best few: a boost far
     down the list changes no top hit, and each row's text is read once, when a search first
@@ -151,11 +161,11 @@ def _boost_answers(cfg: RankingConfig, rows: RowTable, query: str, cand: np.ndar
     if not boost or not cfg.answer_pool:
         return
     top = np.argsort(-scores, kind="stable")[: cfg.answer_pool]
-    learn_holds(rows, cand[top], texts)
+    learn_holds(rows, cand[top], texts, speakers)
     scores[top[(rows.holds[cand[top]] & kind) != 0]] += boost
 
 
-def learn_holds(rows: RowTable, which: np.ndarray, texts: Texts) -> None:
+def learn_holds(rows: RowTable, which: np.ndarray, texts: Texts, speakers: SpeakerNames) -> None:
     """Fill ``rows.holds`` for the rows of ``which`` not read yet. The speakers known now do
     not count as names; one added later may, in the rows read before it."""
     unknown = which[rows.holds[which] < 0]
@@ -163,11 +173,11 @@ def learn_holds(rows: RowTable, which: np.ndarray, texts: Texts) -> None:
         return
     mids = rows.memory_id[unknown]
     got = texts([int(m) for m in mids if m >= 0])
-    speakers = frozenset(w for name in rows.names("speaker").values() for w in _WORD.findall(name))
+    names = speakers.words(rows)
     for row, mid in zip(unknown.tolist(), mids.tolist()):
         text = got.get(int(mid))
         if text is not None and rows.memory_id[row] == mid:
-            rows.holds[row] = answer_kind.holds(text, speakers)
+            rows.holds[row] = answer_kind.holds(text, names)
 
 
 def _fuse(query: Query, cos: np.ndarray, bm: np.ndarray) -> np.ndarray:

@@ -154,6 +154,10 @@ class RowTable:
         """code -> string of every namespace or kind seen."""
         return {v: k for k, v in self._codes[column].items()}
 
+    def name_count(self, column: str) -> int:
+        """How many strings ``column`` has coded (codes only grow)."""
+        return len(self._codes[column])
+
     def name(self, column: str, row: int) -> str:
         """The namespace or kind string of ``row``."""
         code = int(getattr(self, column)[row])
