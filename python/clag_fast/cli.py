@@ -180,7 +180,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             clock = _DemoClock(store)
             texts = [t.memory_text() for t in sample.turns]
             meta = [t.metadata() for t in sample.turns]
-            kinds = [_turn_kind(t.text) for t in sample.turns]
+            kinds = [t.kind for t in sample.turns]
             # Not flushed before organize(): a flush would have the SLM label the ingest's
             # young clusters, most of which the task's topics then change.
             _add_with_progress(store, texts, kinds, meta, "default", conversation(sample.turns), flush=False)
@@ -525,7 +525,7 @@ def _read_ingest_file(path: Path) -> tuple[list[str], list[str], list[dict | Non
         from clag_fast.locomo import parse_samples
 
         turns = [t for s in parse_samples(data) for t in s.turns]
-        return ([t.memory_text() for t in turns], [_turn_kind(t.text) for t in turns],
+        return ([t.memory_text() for t in turns], [t.kind for t in turns],
                 [t.metadata() for t in turns])
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list (or JSONL) of texts or objects")
@@ -542,14 +542,6 @@ def _read_ingest_file(path: Path) -> tuple[list[str], list[str], list[dict | Non
         else:
             raise ValueError(f"{path}: item {i} is neither a string nor an object with a 'text' string")
     return texts, kinds, meta
-
-
-def _turn_kind(text: str) -> str:
-    if text.startswith("[tool"):
-        return "tool_result"
-    if text.startswith("[reflection]"):
-        return "reflection"
-    return "dialogue"
 
 
 def _print_clusters(store) -> None:

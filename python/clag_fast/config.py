@@ -176,6 +176,11 @@ class RankingConfig:
       date_boost, number_boost, name_boost: added to the best ``answer_pool`` candidates whose
         text holds a date (a number, a name) when the query asks for one ("When ...?", "How
         many ...?", "Which ...?"; ``store.answer_kind``).
+      reflection_kind: the kind of the memories that restate earlier turns (an agent's
+        reflections; ``store.reflections``).
+      reflection_share: a memory of that kind among the best ``reflection_pool`` candidates passes
+        this share of its score to its sources: the ``reflection_sources`` turns most similar to
+        it among the ``reflection_window`` turns before it in its thread (0 = none).
     """
 
     expand: int = 5
@@ -190,6 +195,11 @@ class RankingConfig:
     number_boost: float = 0.3
     name_boost: float = 0.2
     answer_pool: int = 30
+    reflection_kind: str = "reflection"
+    reflection_share: float = 0.3
+    reflection_sources: int = 1
+    reflection_window: int = 60
+    reflection_pool: int = 10
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "neighbour_weights", tuple(float(w) for w in self.neighbour_weights))
@@ -207,6 +217,15 @@ class RankingConfig:
             (math.isfinite(self.number_boost) and self.number_boost >= 0, "number_boost must be >= 0"),
             (math.isfinite(self.name_boost) and self.name_boost >= 0, "name_boost must be >= 0"),
             (isinstance(self.answer_pool, int) and self.answer_pool >= 0, "answer_pool must be an int >= 0"),
+            (isinstance(self.reflection_kind, str) and self.reflection_kind != "",
+             f"reflection_kind must be a non-empty string, got {self.reflection_kind!r}"),
+            (math.isfinite(self.reflection_share) and self.reflection_share >= 0, "reflection_share must be >= 0"),
+            (isinstance(self.reflection_sources, int) and self.reflection_sources >= 1,
+             "reflection_sources must be an int >= 1"),
+            (isinstance(self.reflection_window, int) and self.reflection_window >= 1,
+             "reflection_window must be an int >= 1"),
+            (isinstance(self.reflection_pool, int) and self.reflection_pool >= 0,
+             "reflection_pool must be an int >= 0"),
         ])
 
     @classmethod
@@ -214,7 +233,7 @@ class RankingConfig:
         """The fused score alone: no neighbours, priors or boosts (newer memories still rank
         above the ones they supersede)."""
         return cls(expand=0, neighbour_weights=(), question_weight=1.0, length_prior=0.0, speaker_boost=0.0,
-                   date_boost=0.0, number_boost=0.0, name_boost=0.0)
+                   date_boost=0.0, number_boost=0.0, name_boost=0.0, reflection_share=0.0)
 
     def replace(self, **changes: object) -> "RankingConfig":
         return dataclasses.replace(self, **changes)

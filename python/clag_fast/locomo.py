@@ -59,6 +59,16 @@ class Turn:
         """The memory's thread: its session of the conversation."""
         return f"session {self.session}"
 
+    @property
+    def kind(self) -> str:
+        """The memory's kind: ``tool_result`` for a text that opens with ``[tool``,
+        ``reflection`` for one that opens with ``[reflection]``, else ``dialogue``."""
+        if self.text.startswith("[tool"):
+            return "tool_result"
+        if self.text.startswith("[reflection]"):
+            return "reflection"
+        return "dialogue"
+
 
 def conversation(turns: list[Turn]) -> dict[str, list[str]]:
     """``add_many``'s conversation arguments for ``turns``: each turn in its session's thread,
@@ -146,7 +156,11 @@ def _raw_evidence(raw: object) -> tuple[str, ...]:
     return tuple(s for s in (str(x).strip() for x in items) if s)
 
 
-def _parse_sample(i: int, obj: object) -> Sample:
+#: The speaker of the reflections made of a dataset's observations (``reflections=True``).
+REFLECTION_SPEAKER = "Agent"
+
+
+def _parse_sample(i: int, obj: object, reflections: bool = False) -> Sample:
     where = f"sample {i}"
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")
@@ -180,6 +194,8 @@ def _parse_sample(i: int, obj: object) -> Sample:
                     image_caption=caption if isinstance(caption, str) and caption else None,
                 )
             )
+        if reflections:
+            sample.turns.extend(_reflections(obj, n, date, where))
     qa = obj.get("qa", [])
     if not isinstance(qa, list):
         raise ValueError(f"{where}: 'qa' must be a list")
@@ -207,15 +223,39 @@ def _parse_sample(i: int, obj: object) -> Sample:
     return sample
 
 
-def parse_samples(data: object) -> list[Sample]:
-    """Samples from already-decoded JSON (a list of LoCoMo samples)."""
+def _reflections(obj: dict, session: int, date: str, where: str) -> list[Turn]:
+    """A session's observations (LoCoMo's ``observation`` object: per session, per speaker,
+    ``[fact, evidence ids]`` pairs) as the agent's reflections at the session's end, with ids
+    ``R<session>:<n>`` that no evidence names."""
+    observed = obj.get("observation")
+    if observed is None:
+        return []
+    if not isinstance(observed, dict):
+        raise ValueError(f"{where}: 'observation' must be an object")
+    per_speaker = observed.get(f"session_{session}_observation", {})
+    if not isinstance(per_speaker, dict):
+        raise ValueError(f"{where}: observation session_{session}_observation must be an object")
+    out = []
+    for facts in per_speaker.values():
+        for fact in facts if isinstance(facts, list) else []:
+            text = fact[0] if isinstance(fact, list) and fact else fact
+            if isinstance(text, str) and text.strip():
+                out.append(Turn(dia_id=f"R{session}:{len(out) + 1}", speaker=REFLECTION_SPEAKER,
+                                text="[reflection] " + text.strip(), session=session, date_time=date))
+    return out
+
+
+def parse_samples(data: object, *, reflections: bool = False) -> list[Sample]:
+    """Samples from already-decoded JSON (a list of LoCoMo samples). ``reflections``: each
+    session's observations follow its turns as the agent's reflections (``Turn.kind``)."""
     if not isinstance(data, list):
         raise ValueError(f"a LoCoMo-format dataset is a JSON list of samples, got {type(data).__name__}")
-    return [_parse_sample(i, obj) for i, obj in enumerate(data)]
+    return [_parse_sample(i, obj, reflections) for i, obj in enumerate(data)]
 
 
-def load_dataset(path: str | Path) -> list[Sample]:
-    """Read and validate a LoCoMo-format JSON file; ValueError names the bad sample/field."""
+def load_dataset(path: str | Path, *, reflections: bool = False) -> list[Sample]:
+    """Read and validate a LoCoMo-format JSON file; ValueError names the bad sample/field.
+    ``reflections``: as in ``parse_samples``."""
     p = Path(path)
     try:
         with p.open(encoding="utf-8") as f:
@@ -223,6 +263,6 @@ def load_dataset(path: str | Path) -> list[Sample]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{p}: not valid JSON ({exc})") from None
     try:
-        return parse_samples(data)
+        return parse_samples(data, reflections=reflections)
     except ValueError as exc:
         raise ValueError(f"{p}: {exc}") from None

@@ -134,6 +134,7 @@ def run_eval(
     store_options: dict[str, Any] | None = None,
     progress: bool = True,
     plots: bool = True,
+    reflections: bool = False,
 ) -> dict:
     """Run the evaluation and return the report (also written under ``out_dir``).
 
@@ -158,10 +159,12 @@ def run_eval(
         ``{"target_cluster_size": 32}``); the retrieval cache is off unless overridden.
       progress: show tqdm progress bars (stderr).
       plots: write the PNG plots (needs matplotlib).
+      reflections: store each session's observations (LoCoMo's per-session facts) after its
+        turns as the agent's reflections; hits on them hold no evidence turn.
     """
     t_start = time.perf_counter()
     n_probe = _checked_args(n_probe, max_questions, qa_questions, qa_modes, store_options)
-    picked = _load_samples(dataset, samples, max_questions)
+    picked = _load_samples(dataset, samples, max_questions, reflections)
     emb, emb_name = make_embedder(embedder, precision, threads)
     vectors = _embed_samples(picked, emb, emb_name, Path(cache_dir) if cache_dir is not None else None, progress)
     with slm_endpoint(slm) as url:
@@ -179,6 +182,7 @@ def run_eval(
         "qa_modes": list(qa_modes),
         "qa_questions": qa_questions,
         "store_options": dict(store_options or {}),
+        "reflections": reflections,
     }
     report = _report(dataset, args, picked, vectors, runs)
     report["total_s"] = time.perf_counter() - t_start
@@ -216,8 +220,8 @@ class _Picked:
     relevant: dict[str, list[set[str]]]
 
 
-def _load_samples(dataset: str | Path, spec: Any, max_questions: int | None) -> _Picked:
-    picked = _select_samples(load_dataset(dataset), spec)
+def _load_samples(dataset: str | Path, spec: Any, max_questions: int | None, reflections: bool = False) -> _Picked:
+    picked = _select_samples(load_dataset(dataset, reflections=reflections), spec)
     for s in picked:
         if max_questions is not None:
             s.qa = s.qa[:max_questions]
@@ -447,6 +451,8 @@ def _fill_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default=None, help="directory to cache embeddings between runs")
     p.add_argument("--store-option", action="append", default=[], type=_store_option, metavar="FIELD=VALUE",
                    help="StoreConfig override for every store, e.g. target_cluster_size=32 (repeatable)")
+    p.add_argument("--reflections", action="store_true",
+                   help="store each session's observations after its turns as the agent's reflections")
     p.add_argument("--qa-table", action="store_true",
                    help="with --slm: measure the QA table instead (flat vector RAG vs clag_fast without and with "
                         "cluster labels, a fixed stratified question subset; see clag_fast.eval.qa)")
@@ -469,7 +475,7 @@ def _run_from_args(args: argparse.Namespace) -> int:
             threads=args.threads, qa_modes=[m.strip() for m in args.qa_modes.split(",") if m.strip()],
             qa_questions=args.qa_questions,
             cache_dir=args.cache, store_options=dict(args.store_option),
-            progress=not args.no_progress, plots=not args.no_plots,
+            progress=not args.no_progress, plots=not args.no_plots, reflections=args.reflections,
         )
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"clag-fast eval: error: {exc}", file=sys.stderr)

@@ -135,7 +135,8 @@ class _SampleRun:
         before = slm_counts(self.store_client)
         t0 = time.perf_counter()
         ids = store.add_many([t.memory_text() for t in s.turns], embeddings=self.data.turn_vecs,
-                             metadata=[t.metadata() for t in s.turns], **conversation(s.turns))
+                             kinds=[t.kind for t in s.turns], metadata=[t.metadata() for t in s.turns],
+                             **conversation(s.turns))
         ingest_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         # The SLM organisation gets a task context so that it can propose topics (the

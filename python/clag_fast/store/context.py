@@ -13,7 +13,9 @@ its words. So, with the store's ``RankingConfig``:
 * a query that names one speaker favours that speaker's memories;
 * a question that asks for a date, a number or a name favours the best candidates that hold
   one (``store.answer_kind``);
-* a memory updated by a newer eligible one (``add(supersedes=...)``) ranks below it.
+* a memory updated by a newer eligible one (``add(supersedes=...)``) ranks below it;
+* a reflection among the best candidates passes a share of its score to the turns it restates
+  (``store.reflections``), which join the candidates.
 
 Chosen on LoCoMo conversations 1-5 and checked on 6-10, the demo conversation and
 standard-library docstrings (BENCHMARKS.md, "Retrieval quality").
@@ -29,7 +31,7 @@ import numpy as np
 
 from clag_fast import _clag_fast as _native
 from clag_fast.config import RankingConfig
-from clag_fast.store import answer_kind, threads
+from clag_fast.store import answer_kind, reflections, threads
 from clag_fast.store.lexical import LexicalIndex, fuse
 from clag_fast.store.rowtable import RowTable
 
@@ -102,11 +104,13 @@ Texts = Callable[[Sequence[int]], dict[int, str]]
 
 
 def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: LexicalIndex, query: Query,
-         cand: np.ndarray, cos: np.ndarray, bm: np.ndarray, speakers: SpeakerNames, texts: Texts) -> Ranked:
+         cand: np.ndarray, cos: np.ndarray, bm: np.ndarray, speakers: SpeakerNames, texts: Texts,
+         sources: reflections.Sources) -> Ranked:
     """Final scores of the candidates ``cand`` (vector rows) of one hybrid ``query``, whose
     cosines and BM25 scores (decay-weighted) are ``cos`` and ``bm``; rows may join them
-    (neighbours, newer versions). ``texts``: memory id -> text, for the rows whose answer
-    kinds are not known yet."""
+    (neighbours, newer versions, the turns reflections restate). ``texts``: memory id -> text,
+    for the rows whose answer kinds are not known yet; ``sources``: the searcher's cache of
+    reflections' sources."""
     fused = _fuse(query, cos, bm)
     eligible = rows.live if query.mask is None else query.mask
     hops = len(cfg.neighbour_weights)
@@ -116,6 +120,13 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         top = cand[np.argsort(-fused, kind="stable")[: cfg.expand]]
         for near in threads.neighbours(rows, top, hops):
             joining.update(near.tolist())
+    reflected = rows.code("kind", cfg.reflection_kind, create=False) if cfg.reflection_share else -2
+    if reflected >= 0 and cfg.reflection_pool:
+        top = cand[np.argsort(-fused, kind="stable")[: cfg.reflection_pool]]
+        refl = top[rows.kind[top] == reflected]
+        if len(refl):
+            for got in sources.of(rows, vectors, refl, reflected, cfg.reflection_window, cfg.reflection_sources):
+                joining.update(got.tolist())
     scored = 0
     # A few dozen rows: Python sets beat numpy's set operations at this size.
     extra = sorted(r for r in joining - set(cand.tolist()) if r >= 0 and eligible[r])
@@ -136,6 +147,8 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         cand, np.ascontiguousarray(fused, np.float32), rows.prev[:n], rows.next[:n], rows.asks[:n], rows.words[:n],
         rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
+    if reflected >= 0 and cfg.reflection_pool:
+        _lift_sources(cfg, rows, vectors, cand, scores, reflected, sources)
     _boost_answers(cfg, rows, query.text, cand, scores, texts, speakers)
     in_effect = {}
     if succ:
@@ -147,6 +160,27 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
                 scores[o] *= cfg.superseded_weight
                 in_effect[old] = int(rows.memory_id[new_row])
     return Ranked(cand, scores, scored, in_effect)
+
+
+def _lift_sources(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, cand: np.ndarray, scores: np.ndarray,
+                  kind: int, sources: reflections.Sources) -> None:
+    """Each reflection among the best ``reflection_pool`` candidates passes
+    ``reflection_share`` of its score to those of its sources that are candidates; a source
+    restated by several takes the largest share."""
+    top = np.argsort(-scores, kind="stable")[: cfg.reflection_pool]
+    refl = top[rows.kind[cand[top]] == kind]
+    if not len(refl):
+        return
+    pos = {r: i for i, r in enumerate(cand.tolist())}
+    add = np.zeros(len(scores), np.float32)
+    found = sources.of(rows, vectors, cand[refl], kind, cfg.reflection_window, cfg.reflection_sources)
+    for i, got in zip(refl.tolist(), found):
+        share = cfg.reflection_share * float(scores[i])
+        for r in got.tolist():
+            p = pos.get(r)
+            if p is not None and share > add[p]:
+                add[p] = share
+    scores += add
 
 
 def _boost_answers(cfg: RankingConfig, rows: RowTable, query: str, cand: np.ndarray, scores: np.ndarray,

@@ -28,6 +28,7 @@ from clag_fast.index import SearchResult
 from clag_fast.results import Hit, Hits, Turn, make_hit
 from clag_fast.store import context as context_mod
 from clag_fast.store import filters as filters_mod
+from clag_fast.store import reflections
 from clag_fast.store import threads
 from clag_fast.store.lexical import LexicalIndex
 from clag_fast.store.rowtable import RowTable
@@ -79,6 +80,7 @@ class Searcher:
         # (the config is frozen), asked on every search.
         self._plans: dict[tuple, tuple[int, dict]] = {}
         self._speakers = context_mod.SpeakerNames()
+        self._sources = reflections.Sources()
 
     def eligible(self, filters: tuple) -> tuple[np.ndarray | None, int]:
         """(row mask or None, eligible count) for (namespace, kind, since, until, where), the
@@ -336,7 +338,7 @@ class Searcher:
         query = context_mod.Query(q, text, filters[0], mask, narrowed, weights, weight, state.config.lexical_fusion,
                                   m.max_possible)
         ranked = context_mod.rank(state.config.ranking, rows, idx.vectors(), lexical, query, cand, cos, bm,
-                                  self._speakers, state.catalog.texts)
+                                  self._speakers, state.catalog.texts, self._sources)
         scanned += ranked.scored
         top = np.argsort(-ranked.scores, kind="stable")[:k]
         hit_rows = ranked.rows[top]
