@@ -65,10 +65,11 @@ def test_only_the_kind_named_restates(tmp_path):
         assert SOURCE not in ranked(s)
 
 
-def test_a_source_beyond_the_window_is_not_lifted(tmp_path):
-    with open_store(tmp_path / "s", reflection_window=len(THREAD) - 2) as s:
+@pytest.mark.parametrize("window, lifted", [(len(THREAD) - 1, True), (len(THREAD) - 2, False)])
+def test_the_window_counts_the_turns_before_the_reflection(tmp_path, window, lifted):
+    with open_store(tmp_path / "s", reflection_window=window) as s:
         fill(s)
-        assert SOURCE not in ranked(s)
+        assert (SOURCE in ranked(s)) == lifted
 
 
 def test_a_reflection_restates_no_other_reflection(tmp_path):
@@ -86,23 +87,61 @@ def test_a_reflection_restates_no_other_reflection(tmp_path):
     assert sum(got[t] > base[t] + 1e-6 for t in thread) == 1
 
 
-def test_sources_follow_deletions_and_turns_given_later(tmp_path):
-    with open_store(tmp_path / "s", reflection_sources=1) as s:
-        ids = fill(s)
-        assert SOURCE in ranked(s)
-        s.delete(ids[0])
-        assert SOURCE not in ranked(s)
-        # A turn given a place before the reflection: its sources are found again.
-        closer = "User: sister chose the blue bicycle at the corner shop for the birthday"
-        s.add(closer, thread="trip", turn=0.5)
-        assert closer in ranked(s, k=len(THREAD) + len(OTHERS))
-        hits = {h.text: h.score for h in s.search(QUERY, k=len(THREAD) + len(OTHERS))}
-    with open_store(tmp_path / "off", reflection_share=0.0) as s:
-        ids = fill(s)
-        s.delete(ids[0])
-        s.add(closer, thread="trip", turn=0.5)
-        base = {h.text: h.score for h in s.search(QUERY, k=len(THREAD) + len(OTHERS))}
-    assert hits[closer] > base[closer]
+ALL = len(THREAD) + len(OTHERS) + 1
+
+
+def lifted(on, off):
+    """The texts that score higher with the rule than without it."""
+    with_rule = {h.text: h.score for h in on.search(QUERY, k=ALL)}
+    without = {h.text: h.score for h in off.search(QUERY, k=ALL)}
+    return {t for t in with_rule if t in without and with_rule[t] > without[t] + 1e-6}
+
+
+def test_sources_follow_deletions_updates_and_turns_given_later(tmp_path):
+    closer = "User: sister chose the blue bicycle at the corner shop for the birthday"
+    with open_store(tmp_path / "on", reflection_sources=1) as on, \
+            open_store(tmp_path / "off", reflection_share=0.0) as off:
+        ids = [fill(on), fill(off)]
+        assert lifted(on, off) == {SOURCE}
+        # The source gone, the next most similar turn is the source.
+        for s, i in zip((on, off), ids):
+            s.delete(i[0])
+        second = lifted(on, off)
+        assert len(second) == 1 and SOURCE not in second
+        # A turn given a place before the reflection that restates it better takes over.
+        for s in (on, off):
+            s.add(closer, thread="trip", turn=0.5)
+        assert lifted(on, off) == {closer}
+        # A new text is a new row: the old one's place is taken by the new one.
+        renamed = "User: my sister chose the blue bicycle, the corner shop had it, for the birthday"
+        for s in (on, off):
+            (mid,) = [h.memory_id for h in s.search(QUERY, k=ALL) if h.text == closer]
+            s.update(mid, text=renamed)
+        assert lifted(on, off) == {renamed}
+
+
+def test_a_filter_takes_the_best_source_it_leaves(tmp_path):
+    with open_store(tmp_path / "on", reflection_sources=1) as on, \
+            open_store(tmp_path / "off", reflection_share=0.0) as off:
+        for s in (on, off):
+            kinds = ["note" if t == SOURCE else "reflection" if t.startswith("[reflection]") else "dialogue"
+                     for t in THREAD]
+            s.add_many(THREAD, kinds=kinds, thread="trip")
+        # Without a filter the best source is the "note"; a kind filter leaves it out, and
+        # the reflection with it: nothing is lifted then.
+        assert lifted(on, off) == {SOURCE}
+        got = {h.text for h in on.search(QUERY, k=ALL, kind="dialogue")}
+        assert SOURCE not in got
+        # A where= filter on the source's memory leaves the reflection and the next source.
+        for s in (on, off):
+            (mid,) = [h.memory_id for h in s.search(QUERY, k=ALL) if h.text == SOURCE]
+            s.update(mid, metadata={"hidden": True})
+        def scores(s, **kw):
+            return {h.text: h.score for h in s.search(QUERY, k=ALL, **kw)}
+        with_rule, without = scores(on, where={"hidden": {"$ne": True}}), scores(off, where={"hidden": {"$ne": True}})
+        assert SOURCE not in with_rule
+        up = {t for t in with_rule if with_rule[t] > without[t] + 1e-6}
+        assert len(up) == 1 and up <= set(THREAD)
 
 
 def test_a_reopened_store_finds_the_sources_again(tmp_path):
@@ -167,9 +206,11 @@ def test_a_dataset_without_observations_has_no_reflections(tmp_path):
     assert [t.dia_id for t in s.turns] == ["D1:1", "D1:2", "D2:1"]
 
 
-def test_bad_observations_name_the_field(tmp_path):
+@pytest.mark.parametrize("observation", [["not", "an", "object"], {"session_1_observation": ["x"]},
+                                         {"session_1_observation": {"Ann": "not a list"}}])
+def test_bad_observations_name_the_field(tmp_path, observation):
     p = tmp_path / "d.json"
-    p.write_text(json.dumps([_sample(["not", "an", "object"])]))
+    p.write_text(json.dumps([_sample(observation)]))
     with pytest.raises(ValueError, match="observation"):
         load_dataset(p, reflections=True)
     assert len(load_dataset(p)[0].turns) == 3  # read only when asked for

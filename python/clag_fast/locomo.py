@@ -236,8 +236,10 @@ def _reflections(obj: dict, session: int, date: str, where: str) -> list[Turn]:
     if not isinstance(per_speaker, dict):
         raise ValueError(f"{where}: observation session_{session}_observation must be an object")
     out = []
-    for facts in per_speaker.values():
-        for fact in facts if isinstance(facts, list) else []:
+    for speaker, facts in per_speaker.items():
+        if not isinstance(facts, list):
+            raise ValueError(f"{where}: observation session_{session}_observation[{speaker!r}] must be a list")
+        for fact in facts:
             text = fact[0] if isinstance(fact, list) and fact else fact
             if isinstance(text, str) and text.strip():
                 out.append(Turn(dia_id=f"R{session}:{len(out) + 1}", speaker=REFLECTION_SPEAKER,

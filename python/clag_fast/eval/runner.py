@@ -494,6 +494,8 @@ def _qa_table_from_args(args: argparse.Namespace) -> int:
     try:
         if args.slm is None:
             raise ValueError("--qa-table needs --slm (managed or a server URL)")
+        if args.reflections:
+            raise ValueError("--reflections applies to the retrieval run, not to --qa-table")
         summary = run_qa_table(
             args.dataset, out_dir=args.out, n_questions=args.qa_n, seed=args.qa_seed, slm=args.slm,
             embedder=args.embedder, precision=args.precision, threads=args.threads, cache_dir=args.cache,

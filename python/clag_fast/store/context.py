@@ -125,7 +125,8 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         top = cand[np.argsort(-fused, kind="stable")[: cfg.reflection_pool]]
         refl = top[rows.kind[top] == reflected]
         if len(refl):
-            for got in sources.of(rows, vectors, refl, reflected, cfg.reflection_window, cfg.reflection_sources):
+            for got in sources.of(rows, vectors, refl, reflected, cfg.reflection_window, cfg.reflection_sources,
+                                  eligible):
                 joining.update(got.tolist())
     scored = 0
     # A few dozen rows: Python sets beat numpy's set operations at this size.
@@ -148,7 +149,7 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
     if reflected >= 0 and cfg.reflection_pool:
-        _lift_sources(cfg, rows, vectors, cand, scores, reflected, sources)
+        _lift_sources(cfg, rows, vectors, cand, scores, reflected, sources, eligible)
     _boost_answers(cfg, rows, query.text, cand, scores, texts, speakers)
     in_effect = {}
     if succ:
@@ -163,17 +164,18 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
 
 
 def _lift_sources(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, cand: np.ndarray, scores: np.ndarray,
-                  kind: int, sources: reflections.Sources) -> None:
-    """Each reflection among the best ``reflection_pool`` candidates passes
-    ``reflection_share`` of its score to those of its sources that are candidates; a source
-    restated by several takes the largest share."""
+                  kind: int, sources: reflections.Sources, eligible: np.ndarray) -> None:
+    """Each reflection among the best ``reflection_pool`` candidates by their scores so far
+    passes ``reflection_share`` of its score to those of its sources that are candidates (the
+    sources of the best reflections by fused score joined them); a source restated by several
+    takes the largest share."""
     top = np.argsort(-scores, kind="stable")[: cfg.reflection_pool]
     refl = top[rows.kind[cand[top]] == kind]
     if not len(refl):
         return
     pos = {r: i for i, r in enumerate(cand.tolist())}
     add = np.zeros(len(scores), np.float32)
-    found = sources.of(rows, vectors, cand[refl], kind, cfg.reflection_window, cfg.reflection_sources)
+    found = sources.of(rows, vectors, cand[refl], kind, cfg.reflection_window, cfg.reflection_sources, eligible)
     for i, got in zip(refl.tolist(), found):
         share = cfg.reflection_share * float(scores[i])
         for r in got.tolist():
