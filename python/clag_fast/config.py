@@ -176,6 +176,9 @@ class RankingConfig:
       date_boost, number_boost, name_boost: added to the best ``answer_pool`` candidates whose
         text holds a date (a number, a name) when the query asks for one ("When ...?", "How
         many ...?", "Which ...?"; ``store.answer_kind``).
+      novelty_bonus, novelty_turns: every candidate gains ``novelty_bonus`` * (1 - its highest
+        cosine with the ``novelty_turns`` turns before it in its thread): a turn that says
+        something new ranks above one that repeats what was just said (a confirmation, an echo).
       reflection_kind: the kind of the memories that restate earlier turns (an agent's
         reflections; ``store.reflections``).
       reflection_share: a memory of that kind among the best ``reflection_pool`` candidates passes
@@ -195,6 +198,8 @@ class RankingConfig:
     number_boost: float = 0.3
     name_boost: float = 0.2
     answer_pool: int = 30
+    novelty_bonus: float = 0.2
+    novelty_turns: int = 2
     reflection_kind: str = "reflection"
     reflection_share: float = 0.3
     reflection_sources: int = 1
@@ -217,6 +222,8 @@ class RankingConfig:
             (math.isfinite(self.number_boost) and self.number_boost >= 0, "number_boost must be >= 0"),
             (math.isfinite(self.name_boost) and self.name_boost >= 0, "name_boost must be >= 0"),
             (isinstance(self.answer_pool, int) and self.answer_pool >= 0, "answer_pool must be an int >= 0"),
+            (math.isfinite(self.novelty_bonus) and self.novelty_bonus >= 0, "novelty_bonus must be >= 0"),
+            (isinstance(self.novelty_turns, int) and self.novelty_turns >= 0, "novelty_turns must be an int >= 0"),
             (isinstance(self.reflection_kind, str) and self.reflection_kind != "",
              f"reflection_kind must be a non-empty string, got {self.reflection_kind!r}"),
             (math.isfinite(self.reflection_share) and self.reflection_share >= 0, "reflection_share must be >= 0"),
@@ -233,7 +240,7 @@ class RankingConfig:
         """The fused score alone: no neighbours, priors or boosts (newer memories still rank
         above the ones they supersede)."""
         return cls(expand=0, neighbour_weights=(), question_weight=1.0, length_prior=0.0, speaker_boost=0.0,
-                   date_boost=0.0, number_boost=0.0, name_boost=0.0, reflection_share=0.0)
+                   date_boost=0.0, number_boost=0.0, name_boost=0.0, novelty_bonus=0.0, reflection_share=0.0)
 
     def replace(self, **changes: object) -> "RankingConfig":
         return dataclasses.replace(self, **changes)

@@ -9,7 +9,8 @@ its words. So, with the store's ``RankingConfig``:
   candidates, scored like the others;
 * each candidate receives a share of its neighbours' scores, more from a turn before it that
   asks a question, and a candidate that asks a question keeps only part of its own;
-* a length prior favours memories with content over acknowledgements;
+* a length prior favours memories with content over acknowledgements, and a novelty bonus the
+  turns that say something new over those that repeat the turns just before them;
 * a query that names one speaker favours that speaker's memories;
 * a question that asks for a date, a number or a name favours the best candidates that hold
   one (``store.answer_kind``);
@@ -148,6 +149,8 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         cand, np.ascontiguousarray(fused, np.float32), rows.prev[:n], rows.next[:n], rows.asks[:n], rows.words[:n],
         rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
+    if cfg.novelty_bonus and cfg.novelty_turns:
+        scores += cfg.novelty_bonus * novelty(rows, vectors, cand, cfg.novelty_turns)
     if reflected >= 0 and cfg.reflection_pool:
         _lift_sources(cfg, rows, vectors, cand, scores, reflected, sources, eligible)
     _boost_answers(cfg, rows, query.text, cand, scores, texts, speakers)
@@ -161,6 +164,19 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
                 scores[o] *= cfg.superseded_weight
                 in_effect[old] = int(rows.memory_id[new_row])
     return Ranked(cand, scores, scored, in_effect)
+
+
+def novelty(rows: RowTable, vectors: np.ndarray, cand: np.ndarray, turns: int) -> np.ndarray:
+    """Per row of ``cand``: 1 - its highest cosine with the ``turns`` turns before it in its
+    thread (1 for a first turn, or one unlike those before it)."""
+    highest = np.zeros(len(cand), np.float32)
+    mine = vectors[cand]
+    for back in threads.neighbours(rows, cand, turns)[0::2]:  # the turns 1, 2, ... before
+        has = back >= 0
+        if has.any():
+            sims = np.einsum("ij,ij->i", mine[has], vectors[back[has]])
+            highest[has] = np.maximum(highest[has], sims)
+    return 1.0 - highest
 
 
 def _lift_sources(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, cand: np.ndarray, scores: np.ndarray,
