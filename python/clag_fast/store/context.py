@@ -121,14 +121,14 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         top = cand[np.argsort(-fused, kind="stable")[: cfg.expand]]
         for near in threads.neighbours(rows, top, hops):
             joining.update(near.tolist())
-    reflected = rows.code("kind", cfg.reflection_kind, create=False) if cfg.reflection_share else -2
-    if reflected >= 0 and cfg.reflection_pool:
+    reflected = (rows.code("kind", cfg.reflection_kind, create=False)
+                 if cfg.reflection_share and cfg.reflection_pool else -2)
+    if reflected >= 0:
         top = cand[np.argsort(-fused, kind="stable")[: cfg.reflection_pool]]
         refl = top[rows.kind[top] == reflected]
         if len(refl):
-            for got in sources.of(rows, vectors, refl, reflected, cfg.reflection_window, cfg.reflection_sources,
-                                  eligible):
-                joining.update(got.tolist())
+            found = sources.of(rows, vectors, refl, reflected, cfg.reflection_window, cfg.reflection_sources, eligible)
+            joining.update(r for got in found for r in got.tolist())
     scored = 0
     # A few dozen rows: Python sets beat numpy's set operations at this size.
     extra = sorted(r for r in joining - set(cand.tolist()) if r >= 0 and eligible[r])
@@ -151,7 +151,7 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
     if cfg.novelty_bonus and cfg.novelty_turns:
         scores += cfg.novelty_bonus * novelty(rows, vectors, cand, cfg.novelty_turns)
-    if reflected >= 0 and cfg.reflection_pool:
+    if reflected >= 0:
         _lift_sources(cfg, rows, vectors, cand, scores, reflected, sources, eligible)
     _boost_answers(cfg, rows, query.text, cand, scores, texts, speakers)
     in_effect = {}
