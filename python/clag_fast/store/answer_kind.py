@@ -27,11 +27,15 @@ _NUMBER_WORDS = frozenset("one two three four five six seven eight nine ten twel
 _WORD = re.compile(r"[^\W\d_]+")
 _DIGIT = re.compile(r"\d")
 
-_ASKS_DATE = re.compile(r"^\s*(?:when\b|what (?:date|time|day|year|month)\b|which (?:date|day|year|month)\b"
-                        r"|how long ago\b)", re.I)
-_ASKS_NUMBER = re.compile(r"^\s*(?:how (?:much|many|long|old|far|often)\b"
-                          r"|what (?:is|was) the (?:total|price|cost|budget|number)\b)", re.I)
-_ASKS_NAME = re.compile(r"^\s*(?:which|who|whom|whose|where|what (?:kind|type|sort) of|what is the name)\b", re.I)
+# One pattern, its alternatives tried in order at the start: a date before a number ("how long
+# ago" is a date, "how long" a number) before a name ("which day" is a date). A query that asks
+# for none costs one match, not three.
+_ASKS = re.compile(r"^\s*(?:(?P<date>when\b|what (?:date|time|day|year|month)\b|which (?:date|day|year|month)\b"
+                   r"|how long ago\b)"
+                   r"|(?P<number>how (?:much|many|long|old|far|often)\b"
+                   r"|what (?:is|was) the (?:total|price|cost|budget|number)\b)"
+                   r"|(?P<name>(?:which|who|whom|whose|where|what (?:kind|type|sort) of|what is the name)\b))", re.I)
+_KINDS = {"date": DATE, "number": NUMBER, "name": NAME}
 # A capitalised word that starts neither the text nor a sentence, nor follows a label
 # ("Caroline: Hey ..."): there a capital says little; elsewhere it marks a name.
 _CAPITALISED = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][\w'’]*")
@@ -39,13 +43,8 @@ _CAPITALISED = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][\w'’]*")
 
 def asked(query: str) -> int:
     """``DATE``, ``NUMBER`` or ``NAME`` when the question asks for one, else 0."""
-    if _ASKS_DATE.search(query):
-        return DATE
-    if _ASKS_NUMBER.search(query):
-        return NUMBER
-    if _ASKS_NAME.search(query):
-        return NAME
-    return 0
+    m = _ASKS.match(query)
+    return _KINDS[m.lastgroup] if m is not None else 0
 
 
 def _named(words: set[str], vocabulary: frozenset[str]) -> bool:
