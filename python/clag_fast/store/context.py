@@ -69,6 +69,8 @@ class Ranked:
 
 
 _WORD = re.compile(r"\w+")
+#: The candidates, best first, that the novelty bonus is computed for.
+NOVELTY_POOL = 30
 
 
 class SpeakerNames:
@@ -150,7 +152,11 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         rows.speaker[:n], list(cfg.neighbour_weights), cfg.question_boost, cfg.question_weight, cfg.length_prior,
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
     if cfg.novelty_bonus and cfg.novelty_turns:
-        scores += cfg.novelty_bonus * novelty(rows, vectors, cand, cfg.novelty_turns)
+        # Only the best candidates: gathering the vectors of every candidate and of the turns
+        # before them cost a quarter of a hybrid search at 100k memories (BENCHMARKS.md,
+        # "Hybrid retrieval cost"), and a bonus of 0.2 rarely lifts one from further down.
+        best = np.argsort(-scores, kind="stable")[:NOVELTY_POOL]
+        scores[best] += cfg.novelty_bonus * novelty(rows, vectors, cand[best], cfg.novelty_turns)
     if reflected >= 0:
         _lift_sources(cfg, rows, vectors, cand, scores, reflected, sources, eligible)
     _boost_answers(cfg, rows, query.text, cand, scores, texts, speakers)
@@ -169,14 +175,16 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
 def novelty(rows: RowTable, vectors: np.ndarray, cand: np.ndarray, turns: int) -> np.ndarray:
     """Per row of ``cand``: 1 - its highest cosine with the ``turns`` turns before it in its
     thread (1 for a first turn, or one unlike those before it)."""
-    highest = np.zeros(len(cand), np.float32)
-    mine = vectors[cand]
-    for back in threads.neighbours(rows, cand, turns)[0::2]:  # the turns 1, 2, ... before
-        has = back >= 0
-        if has.any():
-            sims = np.einsum("ij,ij->i", mine[has], vectors[back[has]])
-            highest[has] = np.maximum(highest[has], sims)
-    return 1.0 - highest
+    prev = rows.prev
+    back = np.empty((turns, len(cand)), np.int64)
+    at = np.asarray(cand, np.int64)
+    for t in range(turns):
+        at = np.where(at >= 0, prev[np.maximum(at, 0)], -1)
+        back[t] = at
+    has = back >= 0
+    # One gather and one product for every turn back (a loop per turn cost twice as much).
+    sims = np.einsum("ij,tij->ti", vectors[cand], vectors[np.where(has, back, 0)])
+    return 1.0 - np.maximum(np.where(has, sims, 0.0), 0.0).max(axis=0)
 
 
 def _lift_sources(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, cand: np.ndarray, scores: np.ndarray,
