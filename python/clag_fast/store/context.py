@@ -119,14 +119,14 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
     hops = len(cfg.neighbour_weights)
     succ = successors_in_effect(rows, cand, rows.successor_rows, eligible)
     joining: set[int] = set(succ.values())
-    if cfg.expand and hops:
-        top = cand[np.argsort(-fused, kind="stable")[: cfg.expand]]
-        for near in threads.neighbours(rows, top, hops):
-            joining.update(near.tolist())
     reflected = (rows.code("kind", cfg.reflection_kind, create=False)
                  if cfg.reflection_share and cfg.reflection_pool else -2)
+    by_fused = np.argsort(-fused, kind="stable") if (cfg.expand and hops) or reflected >= 0 else None
+    if cfg.expand and hops:
+        for near in threads.neighbours(rows, cand[by_fused[: cfg.expand]], hops):
+            joining.update(near.tolist())
     if reflected >= 0:
-        top = cand[np.argsort(-fused, kind="stable")[: cfg.reflection_pool]]
+        top = cand[by_fused[: cfg.reflection_pool]]
         refl = top[rows.kind[top] == reflected]
         if len(refl):
             found = sources.of(rows, vectors, refl, reflected, cfg.reflection_window, cfg.reflection_sources, eligible)
@@ -153,8 +153,8 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
         cfg.length_cap, cfg.speaker_boost, named[0] if len(named) == 1 else -1)
     if cfg.novelty_bonus and cfg.novelty_turns:
         # Only the best candidates: gathering the vectors of every candidate and of the turns
-        # before them cost a quarter of a hybrid search at 100k memories (BENCHMARKS.md,
-        # "Hybrid retrieval cost"), and a bonus of 0.2 rarely lifts one from further down.
+        # before them made a hybrid search at 100k memories 1.26x slower (BENCHMARKS.md,
+        # "Retrieval quality"), and a bonus of 0.2 rarely lifts one from further down.
         best = np.argsort(-scores, kind="stable")[:NOVELTY_POOL]
         scores[best] += cfg.novelty_bonus * novelty(rows, vectors, cand[best], cfg.novelty_turns)
     if reflected >= 0:
@@ -175,12 +175,7 @@ def rank(cfg: RankingConfig, rows: RowTable, vectors: np.ndarray, lexical: Lexic
 def novelty(rows: RowTable, vectors: np.ndarray, cand: np.ndarray, turns: int) -> np.ndarray:
     """Per row of ``cand``: 1 - its highest cosine with the ``turns`` turns before it in its
     thread (1 for a first turn, or one unlike those before it)."""
-    prev = rows.prev
-    back = np.empty((turns, len(cand)), np.int64)
-    at = np.asarray(cand, np.int64)
-    for t in range(turns):
-        at = np.where(at >= 0, prev[np.maximum(at, 0)], -1)
-        back[t] = at
+    back = threads.before(rows, cand, turns)
     has = back >= 0
     # One gather and one product for every turn back (a loop per turn cost twice as much).
     sims = np.einsum("ij,tij->ti", vectors[cand], vectors[np.where(has, back, 0)])

@@ -171,6 +171,17 @@ def _chain(t: Links, rows: np.ndarray, *, set_tails: bool) -> None:
         t.tails.update(zip(g[last].tolist(), r[last].tolist()))
 
 
+def before(t: Links, rows: np.ndarray, hops: int) -> np.ndarray:
+    """(hops, len(rows)): per row of ``rows`` its turn ``d`` turns before it (-1: none), for
+    d = 1..hops."""
+    out = np.empty((hops, len(rows)), np.int64)
+    back = np.asarray(rows, np.int64)
+    for d in range(hops):
+        back = np.where(back >= 0, t.prev[np.maximum(back, 0)], -1)
+        out[d] = back
+    return out
+
+
 def neighbours(t: Links, rows: np.ndarray, hops: int) -> list[np.ndarray]:
     """``[prev_1, next_1, prev_2, next_2, ...]``: per row of ``rows`` its neighbour ``d`` turns
     before and after (-1: none), for d = 1..hops."""
